@@ -1,0 +1,6 @@
+//! imagepipe analytics-worker: the analytics worker: counters and stage latencies from events.
+//!
+//! Not built yet: issue #6 builds it. The binary refuses to start until then.
+
+/// The issue that builds this service.
+pub const BUILT_BY_ISSUE: u32 = 6;

@@ -1,0 +1,3 @@
+//! The `imagepipe` command line (being built).
+
+fn main() {}

@@ -1,0 +1,50 @@
+//! [`Bus`]: the task queues and event topics of one backend, chosen by config.
+
+use std::sync::Arc;
+
+use crate::config::BusConfig;
+#[allow(unused_imports)]
+use crate::config::BusKind;
+use crate::error::BusError;
+use crate::traits::{EventBus, TaskQueue};
+
+/// A connected backend: its task queues and event topics, cheap to clone.
+#[derive(Clone)]
+pub struct Bus {
+    /// Task queues.
+    pub queues: Arc<dyn TaskQueue>,
+    /// Event topics.
+    pub events: Arc<dyn EventBus>,
+    connected: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl Bus {
+    /// A bus from its parts; `connected` reports whether the broker is reachable now.
+    pub fn from_parts(
+        queues: Arc<dyn TaskQueue>,
+        events: Arc<dyn EventBus>,
+        connected: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Self {
+        Self { queues, events, connected }
+    }
+
+    /// Connects the backend `config.kind`, creating streams or topics it needs.
+    pub async fn connect(config: &BusConfig) -> Result<Self, BusError> {
+        config.validate().map_err(BusError::Invalid)?;
+        match config.kind {
+            #[cfg(feature = "memory")]
+            BusKind::Memory => Ok(crate::memory::MemoryBus::new(config.prefix.clone(), config.memory.clone()).into_bus()),
+            #[cfg(feature = "nats")]
+            BusKind::Nats => crate::nats::NatsBus::connect(&config.prefix, &config.nats).await.map(crate::nats::NatsBus::into_bus),
+            #[allow(unreachable_patterns)]
+            kind => Err(BusError::Invalid(format!(
+                "bus.kind = {kind:?} is not compiled into this binary (cargo feature missing)"
+            ))),
+        }
+    }
+
+    /// Whether the broker connection is up (readiness).
+    pub fn is_connected(&self) -> bool {
+        (self.connected)()
+    }
+}

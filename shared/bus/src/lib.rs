@@ -1,0 +1,41 @@
+//! Task queues and event topics (DESIGN.md, "Queues and topics").
+//!
+//! Two seams, one per messaging pattern, shaped by what NATS JetStream and Kafka both offer:
+//!
+//! - [`TaskQueue`]: commands addressed to one kind of worker. [`TaskQueue::send`] with a key and
+//!   headers; [`TaskQueue::consume`] opens a [`Consumer`] that competing replicas share.
+//! - [`EventBus`]: broadcast events. [`EventBus::publish`]; [`EventBus::subscribe`] with a durable
+//!   group, a [`Selector`] and a [`StartPosition`]; every group gets every matching event, the
+//!   members of one group compete.
+//!
+//! Both hand out [`Delivery`]s that the handler settles: [`Delivery::ack`],
+//! [`Delivery::nack`] (redeliver after a delay), [`Delivery::progress`] (extend the ack
+//! deadline), [`Delivery::terminate`] (straight to the dead-letter queue with a reason).
+//! A message delivered `max_deliveries` times without an ack is dead-lettered too.
+//!
+//! Backends: [`memory`] (feature `memory`, default), `nats` (feature `nats`). [`Bus::connect`]
+//! picks one from [`BusConfig`]. The [`conformance`] suite (feature `conformance`) is the one
+//! set of tests every backend passes.
+
+mod bus;
+mod config;
+mod delivery;
+mod error;
+mod message;
+mod selector;
+mod traits;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+#[cfg(feature = "memory")]
+pub mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
+
+pub use bus::Bus;
+pub use config::{BusConfig, BusKind, ConsumerConfig, KafkaConfig, NatsConfig, StartPosition, Subscription};
+pub use delivery::{AckHandle, Delivery};
+pub use error::{BoxError, BusError};
+pub use message::{Headers, Message};
+pub use selector::{InvalidSelector, Selector};
+pub use traits::{Consumer, EventBus, TaskQueue};

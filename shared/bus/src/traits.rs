@@ -1,0 +1,51 @@
+//! The two seams where backends differ: task queues and event topics.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::config::{ConsumerConfig, Subscription};
+use crate::delivery::Delivery;
+use crate::error::BusError;
+use crate::message::Message;
+
+/// Pulls deliveries from one queue or one subscriber group. Replicas that open a consumer on
+/// the same queue (or group) compete for its messages.
+#[async_trait]
+pub trait Consumer: Send + Sync {
+    /// Waits up to `wait` for messages and returns at most `max` of them; empty when none
+    /// arrived in time.
+    async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError>;
+}
+
+/// Task queues: each message is a command for one kind of worker (names in
+/// [`imagepipe_contracts::names::queues`], unprefixed; dead letters under `dlq.<queue>`).
+#[async_trait]
+pub trait TaskQueue: Send + Sync {
+    /// Durably enqueues `message` on `queue`; returns once the broker has accepted it.
+    async fn send(&self, queue: &str, message: Message) -> Result<(), BusError>;
+
+    /// Enqueues several messages, letting the backend pipeline them; returns once all are
+    /// accepted. On error, some of them may have been accepted.
+    async fn send_batch(&self, queue: &str, messages: Vec<Message>) -> Result<(), BusError> {
+        for message in messages {
+            self.send(queue, message).await?;
+        }
+        Ok(())
+    }
+
+    /// Opens a consumer on `queue`, shared by every replica that opens one.
+    async fn consume(&self, queue: &str, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError>;
+}
+
+/// Event topics: every subscriber group gets every event its selector accepts.
+#[async_trait]
+pub trait EventBus: Send + Sync {
+    /// Durably publishes an event of type `event_type` (e.g. `image.downloaded`); returns once
+    /// the broker has accepted it. The backend adds the `imagepipe-event-type` header.
+    async fn publish(&self, event_type: &str, message: Message) -> Result<(), BusError>;
+
+    /// Joins (creating if new) the durable subscriber group of `subscription`. The start
+    /// position applies only when the group is created; a known group resumes where it was.
+    async fn subscribe(&self, subscription: Subscription) -> Result<Box<dyn Consumer>, BusError>;
+}

@@ -1,0 +1,32 @@
+//! The contract between imagepipe services: every message that crosses the bus.
+//!
+//! - [`Event`] is the envelope every lifecycle event travels in (`eventId`, `eventType`,
+//!   `taskId`, `traceId`, `timestamp`, `source`, `payload`), with one typed payload per
+//!   [`EventType`] in [`payload`].
+//! - [`command`] holds the task-queue commands: [`SubmitTask`] (the public submit JSON),
+//!   [`DownloadCommand`], [`MetadataCommand`], [`AnalyzeCommand`].
+//! - [`step`] holds what a worker reports back to the coordinator: [`StepResult`].
+//! - [`names`] holds the logical names of queues, topics and headers.
+//!
+//! Every type decodes through [`decode`], whose error names the offending field.
+
+pub mod command;
+pub mod decode;
+pub mod event;
+pub mod names;
+pub mod payload;
+pub mod step;
+pub mod trace;
+
+pub use command::{AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, SubmitError, SubmitTask};
+pub use decode::{DecodeError, decode};
+pub use event::{Event, EventPayload, EventType, UnknownEventType, event_id};
+pub use step::{Step, StepError, StepOutcome, StepOutput, StepResult};
+pub use trace::{InvalidTraceId, TraceId};
+
+/// Version of the message schemas in this crate, sent in the [`names::headers::SCHEMA`] header
+/// of every message (never inside the envelope).
+pub const SCHEMA_VERSION: &str = "1";
+
+/// User labels attached to a task at submission and copied into every event's payload.
+pub type Labels = std::collections::BTreeMap<String, String>;

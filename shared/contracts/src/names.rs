@@ -1,0 +1,87 @@
+//! Logical names of queues, topics and headers (DESIGN.md, "Queues and topics").
+//!
+//! Names here carry no prefix: a bus backend prepends its configured `bus.prefix`
+//! (default `imagepipe`), so [`queues::DOWNLOAD`] becomes `imagepipe.tasks.download`.
+
+/// Task queues: each message is a command for exactly one kind of worker.
+pub mod queues {
+    /// Task submissions, consumed by the coordinator.
+    pub const SUBMIT: &str = "tasks.submit";
+    /// ImageDownloadQueue, consumed by download-worker replicas.
+    pub const DOWNLOAD: &str = "tasks.download";
+    /// MetadataProcessingQueue, consumed by metadata-worker replicas.
+    pub const METADATA: &str = "tasks.metadata";
+    /// AIProcessingQueue, consumed by ai-worker replicas.
+    pub const AI: &str = "tasks.ai";
+    /// Step results, consumed by the coordinator.
+    pub const RESULTS: &str = "tasks.results";
+    /// Every task queue, in pipeline order.
+    pub const ALL: [&str; 5] = [SUBMIT, DOWNLOAD, METADATA, AI, RESULTS];
+}
+
+/// Event topics: every subscriber group gets every event.
+pub mod topics {
+    /// Root of every event subject; on NATS an event's subject is this + `.` + its type.
+    pub const EVENTS: &str = "events";
+    /// ImageEventsQueue (`image.*` events); the Kafka topic name.
+    pub const IMAGE_EVENTS: &str = "events.image";
+    /// TaskLifecycleEventsQueue (`task.*` events); the Kafka topic name.
+    pub const TASK_EVENTS: &str = "events.task";
+}
+
+/// Message headers. Header names are lowercase on every backend.
+pub mod headers {
+    /// W3C trace context of the task's trace.
+    pub const TRACEPARENT: &str = "traceparent";
+    /// Schema version of the message body ([`crate::SCHEMA_VERSION`]).
+    pub const SCHEMA: &str = "imagepipe-schema";
+    /// The event type of an event message, so subscribers can skip without parsing.
+    pub const EVENT_TYPE: &str = "imagepipe-event-type";
+    /// Message id used for publish deduplication (`Nats-Msg-Id` on NATS).
+    pub const MESSAGE_ID: &str = "imagepipe-message-id";
+    /// On a dead letter: why it was dead-lettered.
+    pub const DLQ_REASON: &str = "imagepipe-dlq-reason";
+    /// On a dead letter: how many times it had been delivered.
+    pub const DLQ_DELIVERY_COUNT: &str = "imagepipe-dlq-delivery-count";
+    /// On a dead letter: the queue or subscriber group it was taken from.
+    pub const DLQ_SOURCE: &str = "imagepipe-dlq-source";
+    /// On a dead letter: Unix milliseconds when it was dead-lettered.
+    pub const DLQ_TIMESTAMP: &str = "imagepipe-dlq-timestamp";
+}
+
+/// Prefix of every dead-letter queue name.
+pub const DLQ: &str = "dlq";
+
+/// The dead-letter queue of a task queue (`tasks.download` → `dlq.tasks.download`).
+pub fn dead_letter_queue(queue: &str) -> String {
+    format!("{DLQ}.{queue}")
+}
+
+/// The dead-letter queue of an event subscriber group (`analytics` → `dlq.events.analytics`).
+pub fn dead_letter_queue_of_group(group: &str) -> String {
+    format!("{DLQ}.{}.{group}", topics::EVENTS)
+}
+
+/// The topic an event type belongs to: `image.*` → [`topics::IMAGE_EVENTS`], `task.*` →
+/// [`topics::TASK_EVENTS`]; any other family `x.*` → `events.x`.
+pub fn topic_of_event_type(event_type: &str) -> String {
+    let family = event_type.split('.').next().unwrap_or(event_type);
+    format!("{}.{family}", topics::EVENTS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_types_map_to_their_family_topic() {
+        assert_eq!(topic_of_event_type("image.downloaded"), topics::IMAGE_EVENTS);
+        assert_eq!(topic_of_event_type("task.completed"), topics::TASK_EVENTS);
+    }
+
+    #[test]
+    fn dead_letter_names_keep_the_source_visible() {
+        assert_eq!(dead_letter_queue(queues::DOWNLOAD), "dlq.tasks.download");
+        assert_eq!(dead_letter_queue_of_group("analytics"), "dlq.events.analytics");
+    }
+}

@@ -1,0 +1,155 @@
+//! The typed payload of each event type. Every payload carries the task's `labels`.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::Labels;
+use crate::command::ImageSource;
+use crate::event::{EventPayload, EventType};
+use crate::step::{AnalysisOutput, DownloadOutput, MetadataOutput, Step, StepError};
+
+/// Payload of `image.downloaded`: the stored image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageDownloaded {
+    /// What was stored.
+    #[serde(flatten)]
+    pub image: DownloadOutput,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Payload of `image.metadata_extracted`: the image's metadata and thumbnail key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageMetadataExtracted {
+    /// Blob key of the source image.
+    pub blob_key: String,
+    /// What was found.
+    #[serde(flatten)]
+    pub metadata: MetadataOutput,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Payload of `image.analyzed`: the model's labels and tags.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageAnalyzed {
+    /// Blob key of the source image.
+    pub blob_key: String,
+    /// What the model said.
+    #[serde(flatten)]
+    pub analysis: AnalysisOutput,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Payload of `task.created`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskCreated {
+    /// Where the image comes from.
+    pub source: ImageSource,
+    /// The notification target, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Payload of `task.retrying`: a step failed with a retryable error and is scheduled again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskRetrying {
+    /// The step that failed.
+    pub step: Step,
+    /// The attempt that failed.
+    pub attempt: u32,
+    /// Milliseconds until the next attempt.
+    pub delay_ms: u64,
+    /// Why it failed.
+    pub error: StepError,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Payload of `task.completed`: the outputs of every step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskCompleted {
+    /// Milliseconds from submission to completion.
+    pub duration_ms: u64,
+    /// Output of the download step.
+    pub download: DownloadOutput,
+    /// Output of the metadata step.
+    pub metadata: MetadataOutput,
+    /// Output of the analyze step.
+    pub analysis: AnalysisOutput,
+    /// The notification target, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Payload of `task.failed`: the step and error that ended the task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskFailed {
+    /// The step that failed.
+    pub step: Step,
+    /// The attempt that failed last.
+    pub attempt: u32,
+    /// Why the task failed.
+    pub error: StepError,
+    /// The notification target, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Payload of `task.cancelled`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskCancelled {
+    /// The step the task was at, if it had started one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<Step>,
+    /// Why, as given by whoever cancelled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The notification target, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+macro_rules! payload_of {
+    ($($ty:ident => $event:ident),* $(,)?) => {
+        $(impl EventPayload for $ty {
+            const EVENT_TYPE: EventType = EventType::$event;
+        })*
+    };
+}
+
+payload_of! {
+    ImageDownloaded => ImageDownloaded,
+    ImageMetadataExtracted => ImageMetadataExtracted,
+    ImageAnalyzed => ImageAnalyzed,
+    TaskCreated => TaskCreated,
+    TaskRetrying => TaskRetrying,
+    TaskCompleted => TaskCompleted,
+    TaskFailed => TaskFailed,
+    TaskCancelled => TaskCancelled,
+}

@@ -1,0 +1,259 @@
+//! What a worker reports to the coordinator after handling a step command.
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A step of the pipeline, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// Fetch the image into the blob store (download-worker).
+    Download,
+    /// Decode, extract metadata, write a thumbnail (metadata-worker).
+    Metadata,
+    /// Label the image with the model (ai-worker).
+    Analyze,
+}
+
+impl Step {
+    /// Every step, in pipeline order.
+    pub const ALL: [Step; 3] = [Step::Download, Step::Metadata, Step::Analyze];
+
+    /// The wire name: `download`, `metadata`, `analyze`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Step::Download => "download",
+            Step::Metadata => "metadata",
+            Step::Analyze => "analyze",
+        }
+    }
+
+    /// The step after this one, `None` after the last.
+    pub const fn next(self) -> Option<Step> {
+        match self {
+            Step::Download => Some(Step::Metadata),
+            Step::Metadata => Some(Step::Analyze),
+            Step::Analyze => None,
+        }
+    }
+
+    /// The task queue whose workers run this step.
+    pub const fn queue(self) -> &'static str {
+        match self {
+            Step::Download => crate::names::queues::DOWNLOAD,
+            Step::Metadata => crate::names::queues::METADATA,
+            Step::Analyze => crate::names::queues::AI,
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A worker's report on one attempt of one step, sent on `tasks.results`.
+/// `(taskId, step, attempt)` identifies it: the coordinator ignores stale or duplicate ones.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepResult {
+    /// The task.
+    pub task_id: String,
+    /// The step that ran.
+    pub step: Step,
+    /// The attempt that ran, from 1.
+    pub attempt: u32,
+    /// What came of it.
+    pub outcome: StepOutcome,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum StepOutcome {
+    /// The step succeeded with this output.
+    Ok {
+        /// The step's output.
+        output: StepOutput,
+    },
+    /// The step failed in a way that may pass on a later attempt.
+    Retryable {
+        /// What went wrong.
+        error: StepError,
+        /// The earliest the next attempt should start (e.g. from `Retry-After`).
+        #[serde(default, rename = "retryAfterMs", skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
+    },
+    /// The step can never succeed for this input; the task fails at once.
+    Permanent {
+        /// What went wrong.
+        error: StepError,
+    },
+}
+
+/// A failure with a stable machine code (`http_404`, `not_an_image`, `timeout`, ...) and a
+/// message for humans.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StepError {
+    /// Stable, snake_case code to branch on.
+    pub code: String,
+    /// What happened, for people.
+    pub message: String,
+}
+
+impl StepError {
+    /// An error with `code` and `message`.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { code: code.into(), message: message.into() }
+    }
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// The output of a successful step, named by the step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum StepOutput {
+    /// Output of [`Step::Download`].
+    Download(DownloadOutput),
+    /// Output of [`Step::Metadata`].
+    Metadata(MetadataOutput),
+    /// Output of [`Step::Analyze`].
+    Analyze(AnalysisOutput),
+}
+
+impl StepOutput {
+    /// The step this output belongs to.
+    pub fn step(&self) -> Step {
+        match self {
+            StepOutput::Download(_) => Step::Download,
+            StepOutput::Metadata(_) => Step::Metadata,
+            StepOutput::Analyze(_) => Step::Analyze,
+        }
+    }
+}
+
+/// What the download step stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DownloadOutput {
+    /// Content-addressed blob key, `sha256:<hex>`.
+    pub blob_key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// SHA-256 of the bytes, hex.
+    pub sha256: String,
+    /// Format sniffed from the magic bytes (`jpeg`, `png`, ...).
+    pub format: String,
+    /// The URL after redirects; absent for uploaded blobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_url: Option<String>,
+}
+
+/// What the metadata step found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetadataOutput {
+    /// Decoded format.
+    pub format: String,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// Colour type (`rgb8`, `rgba8`, `l8`, ...).
+    pub color_type: String,
+    /// Bits per channel.
+    pub bit_depth: u8,
+    /// Whether the image has an alpha channel.
+    pub has_alpha: bool,
+    /// Frames of an animation; 1 for still images.
+    pub frame_count: u32,
+    /// EXIF fields found, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exif: Option<Exif>,
+    /// Whether an ICC profile is embedded.
+    pub has_icc_profile: bool,
+    /// The dominant colours, most common first.
+    pub dominant_colors: Vec<DominantColor>,
+    /// Mean brightness, 0 (black) to 1 (white).
+    pub mean_brightness: f32,
+    /// 64-bit perceptual hash, 16 hex digits.
+    pub phash: String,
+    /// Blurhash of the image.
+    pub blurhash: String,
+    /// Blob key of the 256 px thumbnail.
+    pub thumbnail_key: String,
+}
+
+/// The EXIF fields imagepipe reads; each is absent when the image lacks it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Exif {
+    /// Camera maker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub make: Option<String>,
+    /// Camera model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Lens model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lens: Option<String>,
+    /// DateTimeOriginal as written by the camera.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date_time_original: Option<String>,
+    /// Exposure time, e.g. `1/250`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exposure_time: Option<String>,
+    /// ISO speed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iso: Option<u32>,
+    /// Focal length in millimetres.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub focal_length_mm: Option<f32>,
+    /// EXIF orientation, 1..=8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orientation: Option<u16>,
+    /// GPS latitude in decimal degrees (north positive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gps_latitude: Option<f64>,
+    /// GPS longitude in decimal degrees (east positive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gps_longitude: Option<f64>,
+}
+
+/// One dominant colour and its share of the pixels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DominantColor {
+    /// `#rrggbb`.
+    pub hex: String,
+    /// Share of the pixels, 0..=1.
+    pub share: f32,
+}
+
+/// What the model said about the image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnalysisOutput {
+    /// Model name and version.
+    pub model: String,
+    /// The top classes, best first.
+    pub predictions: Vec<Prediction>,
+    /// Search tags (class names and their ancestors), best first.
+    pub tags: Vec<Prediction>,
+}
+
+/// A label with the model's score for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Prediction {
+    /// Label or tag name.
+    pub label: String,
+    /// Score, 0..=1.
+    pub score: f32,
+}

@@ -1,0 +1,1 @@
+//! Shared runtime (being built).
