@@ -15,6 +15,7 @@ pub mod decode;
 pub mod event;
 pub mod names;
 pub mod payload;
+pub mod schema;
 pub mod step;
 pub mod trace;
 

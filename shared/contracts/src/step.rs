@@ -183,7 +183,7 @@ pub struct MetadataOutput {
     /// The dominant colours, most common first.
     pub dominant_colors: Vec<DominantColor>,
     /// Mean brightness, 0 (black) to 1 (white).
-    pub mean_brightness: f32,
+    pub mean_brightness: f64,
     /// 64-bit perceptual hash, 16 hex digits.
     pub phash: String,
     /// Blurhash of the image.
@@ -216,7 +216,7 @@ pub struct Exif {
     pub iso: Option<u32>,
     /// Focal length in millimetres.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub focal_length_mm: Option<f32>,
+    pub focal_length_mm: Option<f64>,
     /// EXIF orientation, 1..=8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orientation: Option<u16>,
@@ -234,7 +234,7 @@ pub struct DominantColor {
     /// `#rrggbb`.
     pub hex: String,
     /// Share of the pixels, 0..=1.
-    pub share: f32,
+    pub share: f64,
 }
 
 /// What the model said about the image.
@@ -255,5 +255,5 @@ pub struct Prediction {
     /// Label or tag name.
     pub label: String,
     /// Score, 0..=1.
-    pub score: f32,
+    pub score: f64,
 }

@@ -1,0 +1,39 @@
+//! JSON Schemas of the public messages, generated from the types, for users of other languages.
+//!
+//! The committed copies live in `shared/contracts/schema/`; a test fails when they drift from
+//! the types (regenerate with `IMAGEPIPE_UPDATE_SCHEMAS=1 cargo test -p imagepipe-contracts`).
+
+use schemars::{JsonSchema, Schema, schema_for};
+
+use crate::payload::{
+    ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted, TaskCancelled, TaskCompleted, TaskCreated, TaskFailed,
+    TaskRetrying,
+};
+use crate::{AnalyzeCommand, DownloadCommand, Event, EventPayload, MetadataCommand, StepResult, SubmitTask};
+
+/// Every schema imagepipe publishes, as (file name under `schema/`, schema).
+pub fn all() -> Vec<(String, Schema)> {
+    let mut schemas = vec![
+        ("event.schema.json".to_owned(), schema_for!(Event<serde_json::Value>)),
+        ("submit-task.schema.json".to_owned(), schema_for!(SubmitTask)),
+        ("download-command.schema.json".to_owned(), schema_for!(DownloadCommand)),
+        ("metadata-command.schema.json".to_owned(), schema_for!(MetadataCommand)),
+        ("analyze-command.schema.json".to_owned(), schema_for!(AnalyzeCommand)),
+        ("step-result.schema.json".to_owned(), schema_for!(StepResult)),
+    ];
+    schemas.extend([
+        payload::<ImageDownloaded>(),
+        payload::<ImageMetadataExtracted>(),
+        payload::<ImageAnalyzed>(),
+        payload::<TaskCreated>(),
+        payload::<TaskRetrying>(),
+        payload::<TaskCompleted>(),
+        payload::<TaskFailed>(),
+        payload::<TaskCancelled>(),
+    ]);
+    schemas
+}
+
+fn payload<P: EventPayload + JsonSchema>() -> (String, Schema) {
+    (format!("payload/{}.schema.json", P::EVENT_TYPE), schema_for!(P))
+}
