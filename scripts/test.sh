@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine or a used one: installs and starts what the tests
+# need (Redis, NATS 2.9 with JetStream, a current NATS), then runs every test of the workspace
+# with every backend compiled in. `.ci/run` calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source scripts/redis.sh
+ensure_redis
+if [[ -f scripts/nats.sh ]]; then
+  source scripts/nats.sh
+  ensure_nats
+  ensure_nats_latest
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "==> installing cargo-nextest"
+  cargo install cargo-nextest --locked
+fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "==> cargo nextest run"
+cargo nextest run --workspace --all-features --profile ci "$@"
