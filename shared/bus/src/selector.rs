@@ -39,9 +39,7 @@ impl Selector {
                 return Ok(Self::all());
             }
             for token in pattern.split('.') {
-                let ok = token == "*"
-                    || (!token.is_empty() && token.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
-                if !ok {
+                if token != "*" && !is_type_token(token) {
                     return Err(invalid(format!("bad token {token:?} in {pattern:?}: use [a-z0-9_]+ or *")));
                 }
             }
@@ -66,6 +64,16 @@ impl Selector {
     pub fn matches(&self, event_type: &str) -> bool {
         self.patterns.iter().any(|p| pattern_matches(p, event_type))
     }
+}
+
+/// Whether `event_type` is a concrete event type a selector can match: dot-separated
+/// `[a-z0-9_]+` tokens, no wildcards.
+pub(crate) fn is_valid_event_type(event_type: &str) -> bool {
+    event_type.split('.').all(is_type_token)
+}
+
+fn is_type_token(token: &str) -> bool {
+    !token.is_empty() && token.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 fn pattern_matches(pattern: &str, event_type: &str) -> bool {

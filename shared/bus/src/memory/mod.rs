@@ -1,0 +1,164 @@
+//! The in-process backend: JetStream's semantics without a broker, for `imagepipe run` and tests.
+//!
+//! - Every queue and subscriber group is bounded by [`MemoryConfig::capacity`] (ready, delayed
+//!   and in-flight messages); a send waits up to [`MemoryConfig::send_timeout`] for room, then
+//!   fails with [`BusError::Full`].
+//! - A delivery not settled within its consumer's `ack_wait` is redelivered; the expired
+//!   `max_deliveries`-th one is dead-lettered instead. Dead letters go to the ordinary queue
+//!   `dlq.<queue>` (or `dlq.events.<group>`) with the dead-letter headers.
+//! - First deliveries keep send order, so messages with the same key arrive in order.
+//! - A message whose id was accepted on the same queue or topic within
+//!   [`MemoryConfig::dedup_window`] is accepted and dropped.
+//! - Each topic retains its last [`MemoryConfig::retention`] events for groups that start from
+//!   the beginning or from a time.
+//!
+//! Time is tokio time, so tests can pause it. There are no background tasks: due times are
+//! acted on by `fetch`. Dropping the last handle of the bus closes every queue: waiting calls
+//! return [`BusError::Closed`].
+
+mod consumer;
+mod dedup;
+mod handle;
+mod queue;
+mod topics;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use imagepipe_contracts::names;
+
+use crate::bus::Bus;
+pub use crate::config::MemoryConfig;
+use crate::config::{ConsumerConfig, Subscription, is_valid_name};
+use crate::error::BusError;
+use crate::message::Message;
+use crate::selector::is_valid_event_type;
+use crate::traits::{Consumer, EventBus, TaskQueue};
+use consumer::MemoryConsumer;
+use queue::Queue;
+use topics::Events;
+
+/// An in-process bus; clones share the same queues and topics.
+#[derive(Clone)]
+pub struct MemoryBus {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    prefix: String,
+    config: MemoryConfig,
+    queues: Mutex<HashMap<String, Arc<Queue>>>,
+    events: Events,
+}
+
+impl MemoryBus {
+    /// An empty bus whose names start with `prefix` (in logs and errors).
+    pub fn new(prefix: String, config: MemoryConfig) -> Self {
+        let events = Events::new(prefix.clone(), config.clone());
+        Self { shared: Arc::new(Shared { prefix, config, queues: Mutex::new(HashMap::new()), events }) }
+    }
+
+    /// This bus as a [`Bus`]; it is always connected.
+    pub fn into_bus(self) -> Bus {
+        Bus::from_parts(Arc::new(self.clone()), Arc::new(self), Arc::new(|| true))
+    }
+
+    /// The prefix of every name.
+    pub fn prefix(&self) -> &str {
+        &self.shared.prefix
+    }
+
+    /// The queue called `name`, created empty on first use.
+    fn queue(&self, name: &str) -> Arc<Queue> {
+        let shared = &self.shared;
+        let mut queues = shared.queues.lock().expect("memory bus registry lock poisoned");
+        queues
+            .entry(name.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Queue::new(
+                    name.to_owned(),
+                    format!("{}.{name}", shared.prefix),
+                    shared.config.capacity,
+                    shared.config.send_timeout,
+                    shared.config.dedup_window,
+                ))
+            })
+            .clone()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for queue in self.queues.get_mut().map(|q| q.values()).into_iter().flatten() {
+            queue.close();
+        }
+        self.events.close();
+    }
+}
+
+fn check_queue_name(queue: &str) -> Result<(), BusError> {
+    if is_valid_name(queue) {
+        Ok(())
+    } else {
+        Err(BusError::Invalid(format!("queue name {queue:?}: use dot-separated tokens of [A-Za-z0-9_-]")))
+    }
+}
+
+fn check_consumer(what: &str, config: &ConsumerConfig) -> Result<(), BusError> {
+    if config.ack_wait.is_zero() {
+        return Err(BusError::Invalid(format!("consumer of {what}: ack_wait must be more than zero")));
+    }
+    if config.max_deliveries == 0 {
+        return Err(BusError::Invalid(format!("consumer of {what}: max_deliveries must be at least 1")));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl TaskQueue for MemoryBus {
+    async fn send(&self, queue: &str, message: Message) -> Result<(), BusError> {
+        check_queue_name(queue)?;
+        self.queue(queue).push(message, true).await
+    }
+
+    async fn send_batch(&self, queue: &str, messages: Vec<Message>) -> Result<(), BusError> {
+        check_queue_name(queue)?;
+        let queue = self.queue(queue);
+        for message in messages {
+            queue.push(message, true).await?;
+        }
+        Ok(())
+    }
+
+    async fn consume(&self, queue: &str, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError> {
+        check_queue_name(queue)?;
+        check_consumer(queue, &config)?;
+        let dlq = self.queue(&names::dead_letter_queue(queue));
+        Ok(Box::new(MemoryConsumer { queue: self.queue(queue), dlq, config }))
+    }
+}
+
+#[async_trait]
+impl EventBus for MemoryBus {
+    async fn publish(&self, event_type: &str, message: Message) -> Result<(), BusError> {
+        if !is_valid_event_type(event_type) {
+            return Err(BusError::Invalid(format!("event type {event_type:?}: use dot-separated tokens of [a-z0-9_]")));
+        }
+        self.shared.events.publish(event_type, message).await
+    }
+
+    async fn subscribe(&self, subscription: Subscription) -> Result<Box<dyn Consumer>, BusError> {
+        let group = &subscription.group;
+        if group.contains('.') || !is_valid_name(group) {
+            return Err(BusError::Invalid(format!("subscriber group {group:?}: use [A-Za-z0-9_-]")));
+        }
+        check_consumer(&format!("subscriber group {group}"), &subscription.consumer)?;
+        let queue = self.shared.events.join(&subscription);
+        let dlq = self.queue(&names::dead_letter_queue_of_group(group));
+        Ok(Box::new(MemoryConsumer { queue, dlq, config: subscription.consumer }))
+    }
+}
