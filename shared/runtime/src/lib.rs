@@ -1,1 +1,5 @@
-//! Shared runtime (being built).
+//! What every imagepipe service runs on.
+
+pub mod config;
+
+pub use config::{ConfigArgs, ConfigError, Settings};

@@ -1,0 +1,149 @@
+//! Reading [`Settings`] from defaults, a TOML file and the environment, and printing them.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use config::{Config, Environment, File, FileFormat};
+
+use super::secret::mask_url_credentials;
+use super::{ConfigError, Settings};
+
+/// Prefix of every configuration environment variable (`IMAGEPIPE_BUS__KIND`).
+pub const ENV_PREFIX: &str = "IMAGEPIPE";
+
+/// Environment variable naming the config file when `--config` is not given; it is not a
+/// configuration key itself.
+pub const CONFIG_PATH_ENV: &str = "IMAGEPIPE_CONFIG";
+
+/// Separator between levels in environment variable names.
+const ENV_LEVEL_SEPARATOR: &str = "__";
+
+/// The top-level sections of [`Settings`].
+const SECTIONS: [&str; 9] = ["bus", "store", "blob", "net", "http", "ai", "log", "worker", "telemetry"];
+
+/// The `--config` option every binary takes (flatten it into the binary's `clap` arguments).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigArgs {
+    /// TOML config file; `IMAGEPIPE_<SECTION>__<KEY>` environment variables override it.
+    #[arg(long = "config", value_name = "FILE", env = CONFIG_PATH_ENV)]
+    pub config: Option<PathBuf>,
+}
+
+impl ConfigArgs {
+    /// Loads and validates the settings from this file (if any) and the process environment.
+    pub fn load(&self) -> Result<Settings, ConfigError> {
+        Settings::load(self.config.as_deref())
+    }
+}
+
+impl Settings {
+    /// Loads defaults < `file` < the process environment, then validates.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, std::env::vars_os())
+    }
+
+    /// Loads defaults < `file` < the variables `env`, then validates. Only `IMAGEPIPE_*`
+    /// variables are read (except [`CONFIG_PATH_ENV`]); every one of them must name a key.
+    pub fn load_from<I, K, V>(file: Option<&Path>, env: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        let mut builder = Config::builder();
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::FileNotFound { path: path.to_owned() });
+            }
+            builder = builder.add_source(File::from(path).format(FileFormat::Toml).required(true));
+        }
+        builder = builder.add_source(
+            Environment::with_prefix(ENV_PREFIX)
+                .prefix_separator("_")
+                .separator(ENV_LEVEL_SEPARATOR)
+                .source(Some(config_variables(env)?)),
+        );
+        let config = builder
+            .build()
+            .map_err(|source| ConfigError::File { path: file.unwrap_or(Path::new("")).to_owned(), source })?;
+        let settings: Settings = serde_path_to_error::deserialize(config).map_err(|e| {
+            let key = e.path().to_string();
+            let message = key_error_message(&key, &e.into_inner().to_string());
+            ConfigError::Key { key, message }
+        })?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// The settings as TOML with every secret and URL credential masked, for
+    /// `imagepipe config print`.
+    pub fn to_masked_toml(&self) -> Result<String, ConfigError> {
+        let mut table = toml::Table::try_from(self).map_err(ConfigError::Print)?;
+        mask_strings(&mut table);
+        toml::to_string_pretty(&table).map_err(ConfigError::Print)
+    }
+}
+
+/// The `IMAGEPIPE_*` variables of `env` that are configuration keys.
+fn config_variables<I, K, V>(env: I) -> Result<HashMap<String, String>, ConfigError>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: Into<OsString>,
+    V: Into<OsString>,
+{
+    let prefix = format!("{ENV_PREFIX}_");
+    let mut variables = HashMap::new();
+    for (name, value) in env {
+        let Ok(name) = name.into().into_string() else { continue };
+        if !name.to_ascii_uppercase().starts_with(&prefix) || name == CONFIG_PATH_ENV {
+            continue;
+        }
+        let value = value.into().into_string().map_err(|_| ConfigError::Key {
+            key: env_name_to_key(&name),
+            message: format!("environment variable {name} is not valid UTF-8"),
+        })?;
+        variables.insert(name, value);
+    }
+    Ok(variables)
+}
+
+/// The `config` crate's message without its own ` for key `…`` (the error names the key
+/// already), with a hint when a top-level key looks like a variable that used `_` where `__`
+/// separates levels (`IMAGEPIPE_BUS_KIND`).
+fn key_error_message(key: &str, message: &str) -> String {
+    let mut message = message.to_owned();
+    if let Some(start) = message.find(" for key `")
+        && let Some(len) = message[start + 10..].find('`')
+    {
+        message.replace_range(start..start + 10 + len + 1, "");
+    }
+    let section = key.split_once('_').map(|(section, _)| section);
+    if !key.contains('.') && section.is_some_and(|s| SECTIONS.contains(&s)) {
+        message.push_str(&format!(
+            " (in environment variables, levels are separated by `__`: {ENV_PREFIX}_{})",
+            key.to_ascii_uppercase().replacen('_', ENV_LEVEL_SEPARATOR, 1)
+        ));
+    }
+    message
+}
+
+/// `IMAGEPIPE_WORKER__ACK_WAIT` → `worker.ack_wait`.
+fn env_name_to_key(name: &str) -> String {
+    name[ENV_PREFIX.len() + 1..].to_ascii_lowercase().replace(ENV_LEVEL_SEPARATOR, ".")
+}
+
+fn mask_strings(table: &mut toml::Table) {
+    for (_, value) in table.iter_mut() {
+        mask_value(value);
+    }
+}
+
+fn mask_value(value: &mut toml::Value) {
+    match value {
+        toml::Value::String(s) => *s = mask_url_credentials(s),
+        toml::Value::Array(items) => items.iter_mut().for_each(mask_value),
+        toml::Value::Table(table) => mask_strings(table),
+        _ => {}
+    }
+}

@@ -1,0 +1,279 @@
+//! One configuration schema for every service ([`Settings`]); each service reads its part.
+//!
+//! Sources, later ones winning: built-in defaults < a TOML file (`--config`) < environment
+//! variables `IMAGEPIPE_<SECTION>__<KEY>` (e.g. `IMAGEPIPE_BUS__KIND=nats`). Every section
+//! rejects unknown keys, and [`Settings::validate`] rejects values no service can use; both
+//! errors name the key.
+
+mod error;
+mod load;
+mod secret;
+mod validate;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use imagepipe_bus::{BusConfig, ConsumerConfig};
+use serde::{Deserialize, Deserializer, Serialize};
+
+pub use error::ConfigError;
+pub use load::{CONFIG_PATH_ENV, ConfigArgs, ENV_PREFIX};
+pub use secret::{MASK, Secret, SecretUrl, mask_url_credentials};
+
+/// Every service's configuration. Sections a service does not use are ignored by it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Message bus (`bus.*`).
+    pub bus: BusConfig,
+    /// Coordinator state store (`store.*`).
+    pub store: StoreConfig,
+    /// Local blob store (`blob.*`).
+    pub blob: BlobConfig,
+    /// Outbound network policy (`net.*`).
+    pub net: NetConfig,
+    /// The service's HTTP server (`http.*`).
+    pub http: HttpConfig,
+    /// AI model (`ai.*`).
+    pub ai: AiConfig,
+    /// Logging (`log.*`).
+    pub log: LogConfig,
+    /// Worker loop (`worker.*`).
+    pub worker: WorkerSettings,
+    /// Tracing (`telemetry.*`).
+    pub telemetry: TelemetryConfig,
+}
+
+/// Which state store the coordinator uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    /// File-backed store in `store.path`, for one process (`imagepipe run`).
+    #[default]
+    Embedded,
+    /// Redis at `store.redis.url`, shared by coordinator replicas.
+    Redis,
+}
+
+/// The `store` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Backend.
+    pub kind: StoreKind,
+    /// Directory of the embedded store.
+    pub path: PathBuf,
+    /// Redis settings.
+    pub redis: RedisConfig,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self { kind: StoreKind::default(), path: PathBuf::from(".imagepipe/store"), redis: RedisConfig::default() }
+    }
+}
+
+/// The `store.redis` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]` (or `rediss://` for TLS); the password is
+    /// masked whenever printed.
+    pub url: SecretUrl,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self { url: SecretUrl::new("redis://127.0.0.1:6379") }
+    }
+}
+
+/// The `blob` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BlobConfig {
+    /// Directory of the local blob store.
+    pub dir: PathBuf,
+}
+
+impl Default for BlobConfig {
+    fn default() -> Self {
+        Self { dir: PathBuf::from(".imagepipe/blobs") }
+    }
+}
+
+/// The `net` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetConfig {
+    /// CIDRs the download and webhook clients may reach despite the SSRF guard
+    /// (`10.0.0.0/8`, `::1/128`); a comma-separated list in the environment.
+    #[serde(deserialize_with = "list_or_comma_separated")]
+    pub allow_cidrs: Vec<String>,
+}
+
+impl NetConfig {
+    /// The allowed networks, parsed; the error names the offending entry.
+    pub fn allowed_networks(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+        self.allow_cidrs
+            .iter()
+            .enumerate()
+            .map(|(i, cidr)| {
+                cidr.trim().parse().map_err(|e| ConfigError::Invalid {
+                    key: format!("net.allow_cidrs[{i}]"),
+                    reason: format!("{cidr:?} is not a CIDR such as 10.0.0.0/8 ({e})"),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The `http` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address to listen on.
+    pub bind: IpAddr,
+    /// Port of the service's HTTP server (health, metrics, its API).
+    pub port: u16,
+    /// Bearer token the HTTP API requires, when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth_token: Option<Secret<String>>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self { bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED), port: 8080, auth_token: None }
+    }
+}
+
+impl HttpConfig {
+    /// `bind:port`.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.bind, self.port)
+    }
+}
+
+/// The `ai` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AiConfig {
+    /// Where the prepared model files are.
+    pub model_dir: PathBuf,
+}
+
+impl Default for AiConfig {
+    fn default() -> Self {
+        Self { model_dir: PathBuf::from(".imagepipe/models") }
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The `log` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Line format.
+    pub format: LogFormat,
+    /// `tracing` filter directives (`info`, `imagepipe_runtime=debug,info`); `RUST_LOG`, when
+    /// set, takes precedence. Also accepted as `log.level`.
+    #[serde(alias = "level")]
+    pub filter: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { format: LogFormat::default(), filter: "info".into() }
+    }
+}
+
+/// The `worker` section: how a worker consumes its queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Most messages handled at once (default 2 × cores).
+    pub concurrency: usize,
+    /// A delivery not settled (nor extended by progress) within this time is redelivered.
+    #[serde(with = "humantime_serde")]
+    pub ack_wait: Duration,
+    /// Deliveries allowed before a message is dead-lettered.
+    pub max_deliveries: u32,
+    /// A handler running longer is abandoned and its message retried.
+    #[serde(with = "humantime_serde")]
+    pub handler_timeout: Duration,
+    /// On shutdown, how long in-flight handlers may take to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            concurrency: 2 * cores,
+            ack_wait: Duration::from_secs(30),
+            max_deliveries: 5,
+            handler_timeout: Duration::from_secs(120),
+            shutdown_grace: Duration::from_secs(25),
+        }
+    }
+}
+
+impl WorkerSettings {
+    /// The consumer settings to open the worker's queue with.
+    pub fn consumer_config(&self) -> ConsumerConfig {
+        ConsumerConfig { ack_wait: self.ack_wait, max_deliveries: self.max_deliveries }
+    }
+}
+
+/// The `telemetry` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Service name on traces; defaults to the service's own name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+}
+
+/// Accepts a list, or one string of comma-separated items (how lists arrive from the
+/// environment); blank items are dropped.
+fn list_or_comma_separated<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    struct ListVisitor;
+
+    impl<'de> serde::de::Visitor<'de> for ListVisitor {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of strings or one comma-separated string")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            Ok(s.split(',').map(str::to_owned).collect())
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element::<String>()? {
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+
+    let items = deserializer.deserialize_any(ListVisitor)?;
+    Ok(items.into_iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+}
+
+#[cfg(test)]
+mod tests;

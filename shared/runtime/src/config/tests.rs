@@ -1,0 +1,206 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use imagepipe_bus::BusKind;
+
+use super::*;
+
+/// A TOML file unique to this test, removed on drop.
+struct TempToml(PathBuf);
+
+impl TempToml {
+    fn new(name: &str, contents: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("imagepipe-runtime-{}-{name}.toml", std::process::id()));
+        std::fs::write(&path, contents).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempToml {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+    vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn load(file: Option<&TempToml>, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    Settings::load_from(file.map(|f| f.0.as_path()), env(vars))
+}
+
+#[test]
+fn defaults_alone_are_valid() {
+    let settings = load(None, &[]).unwrap();
+    assert_eq!(settings, Settings::default());
+    assert_eq!(settings.bus.kind, BusKind::Memory);
+    assert_eq!(settings.store.kind, StoreKind::Embedded);
+    assert_eq!(settings.http.port, 8080);
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(settings.worker.concurrency, 2 * cores);
+}
+
+#[test]
+fn the_file_overrides_defaults_and_the_environment_overrides_the_file() {
+    let file = TempToml::new(
+        "layers",
+        r#"
+        [bus]
+        kind = "nats"
+        prefix = "from-file"
+        [bus.nats]
+        url = "nats://10.1.1.1:4222"
+        [http]
+        port = 9000
+        [worker]
+        ack_wait = "45s"
+        concurrency = 3
+        [net]
+        allow_cidrs = ["10.0.0.0/8"]
+        "#,
+    );
+    let settings = load(
+        Some(&file),
+        &[
+            ("IMAGEPIPE_BUS__PREFIX", "from-env"),
+            ("IMAGEPIPE_WORKER__HANDLER_TIMEOUT", "1m 30s"),
+            ("IMAGEPIPE_NET__ALLOW_CIDRS", "192.168.0.0/16, fd00::/8"),
+            ("IMAGEPIPE_STORE__KIND", "redis"),
+            ("IMAGEPIPE_STORE__REDIS__URL", "redis://app:pw@cache:6379/2"),
+            ("IMAGEPIPE_HTTP__AUTH_TOKEN", "007123"),
+            ("IMAGEPIPE_LOG__LEVEL", "debug"),
+            ("PATH", "/usr/bin"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(settings.bus.kind, BusKind::Nats);
+    assert_eq!(settings.bus.prefix, "from-env");
+    assert_eq!(settings.bus.nats.url, "nats://10.1.1.1:4222");
+    assert_eq!(settings.http.port, 9000);
+    assert_eq!(settings.worker.ack_wait, Duration::from_secs(45));
+    assert_eq!(settings.worker.concurrency, 3);
+    assert_eq!(settings.worker.handler_timeout, Duration::from_secs(90));
+    assert_eq!(settings.net.allow_cidrs, ["192.168.0.0/16", "fd00::/8"]);
+    assert_eq!(settings.net.allowed_networks().unwrap().len(), 2);
+    assert_eq!(settings.store.kind, StoreKind::Redis);
+    assert_eq!(settings.store.redis.url.expose(), "redis://app:pw@cache:6379/2");
+    assert_eq!(settings.http.auth_token.as_ref().map(|t| t.expose().as_str()), Some("007123"));
+    assert_eq!(settings.log.filter, "debug");
+}
+
+#[test]
+fn the_config_path_variable_is_not_a_key() {
+    let settings = load(None, &[(CONFIG_PATH_ENV, "/etc/imagepipe.toml")]).unwrap();
+    assert_eq!(settings, Settings::default());
+}
+
+#[test]
+fn an_unknown_key_in_the_file_is_rejected_by_name() {
+    let file = TempToml::new("unknown", "[bus]\nkindd = \"nats\"\n");
+    let err = load(Some(&file), &[]).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, ConfigError::Key { .. }), "{err:?}");
+    assert!(message.contains("bus") && message.contains("kindd"), "{message}");
+}
+
+#[test]
+fn an_unknown_section_is_rejected_by_name() {
+    let file = TempToml::new("unknown-section", "[buss]\nkind = \"nats\"\n");
+    let message = load(Some(&file), &[]).unwrap_err().to_string();
+    assert!(message.contains("buss"), "{message}");
+}
+
+#[test]
+fn an_unknown_key_in_the_environment_is_rejected_by_name() {
+    let err = load(None, &[("IMAGEPIPE_WORKER__CONCURENCY", "4")]).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("worker") && message.contains("concurency"), "{message}");
+
+    let err = load(None, &[("IMAGEPIPE_BUS_KIND", "nats")]).unwrap_err();
+    assert_eq!(err.key(), Some("bus_kind"));
+    assert!(err.to_string().contains("IMAGEPIPE_BUS__KIND"), "the hint names the right variable: {err}");
+}
+
+#[test]
+fn a_value_of_the_wrong_form_names_its_key() {
+    let cases = [
+        ("IMAGEPIPE_BUS__KIND", "rabbit", "bus.kind"),
+        ("IMAGEPIPE_WORKER__ACK_WAIT", "30", "worker.ack_wait"),
+        ("IMAGEPIPE_HTTP__PORT", "eighty", "http.port"),
+        ("IMAGEPIPE_HTTP__BIND", "not-an-ip", "http.bind"),
+        ("IMAGEPIPE_LOG__FORMAT", "xml", "log.format"),
+    ];
+    for (name, value, key) in cases {
+        let err = load(None, &[(name, value)]).unwrap_err();
+        assert_eq!(err.key(), Some(key), "{name}={value}: {err}");
+        assert!(!err.to_string().contains("for key"), "the key is named once: {err}");
+    }
+}
+
+#[test]
+fn unusable_values_are_rejected_naming_the_key() {
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[("IMAGEPIPE_NET__ALLOW_CIDRS", "10.0.0.0/8,10.0.0.300/8")], "net.allow_cidrs[1]"),
+        (&[("IMAGEPIPE_HTTP__PORT", "0")], "http.port"),
+        (&[("IMAGEPIPE_WORKER__CONCURRENCY", "0")], "worker.concurrency"),
+        (&[("IMAGEPIPE_WORKER__MAX_DELIVERIES", "0")], "worker.max_deliveries"),
+        (&[("IMAGEPIPE_WORKER__ACK_WAIT", "0s")], "worker.ack_wait"),
+        (&[("IMAGEPIPE_WORKER__HANDLER_TIMEOUT", "0s")], "worker.handler_timeout"),
+        (&[("IMAGEPIPE_STORE__KIND", "redis"), ("IMAGEPIPE_STORE__REDIS__URL", "http://x")], "store.redis.url"),
+        (&[("IMAGEPIPE_STORE__PATH", "")], "store.path"),
+        (&[("IMAGEPIPE_BLOB__DIR", "")], "blob.dir"),
+        (&[("IMAGEPIPE_BUS__PREFIX", "bad prefix")], "bus.prefix"),
+        (&[("IMAGEPIPE_LOG__FILTER", "info,[[[")], "log.filter"),
+        (&[("IMAGEPIPE_HTTP__AUTH_TOKEN", "")], "http.auth_token"),
+        (&[("IMAGEPIPE_TELEMETRY__SERVICE_NAME", " ")], "telemetry.service_name"),
+    ];
+    for (vars, key) in cases {
+        let err = load(None, vars).unwrap_err();
+        assert!(matches!(err, ConfigError::Invalid { .. }), "{vars:?}: {err:?}");
+        assert_eq!(err.key(), Some(*key), "{vars:?}: {err}");
+    }
+}
+
+#[test]
+fn a_missing_or_broken_file_is_reported_with_its_path() {
+    let missing = PathBuf::from("/nonexistent/imagepipe-runtime-test.toml");
+    let err = Settings::load_from(Some(&missing), env(&[])).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/imagepipe-runtime-test.toml"), "{err}");
+
+    let broken = TempToml::new("broken", "[bus\nkind = ");
+    let err = load(Some(&broken), &[]).unwrap_err();
+    assert!(matches!(err, ConfigError::File { .. }), "{err:?}");
+    assert!(err.to_string().contains(&broken.0.display().to_string()), "{err}");
+}
+
+#[test]
+fn printed_config_masks_secrets_and_url_credentials() {
+    let settings = load(
+        None,
+        &[
+            ("IMAGEPIPE_STORE__REDIS__URL", "redis://app:redis-pw@cache:6379"),
+            ("IMAGEPIPE_BUS__NATS__URL", "nats://nats-user:nats-pw@broker:4222"),
+            ("IMAGEPIPE_HTTP__AUTH_TOKEN", "api-token"),
+        ],
+    )
+    .unwrap();
+    let printed = settings.to_masked_toml().unwrap();
+    for secret in ["redis-pw", "nats-pw", "nats-user", "api-token"] {
+        assert!(!printed.contains(secret), "{secret} leaked:\n{printed}");
+    }
+    assert!(printed.contains("redis://***@cache:6379"), "{printed}");
+    assert!(printed.contains("auth_token = \"***\""), "{printed}");
+    assert!(printed.contains("ack_wait = \"30s\""), "{printed}");
+    let debug = format!("{:?}", settings.store);
+    assert!(!debug.contains("redis-pw"), "{debug}");
+}
+
+#[test]
+fn the_printed_config_of_a_secretless_setup_loads_back_unchanged() {
+    let file = TempToml::new("round-trip", "[worker]\nconcurrency = 7\n[net]\nallow_cidrs = [\"10.0.0.0/8\"]\n");
+    let settings = load(Some(&file), &[]).unwrap();
+    let printed = TempToml::new("round-trip-printed", &settings.to_masked_toml().unwrap());
+    assert_eq!(load(Some(&printed), &[]).unwrap(), settings);
+}
+

@@ -1,0 +1,88 @@
+//! Checks of values that parse but no service can use.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::{ConfigError, Settings, StoreKind};
+
+/// URL schemes the Redis client understands.
+const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
+
+impl Settings {
+    /// Checks every section; the first problem found is returned, naming its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.bus.validate().map_err(|message| match message.split_once(": ") {
+            Some((key, reason)) if key.starts_with("bus.") => ConfigError::invalid(key, reason),
+            _ => ConfigError::invalid("bus", message),
+        })?;
+
+        match self.store.kind {
+            StoreKind::Embedded => non_empty_path("store.path", &self.store.path)?,
+            StoreKind::Redis => redis_url("store.redis.url", self.store.redis.url.expose())?,
+        }
+        non_empty_path("blob.dir", &self.blob.dir)?;
+        self.net.allowed_networks()?;
+
+        if self.http.port == 0 {
+            return Err(ConfigError::invalid("http.port", "must be 1-65535 (a server needs a fixed port)"));
+        }
+        if let Some(token) = &self.http.auth_token {
+            let token = token.expose();
+            if token.is_empty() || token.chars().any(char::is_whitespace) {
+                return Err(ConfigError::invalid("http.auth_token", "must be non-empty without whitespace"));
+            }
+        }
+
+        non_empty_path("ai.model_dir", &self.ai.model_dir)?;
+
+        tracing_subscriber::EnvFilter::try_new(&self.log.filter).map_err(|e| {
+            ConfigError::invalid("log.filter", format!("{:?} is not a tracing filter ({e})", self.log.filter))
+        })?;
+
+        let worker = &self.worker;
+        if worker.concurrency == 0 {
+            return Err(ConfigError::invalid("worker.concurrency", "must be at least 1"));
+        }
+        if worker.max_deliveries == 0 {
+            return Err(ConfigError::invalid("worker.max_deliveries", "must be at least 1"));
+        }
+        positive("worker.ack_wait", worker.ack_wait)?;
+        positive("worker.handler_timeout", worker.handler_timeout)?;
+
+        if self.telemetry.service_name.as_deref().is_some_and(|name| name.trim().is_empty()) {
+            return Err(ConfigError::invalid("telemetry.service_name", "must not be empty when set"));
+        }
+        Ok(())
+    }
+}
+
+fn non_empty_path(key: &str, path: &Path) -> Result<(), ConfigError> {
+    if path.as_os_str().is_empty() {
+        return Err(ConfigError::invalid(key, "must not be empty"));
+    }
+    Ok(())
+}
+
+fn positive(key: &str, value: Duration) -> Result<(), ConfigError> {
+    if value.is_zero() {
+        return Err(ConfigError::invalid(key, "must be longer than 0s"));
+    }
+    Ok(())
+}
+
+fn redis_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    let masked = super::mask_url_credentials(url);
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(ConfigError::invalid(key, format!("{masked:?} is not a URL such as redis://127.0.0.1:6379")));
+    };
+    if !REDIS_SCHEMES.contains(&scheme) {
+        return Err(ConfigError::invalid(
+            key,
+            format!("scheme {scheme:?} is not one of {}", REDIS_SCHEMES.join(", ")),
+        ));
+    }
+    if rest.is_empty() {
+        return Err(ConfigError::invalid(key, format!("{masked:?} names no host or socket")));
+    }
+    Ok(())
+}
