@@ -203,4 +203,3 @@ fn the_printed_config_of_a_secretless_setup_loads_back_unchanged() {
     let printed = TempToml::new("round-trip-printed", &settings.to_masked_toml().unwrap());
     assert_eq!(load(Some(&printed), &[]).unwrap(), settings);
 }
-

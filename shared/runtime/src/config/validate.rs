@@ -76,10 +76,7 @@ fn redis_url(key: &str, url: &str) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(key, format!("{masked:?} is not a URL such as redis://127.0.0.1:6379")));
     };
     if !REDIS_SCHEMES.contains(&scheme) {
-        return Err(ConfigError::invalid(
-            key,
-            format!("scheme {scheme:?} is not one of {}", REDIS_SCHEMES.join(", ")),
-        ));
+        return Err(ConfigError::invalid(key, format!("scheme {scheme:?} is not one of {}", REDIS_SCHEMES.join(", "))));
     }
     if rest.is_empty() {
         return Err(ConfigError::invalid(key, format!("{masked:?} names no host or socket")));
