@@ -1,6 +1,13 @@
-//! imagepipe coordinator: the task coordinator: task state machine, state store, timers, HTTP API.
+//! The imagepipe task coordinator: the only writer of task state (DESIGN.md, "Task state machine").
 //!
-//! Not built yet: issue #4 builds it. The binary refuses to start until then.
+//! - [`machine`]: the state machine, a pure function from a task and an input to a decision.
+//! - [`task`]: the task record, its history entries and outbox entries.
 
-/// The issue that builds this service.
+pub mod machine;
+pub mod task;
+
+pub use machine::{Context, Decision, Ignored, IllegalTransition, Input, Outcome, Policy, StepPolicy};
+pub use task::{HistoryEntry, OutboxEntry, Task, TaskState, Timer, TimerKind};
+
+/// The issue that builds this service; the binary refuses to start until its runtime lands.
 pub const BUILT_BY_ISSUE: u32 = 4;

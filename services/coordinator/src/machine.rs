@@ -1,0 +1,523 @@
+//! The task state machine as one pure function: `(task, input) → decision`.
+//!
+//! [`decide`] never performs I/O: it returns the new task, the history entry and the outbox
+//! messages of the transition, which a [`crate::store::TaskStore`] then writes atomically. A
+//! duplicate or stale input is [`Outcome::Ignore`]d; an input that has no edge from the task's
+//! state is an [`IllegalTransition`], which the caller logs and counts and never applies.
+
+use std::time::Duration;
+
+use imagepipe_contracts::payload::{TaskCancelled, TaskCompleted, TaskCreated, TaskFailed, TaskRetrying};
+use imagepipe_contracts::{
+    AnalyzeCommand, DownloadCommand, Event, EventPayload, ImageSource, MetadataCommand, Step, StepError, StepOutcome,
+    StepOutput, StepResult, SubmitTask, TraceId,
+};
+use serde::Serialize;
+
+use crate::task::{
+    CancelRequest, Destination, HistoryEntry, HistoryEvent, OutboxEntry, Outputs, Steps, Task, TaskFailure, TaskState,
+    Timer, TimerKind,
+};
+
+/// The `source` of every event the coordinator publishes.
+pub const SOURCE: &str = "coordinator";
+
+/// Limits of one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepPolicy {
+    /// Attempts before the task fails.
+    pub max_attempts: u32,
+    /// How long an attempt may stay silent before it counts as failed.
+    pub deadline: Duration,
+}
+
+impl Default for StepPolicy {
+    fn default() -> Self {
+        Self { max_attempts: 5, deadline: Duration::from_secs(300) }
+    }
+}
+
+/// Retry and deadline rules of every step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The download step.
+    pub download: StepPolicy,
+    /// The metadata step.
+    pub metadata: StepPolicy,
+    /// The analyze step.
+    pub analyze: StepPolicy,
+    /// Backoff before the second attempt.
+    pub backoff_base: Duration,
+    /// Longest backoff.
+    pub backoff_cap: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            download: StepPolicy::default(),
+            metadata: StepPolicy::default(),
+            analyze: StepPolicy::default(),
+            backoff_base: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Policy {
+    /// The rules of `step`.
+    pub fn step(&self, step: Step) -> StepPolicy {
+        match step {
+            Step::Download => self.download,
+            Step::Metadata => self.metadata,
+            Step::Analyze => self.analyze,
+        }
+    }
+
+    /// The backoff after failed attempt `attempt` (from 1): full jitter, `jitter` in `[0, 1)`
+    /// scaling `min(cap, base · 2^(attempt-1))`.
+    pub fn backoff(&self, attempt: u32, jitter: f64) -> Duration {
+        let exp = attempt.saturating_sub(1).min(30);
+        let ceiling = self.backoff_base.saturating_mul(1u32 << exp).min(self.backoff_cap);
+        ceiling.mul_f64(jitter.clamp(0.0, 1.0))
+    }
+}
+
+/// What the machine needs from outside: the time and a random draw for the jitter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Context {
+    /// Now, Unix ms.
+    pub now: u64,
+    /// Uniform in `[0, 1)`; scales retry backoffs.
+    pub jitter: f64,
+}
+
+/// Something that may change a task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Room under the in-flight cap: dispatch the first step of a queued task.
+    Start,
+    /// A worker's report.
+    Result(Box<StepResult>),
+    /// A timer came due.
+    Timer(Timer),
+    /// Cancellation through the API.
+    Cancel {
+        /// Why.
+        reason: Option<String>,
+    },
+}
+
+impl Input {
+    /// A short name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Input::Start => "start",
+            Input::Result(_) => "result",
+            Input::Timer(_) => "timer",
+            Input::Cancel { .. } => "cancel",
+        }
+    }
+}
+
+/// Everything one transition writes, atomically.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The task after the transition; its version is one more than before.
+    pub task: Task,
+    /// The history entry.
+    pub history: HistoryEntry,
+    /// The messages to send, in order.
+    pub outbox: Vec<OutboxEntry>,
+}
+
+/// Why an input was acknowledged without effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// A result for a step the task has passed, an older attempt, or a finished task.
+    StaleResult,
+    /// A result the task has already counted.
+    DuplicateResult,
+    /// A timer that is no longer the task's timer.
+    StaleTimer,
+    /// A timer fired before its due time.
+    TimerNotDue,
+    /// A start for a task that is no longer queued.
+    AlreadyStarted,
+    /// A cancel for a task that is already stopping.
+    AlreadyCancelling,
+}
+
+impl Ignored {
+    /// A short name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ignored::StaleResult => "stale_result",
+            Ignored::DuplicateResult => "duplicate_result",
+            Ignored::StaleTimer => "stale_timer",
+            Ignored::TimerNotDue => "timer_not_due",
+            Ignored::AlreadyStarted => "already_started",
+            Ignored::AlreadyCancelling => "already_cancelling",
+        }
+    }
+}
+
+/// What to do with an input.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Write this transition.
+    Apply(Box<Decision>),
+    /// Acknowledge the input and change nothing.
+    Ignore(Ignored),
+}
+
+/// An input with no edge from the task's state; never applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("illegal {input} for task {task_id} in state {state}: {reason}")]
+pub struct IllegalTransition {
+    /// The task.
+    pub task_id: String,
+    /// Its state.
+    pub state: TaskState,
+    /// The input kind.
+    pub input: &'static str,
+    /// Why there is no edge.
+    pub reason: String,
+}
+
+/// A new, queued task from a validated submit; its creation publishes `task.created`.
+pub fn create(id: String, submit: &SubmitTask, source: ImageSource, trace_id: TraceId, now: u64) -> Decision {
+    let task = Task {
+        id,
+        version: 1,
+        state: TaskState::Queued,
+        source: source.clone(),
+        idempotency_key: submit.idempotency_key.clone(),
+        callback_url: submit.callback_url.clone(),
+        labels: submit.labels.clone(),
+        trace_id,
+        created_at: now,
+        updated_at: now,
+        steps: Steps::default(),
+        outputs: Outputs::default(),
+        timer: None,
+        cancel_requested: None,
+        failure: None,
+    };
+    let mut t = Transition::new(&task, now);
+    t.task.version = 1;
+    t.event(0, TaskCreated { source, callback_url: task.callback_url.clone(), labels: task.labels.clone() });
+    t.finish(None, HistoryEvent::Created, None, None, None)
+}
+
+/// Decides what `input` does to `task`.
+pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Result<Outcome, IllegalTransition> {
+    let illegal =
+        |reason: String| IllegalTransition { task_id: task.id.clone(), state: task.state, input: input.kind(), reason };
+    let outcome = match input {
+        Input::Start => {
+            if task.state != TaskState::Queued {
+                return Ok(Outcome::Ignore(Ignored::AlreadyStarted));
+            }
+            let mut t = Transition::new(task, ctx.now);
+            t.dispatch(Step::Download, 1, policy).map_err(illegal)?;
+            t.finish(Some(task.state), HistoryEvent::Started, Some(Step::Download), Some(1), None)
+        }
+        Input::Cancel { reason } => {
+            if task.state.is_terminal() {
+                return Err(illegal(format!("the task is already {}", task.state)));
+            }
+            let running = matches!(task.timer, Some(Timer { kind: TimerKind::Deadline, .. }));
+            if running {
+                if task.cancel_requested.is_some() {
+                    return Ok(Outcome::Ignore(Ignored::AlreadyCancelling));
+                }
+                let mut t = Transition::new(task, ctx.now);
+                t.task.cancel_requested = Some(CancelRequest { reason: reason.clone(), at: ctx.now });
+                let step = task.state.step();
+                t.finish(
+                    Some(task.state),
+                    HistoryEvent::CancelRequested,
+                    step,
+                    Some(task.current_attempt()),
+                    reason.clone(),
+                )
+            } else {
+                let mut t = Transition::new(task, ctx.now);
+                t.task.cancel_requested = Some(CancelRequest { reason: reason.clone(), at: ctx.now });
+                t.cancel()
+            }
+        }
+        Input::Result(result) => return on_result(task, result, ctx, policy).map_err(illegal),
+        Input::Timer(timer) => {
+            if task.timer != Some(*timer) {
+                return Ok(Outcome::Ignore(Ignored::StaleTimer));
+            }
+            if timer.due_at > ctx.now {
+                return Ok(Outcome::Ignore(Ignored::TimerNotDue));
+            }
+            let mut t = Transition::new(task, ctx.now);
+            match timer.kind {
+                TimerKind::Deadline => {
+                    let deadline = policy.step(timer.step).deadline;
+                    let error = StepError::new(
+                        "deadline_exceeded",
+                        format!("no result for {} attempt {} within {deadline:?}", timer.step, timer.attempt),
+                    );
+                    t.failed_attempt(timer.step, timer.attempt, error, None, ctx, policy)
+                }
+                TimerKind::Retry if task.cancel_requested.is_some() => t.cancel(),
+                TimerKind::Retry => {
+                    t.dispatch(timer.step, timer.attempt, policy).map_err(illegal)?;
+                    t.finish(
+                        Some(task.state),
+                        HistoryEvent::AttemptDispatched,
+                        Some(timer.step),
+                        Some(timer.attempt),
+                        None,
+                    )
+                }
+            }
+        }
+    };
+    Ok(Outcome::Apply(Box::new(outcome)))
+}
+
+fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -> Result<Outcome, String> {
+    if task.state.is_terminal() {
+        return Ok(Outcome::Ignore(Ignored::StaleResult));
+    }
+    if result.attempt == 0 {
+        return Err("attempts count from 1".into());
+    }
+    if let StepOutcome::Ok { output } = &result.outcome
+        && output.step() != result.step
+    {
+        return Err(format!("the output of step {} was reported for step {}", output.step(), result.step));
+    }
+    let Some(current) = task.state.step() else {
+        return Err(format!("a {} result arrived for a task that has not started", result.step));
+    };
+    if result.step < current {
+        return Ok(Outcome::Ignore(Ignored::StaleResult));
+    }
+    if result.step > current {
+        return Err(format!("a {} result arrived while the task is at step {current}", result.step));
+    }
+    let dispatched = task.steps.get(current).attempts;
+    if result.attempt > dispatched {
+        return Err(format!("{current} attempt {} was never dispatched (latest is {dispatched})", result.attempt));
+    }
+    if result.attempt < dispatched {
+        return Ok(Outcome::Ignore(Ignored::StaleResult));
+    }
+    let running = matches!(task.timer, Some(Timer { kind: TimerKind::Deadline, attempt, .. }) if attempt == dispatched);
+    let mut t = Transition::new(task, ctx.now);
+    let decision = match &result.outcome {
+        StepOutcome::Ok { output } => t.succeeded(current, result.attempt, output.clone(), policy)?,
+        _ if !running => return Ok(Outcome::Ignore(Ignored::DuplicateResult)),
+        StepOutcome::Retryable { error, retry_after_ms } => {
+            t.failed_attempt(current, result.attempt, error.clone(), *retry_after_ms, ctx, policy)
+        }
+        StepOutcome::Permanent { error } => {
+            t.task.steps.get_mut(current).last_error = Some(error.clone());
+            t.fail(current, result.attempt, error.clone())
+        }
+    };
+    Ok(Outcome::Apply(Box::new(decision)))
+}
+
+/// A transition being built from a task.
+struct Transition {
+    from: TaskState,
+    task: Task,
+    outbox: Vec<OutboxEntry>,
+    now: u64,
+}
+
+impl Transition {
+    fn new(task: &Task, now: u64) -> Self {
+        let mut next = task.clone();
+        next.version = task.version + 1;
+        next.updated_at = now;
+        Self { from: task.state, task: next, outbox: Vec::new(), now }
+    }
+
+    fn finish(
+        self,
+        from: Option<TaskState>,
+        event: HistoryEvent,
+        step: Option<Step>,
+        attempt: Option<u32>,
+        detail: Option<String>,
+    ) -> Decision {
+        let history = HistoryEntry {
+            version: self.task.version,
+            at: self.now,
+            from,
+            to: self.task.state,
+            event,
+            step,
+            attempt,
+            detail,
+        };
+        Decision { task: self.task, history, outbox: self.outbox }
+    }
+
+    fn push(&mut self, destination: Destination, message_id: String, body: String) {
+        let id = OutboxEntry::entry_id(self.task.version, self.outbox.len());
+        self.outbox.push(OutboxEntry { id, destination, message_id, trace_id: self.task.trace_id, body });
+    }
+
+    fn event<P: EventPayload>(&mut self, attempt: u32, payload: P) {
+        let event = Event::for_task(self.task.id.clone(), attempt, self.task.trace_id, self.now, SOURCE, payload);
+        let body = String::from_utf8(event.to_json()).expect("serde_json writes UTF-8");
+        self.push(Destination::Event(P::EVENT_TYPE.as_str().to_owned()), event.event_id.to_string(), body);
+    }
+
+    fn command<C: Serialize>(&mut self, step: Step, attempt: u32, command: &C) {
+        let body = serde_json::to_string(command).expect("commands serialize infallibly");
+        let message_id = format!("{}.{}.{attempt}", self.task.id, step.as_str());
+        self.push(Destination::Queue(step.queue().to_owned()), message_id, body);
+    }
+
+    fn dispatch(&mut self, step: Step, attempt: u32, policy: &Policy) -> Result<(), String> {
+        let task_id = self.task.id.clone();
+        let labels = self.task.labels.clone();
+        match step {
+            Step::Download => {
+                let source = self.task.source.clone();
+                self.command(step, attempt, &DownloadCommand { task_id, attempt, source, labels });
+            }
+            Step::Metadata | Step::Analyze => {
+                let blob_key = self
+                    .task
+                    .blob_key()
+                    .ok_or_else(|| format!("cannot dispatch {step}: the download output is missing"))?
+                    .to_owned();
+                if step == Step::Metadata {
+                    self.command(step, attempt, &MetadataCommand { task_id, attempt, blob_key, labels });
+                } else {
+                    self.command(step, attempt, &AnalyzeCommand { task_id, attempt, blob_key, labels });
+                }
+            }
+        }
+        self.task.state = TaskState::of_step(step);
+        let record = self.task.steps.get_mut(step);
+        record.attempts = attempt;
+        record.started_at.get_or_insert(self.now);
+        let due_at = self.now.saturating_add(millis(policy.step(step).deadline));
+        self.task.timer = Some(Timer { kind: TimerKind::Deadline, step, attempt, due_at });
+        Ok(())
+    }
+
+    fn succeeded(mut self, step: Step, attempt: u32, output: StepOutput, policy: &Policy) -> Result<Decision, String> {
+        self.task.steps.get_mut(step).finished_at = Some(self.now);
+        match output {
+            StepOutput::Download(o) => self.task.outputs.download = Some(o),
+            StepOutput::Metadata(o) => self.task.outputs.metadata = Some(o),
+            StepOutput::Analyze(o) => self.task.outputs.analysis = Some(o),
+        }
+        if self.task.cancel_requested.is_some() {
+            return Ok(self.cancel());
+        }
+        let from = Some(self.from);
+        match step.next() {
+            Some(next) => {
+                self.dispatch(next, 1, policy)?;
+                Ok(self.finish(from, HistoryEvent::StepSucceeded, Some(step), Some(attempt), None))
+            }
+            None => {
+                let outputs = self.task.outputs.clone();
+                let (Some(download), Some(metadata), Some(analysis)) =
+                    (outputs.download, outputs.metadata, outputs.analysis)
+                else {
+                    return Err("the last step succeeded but an earlier step's output is missing".into());
+                };
+                self.task.state = TaskState::Completed;
+                self.task.timer = None;
+                let payload = TaskCompleted {
+                    duration_ms: self.now.saturating_sub(self.task.created_at),
+                    download,
+                    metadata,
+                    analysis,
+                    callback_url: self.task.callback_url.clone(),
+                    labels: self.task.labels.clone(),
+                };
+                self.event(0, payload);
+                Ok(self.finish(from, HistoryEvent::Completed, Some(step), Some(attempt), None))
+            }
+        }
+    }
+
+    fn failed_attempt(
+        mut self,
+        step: Step,
+        attempt: u32,
+        error: StepError,
+        retry_after_ms: Option<u64>,
+        ctx: &Context,
+        policy: &Policy,
+    ) -> Decision {
+        self.task.steps.get_mut(step).last_error = Some(error.clone());
+        if self.task.cancel_requested.is_some() {
+            return self.cancel();
+        }
+        let max = policy.step(step).max_attempts;
+        if attempt >= max {
+            let error =
+                StepError::new(error.code, format!("{} (gave up after {attempt} of {max} attempts)", error.message));
+            return self.fail(step, attempt, error);
+        }
+        let delay = millis(policy.backoff(attempt, ctx.jitter)).max(retry_after_ms.unwrap_or(0));
+        let due_at = self.now.saturating_add(delay);
+        self.task.timer = Some(Timer { kind: TimerKind::Retry, step, attempt: attempt + 1, due_at });
+        let ordinal = self.task.steps.total_attempts();
+        let labels = self.task.labels.clone();
+        let detail = error.to_string();
+        self.event(ordinal, TaskRetrying { step, attempt, delay_ms: delay, error, labels });
+        let from = Some(self.from);
+        self.finish(from, HistoryEvent::RetryScheduled, Some(step), Some(attempt), Some(detail))
+    }
+
+    fn fail(mut self, step: Step, attempt: u32, error: StepError) -> Decision {
+        self.task.state = TaskState::Failed;
+        self.task.timer = None;
+        self.task.failure = Some(TaskFailure { step, attempt, error: error.clone() });
+        let detail = error.to_string();
+        let payload = TaskFailed {
+            step,
+            attempt,
+            error,
+            callback_url: self.task.callback_url.clone(),
+            labels: self.task.labels.clone(),
+        };
+        self.event(0, payload);
+        let from = Some(self.from);
+        self.finish(from, HistoryEvent::Failed, Some(step), Some(attempt), Some(detail))
+    }
+
+    fn cancel(mut self) -> Decision {
+        let step = self.from.step();
+        let attempt = step.map(|s| self.task.steps.get(s).attempts);
+        let reason = self.task.cancel_requested.as_ref().and_then(|c| c.reason.clone());
+        self.task.state = TaskState::Cancelled;
+        self.task.timer = None;
+        let payload = TaskCancelled {
+            step,
+            reason: reason.clone(),
+            callback_url: self.task.callback_url.clone(),
+            labels: self.task.labels.clone(),
+        };
+        self.event(0, payload);
+        let from = Some(self.from);
+        self.finish(from, HistoryEvent::Cancelled, step, attempt, reason)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests;

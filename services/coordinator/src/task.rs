@@ -1,0 +1,368 @@
+//! The task record the coordinator owns, and what a transition writes next to it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use imagepipe_contracts::step::{AnalysisOutput, DownloadOutput, MetadataOutput};
+use imagepipe_contracts::{ImageSource, Labels, Step, StepError, TraceId};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Where a task is in the pipeline (DESIGN.md, "Task state machine").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Accepted, waiting for room under the in-flight cap.
+    Queued,
+    /// The download step runs (or waits to be retried).
+    Downloading,
+    /// The metadata step runs (or waits to be retried).
+    ExtractingMetadata,
+    /// The analyze step runs (or waits to be retried).
+    Analyzing,
+    /// Every step succeeded.
+    Completed,
+    /// A step failed for good.
+    Failed,
+    /// Cancelled through the API.
+    Cancelled,
+}
+
+impl TaskState {
+    /// Every state, in pipeline order.
+    pub const ALL: [TaskState; 7] = [
+        Self::Queued,
+        Self::Downloading,
+        Self::ExtractingMetadata,
+        Self::Analyzing,
+        Self::Completed,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
+    /// The states of a started, unfinished task: the ones the in-flight cap counts.
+    pub const IN_FLIGHT: [TaskState; 3] = [Self::Downloading, Self::ExtractingMetadata, Self::Analyzing];
+
+    /// The wire name, e.g. `extracting_metadata`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Downloading => "downloading",
+            Self::ExtractingMetadata => "extracting_metadata",
+            Self::Analyzing => "analyzing",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether nothing can change the task any more.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// The step that runs in this state.
+    pub const fn step(self) -> Option<Step> {
+        match self {
+            Self::Downloading => Some(Step::Download),
+            Self::ExtractingMetadata => Some(Step::Metadata),
+            Self::Analyzing => Some(Step::Analyze),
+            _ => None,
+        }
+    }
+
+    /// The state in which `step` runs.
+    pub const fn of_step(step: Step) -> Self {
+        match step {
+            Step::Download => Self::Downloading,
+            Step::Metadata => Self::ExtractingMetadata,
+            Step::Analyze => Self::Analyzing,
+        }
+    }
+
+    /// Whether the state machine has an edge from `self` to `to`.
+    pub fn can_become(self, to: TaskState) -> bool {
+        use TaskState::*;
+        match (self, to) {
+            (from, Failed | Cancelled) => !from.is_terminal(),
+            (Queued, Downloading) | (Downloading, ExtractingMetadata) | (ExtractingMetadata, Analyzing) => true,
+            (Analyzing, Completed) => true,
+            (from, to) => from == to && !from.is_terminal(),
+        }
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A string that names no task state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown task state {0:?}; expected one of queued, downloading, extracting_metadata, analyzing, completed, failed, cancelled"
+)]
+pub struct UnknownState(pub String);
+
+impl FromStr for TaskState {
+    type Err = UnknownState;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s).ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+/// What happened to one step of a task so far.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepRecord {
+    /// Attempts dispatched so far.
+    pub attempts: u32,
+    /// The error of the last failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<StepError>,
+    /// When the first attempt was dispatched, Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<u64>,
+    /// When the step succeeded, Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+}
+
+/// The outputs of the steps that succeeded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Outputs {
+    /// Output of the download step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download: Option<DownloadOutput>,
+    /// Output of the metadata step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<MetadataOutput>,
+    /// Output of the analyze step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<AnalysisOutput>,
+}
+
+/// Per-step records, one per pipeline step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Steps {
+    /// The download step.
+    pub download: StepRecord,
+    /// The metadata step.
+    pub metadata: StepRecord,
+    /// The analyze step.
+    pub analyze: StepRecord,
+}
+
+impl Steps {
+    /// The record of `step`.
+    pub fn get(&self, step: Step) -> &StepRecord {
+        match step {
+            Step::Download => &self.download,
+            Step::Metadata => &self.metadata,
+            Step::Analyze => &self.analyze,
+        }
+    }
+
+    /// The record of `step`, mutable.
+    pub fn get_mut(&mut self, step: Step) -> &mut StepRecord {
+        match step {
+            Step::Download => &mut self.download,
+            Step::Metadata => &mut self.metadata,
+            Step::Analyze => &mut self.analyze,
+        }
+    }
+
+    /// Attempts dispatched over every step: a per-task ordinal of attempts.
+    pub fn total_attempts(&self) -> u32 {
+        Step::ALL.iter().map(|s| self.get(*s).attempts).sum()
+    }
+}
+
+/// What a timer does when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TimerKind {
+    /// The attempt's deadline: a missing result counts as a failed attempt.
+    Deadline,
+    /// The backoff is over: dispatch the next attempt.
+    Retry,
+}
+
+/// The one timer a running task has: a deadline while an attempt runs, a retry while it
+/// backs off. A fired timer applies only if it is still the task's timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Timer {
+    /// What it does.
+    pub kind: TimerKind,
+    /// The step it belongs to.
+    pub step: Step,
+    /// For a deadline, the attempt it guards; for a retry, the attempt it dispatches.
+    pub attempt: u32,
+    /// When it is due, Unix ms.
+    pub due_at: u64,
+}
+
+/// The error that ended a failed task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskFailure {
+    /// The step that failed.
+    pub step: Step,
+    /// The last attempt.
+    pub attempt: u32,
+    /// Why.
+    pub error: StepError,
+}
+
+/// A task, as stored. `version` grows by one with every applied transition; a transition is a
+/// compare-and-set on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Task {
+    /// The task id.
+    pub id: String,
+    /// Number of transitions applied (1 after creation).
+    pub version: u64,
+    /// Where it is.
+    pub state: TaskState,
+    /// Where the image comes from.
+    pub source: ImageSource,
+    /// The submit's idempotency key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// The notification target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    /// User labels, copied into every event.
+    #[serde(default)]
+    pub labels: Labels,
+    /// The task's trace.
+    pub trace_id: TraceId,
+    /// Submission time, Unix ms.
+    pub created_at: u64,
+    /// Time of the last transition, Unix ms.
+    pub updated_at: u64,
+    /// Per-step attempts and errors.
+    pub steps: Steps,
+    /// Outputs of the steps that succeeded.
+    pub outputs: Outputs,
+    /// The pending timer of a running task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timer: Option<Timer>,
+    /// Set when cancellation was asked while an attempt ran: the task stops at the step boundary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested: Option<CancelRequest>,
+    /// Why the task failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<TaskFailure>,
+}
+
+/// A pending cancellation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelRequest {
+    /// Why, as given by whoever cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When it was asked, Unix ms.
+    pub at: u64,
+}
+
+impl Task {
+    /// The attempt of the current step that was dispatched last (0 outside a step).
+    pub fn current_attempt(&self) -> u32 {
+        self.state.step().map_or(0, |s| self.steps.get(s).attempts)
+    }
+
+    /// The blob key of the downloaded image, once the download step succeeded.
+    pub fn blob_key(&self) -> Option<&str> {
+        self.outputs.download.as_ref().map(|d| d.blob_key.as_str())
+    }
+}
+
+/// One applied transition, as kept in the task's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    /// The task version this transition produced.
+    pub version: u64,
+    /// When, Unix ms.
+    pub at: u64,
+    /// State before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<TaskState>,
+    /// State after.
+    pub to: TaskState,
+    /// What happened (`created`, `started`, `step_succeeded`, `retry_scheduled`, ...).
+    pub event: HistoryEvent,
+    /// The step involved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<Step>,
+    /// The attempt involved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// Details (error, reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The kinds of history entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryEvent {
+    /// The task was accepted.
+    Created,
+    /// The first step was dispatched.
+    Started,
+    /// A step succeeded and the next one was dispatched (or the task completed).
+    StepSucceeded,
+    /// An attempt failed with a retryable error (or missed its deadline); a retry is scheduled.
+    RetryScheduled,
+    /// The backoff ended and the next attempt was dispatched.
+    AttemptDispatched,
+    /// Cancellation was asked while an attempt ran.
+    CancelRequested,
+    /// The task completed.
+    Completed,
+    /// The task failed.
+    Failed,
+    /// The task was cancelled.
+    Cancelled,
+}
+
+/// Where an outbox entry goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "name", rename_all = "snake_case")]
+pub enum Destination {
+    /// A task queue (logical name).
+    Queue(String),
+    /// An event topic, by event type.
+    Event(String),
+}
+
+/// A message a transition must send, kept in the task's outbox until the broker confirmed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxEntry {
+    /// Unique within the task and ordered: `<version, 20 digits>-<index>`.
+    pub id: String,
+    /// Where it goes.
+    pub destination: Destination,
+    /// The bus message id (publish deduplication).
+    pub message_id: String,
+    /// The trace it belongs to.
+    pub trace_id: TraceId,
+    /// The JSON body.
+    pub body: String,
+}
+
+impl OutboxEntry {
+    /// The id of the `index`th entry written by the transition to `version`.
+    pub fn entry_id(version: u64, index: usize) -> String {
+        format!("{version:020}-{index:04}")
+    }
+}
