@@ -1,5 +1,6 @@
 //! Bus configuration (`bus.*` keys) and per-consumer settings.
 
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -51,7 +52,10 @@ impl BusConfig {
     /// Checks values a backend cannot use, naming the key.
     pub fn validate(&self) -> Result<(), String> {
         let prefix_ok = !self.prefix.is_empty()
-            && self.prefix.split('.').all(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+            && self
+                .prefix
+                .split('.')
+                .all(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
         if !prefix_ok {
             return Err(format!("bus.prefix: {:?} must be dot-separated tokens of [A-Za-z0-9_-]", self.prefix));
         }
@@ -89,17 +93,144 @@ impl Default for MemoryConfig {
     }
 }
 
-/// The `bus.nats` section.
+/// The `bus.nats` section: servers, credentials, TLS, and the JetStream streams the backend
+/// creates (or updates) at start.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
-    /// Server URL(s), comma-separated.
+    /// Server URL(s), comma-separated (`nats://host:4222,nats://other:4222`).
     pub url: String,
+    /// Client name shown in the server's connection list.
+    pub name: Option<String>,
+    /// How long the first connection may take before `Bus::connect` fails.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long a JetStream API call or a publish acknowledgement may take.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// First delay before reconnecting after the connection is lost; it doubles on every
+    /// failed attempt (with jitter) up to `reconnect_delay_max`.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_delay_min: Duration,
+    /// Longest delay between reconnect attempts.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_delay_max: Duration,
+    /// NATS credentials file (JWT and NKey seed), for decentralized auth.
+    pub credentials_file: Option<PathBuf>,
+    /// User name, with `password`.
+    pub user: Option<String>,
+    /// Password of `user`.
+    pub password: Option<Secret>,
+    /// Authentication token.
+    pub token: Option<Secret>,
+    /// TLS settings.
+    pub tls: NatsTlsConfig,
+    /// Replicas of every stream (1 on a single server; 3 in a production cluster).
+    pub replicas: usize,
+    /// Where streams keep messages.
+    pub storage: NatsStorage,
+    /// Window within which a repeated message id (`Nats-Msg-Id`) is dropped as a duplicate.
+    #[serde(with = "humantime_serde")]
+    pub dedup_window: Duration,
+    /// How long the events stream retains events for subscriber groups that start from the
+    /// beginning or a time.
+    #[serde(with = "humantime_serde")]
+    pub events_max_age: Duration,
+    /// How long dead letters are kept; `0s` keeps them until an operator purges them.
+    #[serde(with = "humantime_serde")]
+    pub dlq_max_age: Duration,
+    /// Most bytes each stream holds; 0 is unlimited. A full task or dead-letter stream rejects
+    /// publishes (nothing queued is dropped); a full events stream drops its oldest events.
+    pub max_bytes: u64,
+    /// Most messages each stream holds; 0 is unlimited. Full streams behave as for `max_bytes`.
+    pub max_msgs: u64,
+    /// Ack deadlines of successive deliveries (consumer backoff): delivery `n` waits
+    /// `max(ack_wait, redelivery_backoff[n-1])`, the last entry repeating. Empty: every delivery
+    /// waits the consumer's `ack_wait`.
+    #[serde(with = "humantime_list")]
+    pub redelivery_backoff: Vec<Duration>,
 }
 
 impl Default for NatsConfig {
     fn default() -> Self {
-        Self { url: "nats://127.0.0.1:4222".into() }
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            name: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            reconnect_delay_min: Duration::from_millis(100),
+            reconnect_delay_max: Duration::from_secs(5),
+            credentials_file: None,
+            user: None,
+            password: None,
+            token: None,
+            tls: NatsTlsConfig::default(),
+            replicas: 1,
+            storage: NatsStorage::File,
+            dedup_window: Duration::from_secs(120),
+            events_max_age: Duration::from_secs(7 * 24 * 3600),
+            dlq_max_age: Duration::ZERO,
+            max_bytes: 0,
+            max_msgs: 0,
+            redelivery_backoff: Vec::new(),
+        }
+    }
+}
+
+/// Where a JetStream stream keeps its messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NatsStorage {
+    /// On disk; survives a server restart.
+    #[default]
+    File,
+    /// In memory; lost when the server stops.
+    Memory,
+}
+
+/// The `bus.nats.tls` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatsTlsConfig {
+    /// Refuse to connect without TLS (implied by `tls://` URLs and by the other settings).
+    pub required: bool,
+    /// PEM file of the CA certificates that sign the server's certificate.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate, for mutual TLS (with `key_file`).
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// Start TLS before the server's INFO (servers configured with `handshake_first`).
+    pub handshake_first: bool,
+}
+
+/// A credential from config. `Debug` and `Serialize` print `<redacted>`, so it never reaches a
+/// log line or a dumped config.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret holding `value`.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself, for handing to a client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("<redacted>")
     }
 }
 
@@ -114,6 +245,22 @@ pub struct KafkaConfig {
 impl Default for KafkaConfig {
     fn default() -> Self {
         Self { brokers: "127.0.0.1:9092".into() }
+    }
+}
+
+/// Serde for a list of durations written the humantime way (`["1s", "30s", "2m"]`).
+mod humantime_list {
+    use std::time::Duration;
+
+    use humantime_serde::Serde;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(durations: &[Duration], serializer: S) -> Result<S::Ok, S::Error> {
+        durations.iter().map(|d| Serde::from(*d)).collect::<Vec<_>>().serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Duration>, D::Error> {
+        Ok(Vec::<Serde<Duration>>::deserialize(deserializer)?.into_iter().map(Serde::into_inner).collect())
     }
 }
 
@@ -180,5 +327,7 @@ impl Subscription {
 /// Whether `name` is a valid group or queue token sequence (`[A-Za-z0-9_-]`, dot-separated).
 pub(crate) fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
-        && name.split('.').all(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+        && name
+            .split('.')
+            .all(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
 }

@@ -33,7 +33,10 @@ pub mod memory;
 pub mod nats;
 
 pub use bus::Bus;
-pub use config::{BusConfig, BusKind, ConsumerConfig, KafkaConfig, NatsConfig, StartPosition, Subscription};
+pub use config::{
+    BusConfig, BusKind, ConsumerConfig, KafkaConfig, NatsConfig, NatsStorage, NatsTlsConfig, Secret, StartPosition,
+    Subscription,
+};
 pub use delivery::{AckHandle, Delivery};
 pub use error::{BoxError, BusError};
 pub use message::{Headers, Message};

@@ -1,0 +1,227 @@
+//! [`Consumer`] over a durable pull consumer: fetching, the client-side part of selectors, and
+//! dead-lettering deliveries past `max_deliveries`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::{self, AckKind};
+use async_trait::async_trait;
+use futures::StreamExt;
+use imagepipe_contracts::names::headers;
+use tokio::time::Instant;
+
+use super::Shared;
+use super::advisories::{self, Listener};
+use super::codec;
+use super::consumers::{self, ConsumerSpec};
+use super::dead_letter::DeadLetterTarget;
+use super::handle::NatsAckHandle;
+use crate::delivery::Delivery;
+use crate::error::BusError;
+use crate::selector::Selector;
+use crate::traits::Consumer;
+
+/// Shortest pull that is worth sending to the server to wait on.
+const MIN_WAIT: Duration = Duration::from_millis(10);
+/// Extra time given to the server to answer a pull before the client gives up on it.
+const PULL_GRACE: Duration = Duration::from_secs(2);
+
+/// One queue or subscriber group, as seen by one process.
+pub(crate) struct NatsConsumer {
+    shared: Arc<Shared>,
+    stream: Stream,
+    spec: ConsumerSpec,
+    consumer: std::sync::Mutex<PullConsumer>,
+    target: Arc<DeadLetterTarget>,
+    /// Set for selectors the consumer's single filter subject cannot express exactly.
+    selector: Option<Selector>,
+    /// A fetch failed: check the consumer still exists before the next one.
+    recheck: AtomicBool,
+    _advisories: Listener,
+}
+
+impl NatsConsumer {
+    /// Creates or updates the consumer of `spec` on `stream` and starts listening for its
+    /// max-deliveries advisories. `removes_on_ack` says the stream is a work queue.
+    pub(crate) async fn open(
+        shared: Arc<Shared>,
+        stream: Stream,
+        spec: ConsumerSpec,
+        source: String,
+        dead_letter_queue: String,
+        selector: Option<Selector>,
+        removes_on_ack: bool,
+    ) -> Result<Self, BusError> {
+        if spec.consumer.max_deliveries == 0 {
+            return Err(BusError::Invalid(format!("{source}: max_deliveries must be at least 1")));
+        }
+        if spec.consumer.ack_wait < Duration::from_millis(1) {
+            return Err(BusError::Invalid(format!("{source}: ack_wait must be at least 1ms")));
+        }
+        let consumer = consumers::ensure(&stream, &spec, &shared.config).await?;
+        let origin = format!("{}.{}", stream.cached_info().config.name, spec.durable);
+        let target = Arc::new(DeadLetterTarget { source, queue: dead_letter_queue, origin });
+        let listener =
+            advisories::spawn(shared.clone(), stream.clone(), spec.durable.clone(), target.clone(), removes_on_ack);
+        Ok(Self {
+            shared,
+            stream,
+            spec,
+            consumer: std::sync::Mutex::new(consumer),
+            target,
+            selector,
+            recheck: AtomicBool::new(false),
+            _advisories: listener,
+        })
+    }
+
+    fn receive_error(&self, err: impl Into<crate::error::BoxError>) -> BusError {
+        BusError::Receive { source_name: self.target.source.clone(), source: err.into() }
+    }
+
+    fn connected(&self) -> bool {
+        self.shared.client.connection_state() == State::Connected
+    }
+
+    /// After a failed fetch: recreate the streams and the consumer if the server lost them
+    /// (a restarted server with memory storage, an operator deleting them).
+    async fn recover(&self) -> Result<(), BusError> {
+        match self.stream.consumer_info(&self.spec.durable).await {
+            Ok(_) => Ok(()),
+            Err(err) if consumers::is_missing(&err) => {
+                tracing::warn!(consumer = %self.spec.durable, "consumer is gone from the server; recreating it");
+                super::streams::ensure(&self.shared.js, &self.shared.names, &self.shared.config).await?;
+                let consumer = consumers::ensure(&self.stream, &self.spec, &self.shared.config).await?;
+                *self.consumer.lock().unwrap_or_else(|e| e.into_inner()) = consumer;
+                Ok(())
+            }
+            Err(err) => Err(self.receive_error(err)),
+        }
+    }
+
+    /// Up to `max` messages: what is there now, or else the first to arrive within `wait`
+    /// followed by whatever else is there by then.
+    async fn pull(&self, max: usize, wait: Duration) -> Result<Vec<jetstream::Message>, BusError> {
+        let consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let now = consumer.fetch().max_messages(max).messages().await.map_err(|err| self.receive_error(err))?;
+        let mut got = self.drain(now, PULL_GRACE).await?;
+        if got.is_empty() && wait >= MIN_WAIT {
+            let first = consumer.batch().max_messages(1).expires(wait).messages().await;
+            got = self.drain(first.map_err(|err| self.receive_error(err))?, wait + PULL_GRACE).await?;
+            if !got.is_empty() && max > 1 {
+                let rest = consumer.fetch().max_messages(max - 1).messages().await;
+                got.extend(self.drain(rest.map_err(|err| self.receive_error(err))?, PULL_GRACE).await?);
+            }
+        }
+        Ok(got)
+    }
+
+    /// The messages of one pull, giving up `limit` from now (the connection may be gone).
+    async fn drain(
+        &self,
+        mut batch: jetstream::consumer::pull::Batch,
+        limit: Duration,
+    ) -> Result<Vec<jetstream::Message>, BusError> {
+        let deadline = Instant::now() + limit;
+        let mut got = Vec::new();
+        loop {
+            match tokio::time::timeout_at(deadline, batch.next()).await {
+                Ok(Some(Ok(message))) => got.push(message),
+                Ok(Some(Err(err))) if got.is_empty() => return Err(self.receive_error(err)),
+                Ok(Some(Err(err))) => {
+                    tracing::debug!(source = %self.target.source, error = %err, "pull ended early");
+                    return Ok(got);
+                }
+                Ok(None) => return Ok(got),
+                Err(_) if got.is_empty() && !self.connected() => {
+                    return Err(self.receive_error("the connection to NATS is down"));
+                }
+                Err(_) => return Ok(got),
+            }
+        }
+    }
+
+    /// Turns a pulled message into a delivery, or settles it here: events the selector
+    /// rejects are acked and skipped, deliveries past `max_deliveries` are dead-lettered.
+    async fn admit(&self, message: jetstream::Message) -> Result<Option<Delivery>, BusError> {
+        let (stream_seq, delivered) = {
+            let info = message.info().map_err(|err| self.receive_error(err.to_string()))?;
+            (info.stream_sequence, u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX))
+        };
+        let (raw, acker) = message.split();
+        let decoded = codec::decode(raw.headers.as_ref(), raw.payload);
+        if let Some(selector) = &self.selector {
+            let event_type = decoded
+                .headers
+                .get(headers::EVENT_TYPE)
+                .map(str::to_owned)
+                .or_else(|| self.shared.names.event_type_of(raw.subject.as_str()).map(str::to_owned));
+            if !event_type.is_some_and(|t| selector.matches(&t)) {
+                if let Err(err) = acker.ack_with(AckKind::Ack).await {
+                    tracing::debug!(source = %self.target.source, error = %err, "ack of a skipped event failed; it comes back");
+                }
+                return Ok(None);
+            }
+        }
+        let max_deliveries = self.spec.consumer.max_deliveries;
+        let handle = NatsAckHandle { shared: self.shared.clone(), acker, stream_seq, target: self.target.clone() };
+        if delivered > max_deliveries {
+            let reason = format!(
+                "max deliveries ({max_deliveries}) reached: not settled within the ack deadline ({:?})",
+                self.spec.consumer.ack_wait
+            );
+            if let Err(err) = crate::delivery::AckHandle::dead_letter(&handle, &decoded, max_deliveries, &reason).await
+            {
+                tracing::error!(
+                    source = %self.target.source,
+                    stream_seq,
+                    error = %err,
+                    "dead-lettering an expired message failed; it is delivered again"
+                );
+            }
+            return Ok(None);
+        }
+        Ok(Some(Delivery::new(decoded, delivered, max_deliveries, self.target.source.clone(), Box::new(handle))))
+    }
+}
+
+#[async_trait]
+impl Consumer for NatsConsumer {
+    async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        if !self.connected() {
+            return Err(self.receive_error("the connection to NATS is down"));
+        }
+        if self.recheck.swap(false, Ordering::AcqRel) {
+            self.recover().await.inspect_err(|_| self.recheck.store(true, Ordering::Release))?;
+        }
+        let deadline = Instant::now() + wait;
+        let mut out = Vec::new();
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let pulled = self.pull(max - out.len(), remaining).await.inspect_err(|_| {
+                self.recheck.store(true, Ordering::Release);
+            })?;
+            let any = !pulled.is_empty();
+            for message in pulled {
+                if let Some(delivery) = self.admit(message).await? {
+                    out.push(delivery);
+                }
+            }
+            // Everything pulled was skipped or dead-lettered: keep waiting for the rest of `wait`.
+            if !out.is_empty() || !any || Instant::now() >= deadline {
+                break;
+            }
+        }
+        if out.is_empty() && !self.connected() {
+            return Err(self.receive_error("the connection to NATS is down"));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,219 @@
+//! Subjects, stream names and consumer names derived from `bus.prefix` and logical names.
+//!
+//! Subjects are `<prefix>.` + the logical name (`imagepipe.tasks.download`), events are
+//! `<prefix>.events.<eventType>`, dead letters `<prefix>.dlq.<queue>`. Stream and consumer
+//! names cannot contain dots, so they replace them with `_` (`IMAGEPIPE_TASKS`,
+//! `tasks_download`); two names that collide that way are caught at setup through the
+//! stream subjects and the consumer description.
+
+use imagepipe_contracts::names::{DLQ, topics};
+
+use crate::error::BusError;
+
+/// First token of every task queue name (`tasks.download`).
+const TASKS: &str = "tasks";
+
+/// Which stream a queue name lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueKind {
+    /// `tasks.*`: the work-queue stream.
+    Tasks,
+    /// `dlq.*`: the dead-letter stream.
+    DeadLetters,
+}
+
+/// Every name the backend derives from one prefix.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    prefix: String,
+    stream_base: String,
+}
+
+impl Names {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Self { prefix: prefix.to_owned(), stream_base: sanitize(prefix).to_ascii_uppercase() }
+    }
+
+    /// The work-queue stream of task queues.
+    pub(crate) fn tasks_stream(&self) -> String {
+        format!("{}_TASKS", self.stream_base)
+    }
+
+    /// The limits stream of events.
+    pub(crate) fn events_stream(&self) -> String {
+        format!("{}_EVENTS", self.stream_base)
+    }
+
+    /// The limits stream of dead letters.
+    pub(crate) fn dlq_stream(&self) -> String {
+        format!("{}_DLQ", self.stream_base)
+    }
+
+    /// Subjects captured by the work-queue stream.
+    pub(crate) fn tasks_subjects(&self) -> String {
+        format!("{}.{TASKS}.>", self.prefix)
+    }
+
+    /// Subjects captured by the events stream.
+    pub(crate) fn events_subjects(&self) -> String {
+        format!("{}.{}.>", self.prefix, topics::EVENTS)
+    }
+
+    /// Subjects captured by the dead-letter stream.
+    pub(crate) fn dlq_subjects(&self) -> String {
+        format!("{}.{DLQ}.>", self.prefix)
+    }
+
+    /// The subject of a queue (`tasks.download` or `dlq.tasks.download`) after checking its name.
+    pub(crate) fn queue_subject(&self, queue: &str) -> Result<(QueueKind, String), BusError> {
+        if !crate::config::is_valid_name(queue) {
+            return Err(BusError::Invalid(format!(
+                "queue name {queue:?} must be dot-separated tokens of [A-Za-z0-9_-]"
+            )));
+        }
+        let kind = match queue.split('.').next() {
+            Some(TASKS) if queue.len() > TASKS.len() => QueueKind::Tasks,
+            Some(DLQ) if queue.len() > DLQ.len() => QueueKind::DeadLetters,
+            _ => {
+                return Err(BusError::Invalid(format!(
+                    "queue name {queue:?} must start with `{TASKS}.` (task queues) or `{DLQ}.` (dead letters)"
+                )));
+            }
+        };
+        Ok((kind, format!("{}.{queue}", self.prefix)))
+    }
+
+    /// The subject of an event type after checking it (`task.completed`).
+    pub(crate) fn event_subject(&self, event_type: &str) -> Result<String, BusError> {
+        if !crate::selector::is_valid_event_type(event_type) {
+            return Err(BusError::Invalid(format!(
+                "event type {event_type:?} must be dot-separated tokens of [a-z0-9_]"
+            )));
+        }
+        Ok(format!("{}.{}.{event_type}", self.prefix, topics::EVENTS))
+    }
+
+    /// The subject filter that covers an event-type pattern (`image.*`, or `>` for all).
+    pub(crate) fn event_filter(&self, pattern: &str) -> String {
+        format!("{}.{}.{pattern}", self.prefix, topics::EVENTS)
+    }
+
+    /// The event type carried by an event subject, if it is one of ours.
+    pub(crate) fn event_type_of<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject.strip_prefix(self.prefix.as_str())?.strip_prefix('.')?.strip_prefix(topics::EVENTS)?.strip_prefix('.')
+    }
+
+    /// The subject a dead-letter queue name (`dlq.tasks.download`) maps to.
+    pub(crate) fn dlq_subject(&self, dead_letter_queue: &str) -> String {
+        format!("{}.{dead_letter_queue}", self.prefix)
+    }
+}
+
+/// A consumer name for a logical queue or group name (`tasks.download` → `tasks_download`).
+pub(crate) fn durable_name(logical: &str) -> String {
+    sanitize(logical)
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+}
+
+/// The narrowest single subject pattern that matches every pattern given: equal tokens are
+/// kept, differing tokens become `*`, and patterns of different lengths end in `>`. NATS 2.9
+/// filters a consumer by one subject, so a selector of several patterns is filtered to this
+/// and the rest is done client-side.
+pub(crate) fn covering_pattern(patterns: &[String]) -> String {
+    if patterns.iter().any(|p| p == ">") || patterns.is_empty() {
+        return ">".into();
+    }
+    let split: Vec<Vec<&str>> = patterns.iter().map(|p| p.split('.').collect()).collect();
+    let min_len = split.iter().map(Vec::len).min().unwrap_or(0);
+    let same_len = split.iter().all(|tokens| tokens.len() == min_len);
+    let mut out = Vec::with_capacity(min_len);
+    for i in 0..min_len {
+        if !same_len && i == min_len - 1 {
+            out.push(">");
+            break;
+        }
+        let first = split[0][i];
+        out.push(if split.iter().all(|tokens| tokens[i] == first) { first } else { "*" });
+    }
+    out.join(".")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cover(patterns: &[&str]) -> String {
+        covering_pattern(&patterns.iter().map(|p| p.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn covering_pattern_is_the_narrowest_single_filter() {
+        assert_eq!(cover(&["task.completed"]), "task.completed");
+        assert_eq!(cover(&["task.completed", "task.failed"]), "task.*");
+        assert_eq!(cover(&["image.*", "task.failed"]), "*.*");
+        assert_eq!(cover(&["a.b", "a.b.c"]), "a.>");
+        assert_eq!(cover(&["a", "a.b"]), ">");
+        assert_eq!(cover(&[">", "a"]), ">");
+    }
+
+    /// NATS subject matching: `*` is one token, a final `>` one or more.
+    fn subject_matches(filter: &str, subject: &str) -> bool {
+        let (mut f, mut s) = (filter.split('.'), subject.split('.'));
+        loop {
+            match (f.next(), s.next()) {
+                (Some(">"), Some(_)) => return true,
+                (Some("*"), Some(_)) => {}
+                (Some(a), Some(b)) if a == b => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+
+    #[test]
+    fn covering_pattern_matches_everything_its_patterns_match() {
+        let cases = [vec!["task.completed", "task.failed"], vec!["a.b", "a.b.c", "x.y"], vec!["image.*", "image.x.y"]];
+        for patterns in cases {
+            let cover = cover(&patterns);
+            for p in &patterns {
+                let concrete = p.replace('*', "any");
+                assert!(subject_matches(&cover, &concrete), "{cover} does not cover {concrete}");
+            }
+        }
+        assert!(!subject_matches("task.*", "image.downloaded"));
+    }
+
+    #[test]
+    fn names_derive_from_the_prefix() {
+        let names = Names::new("imagepipe");
+        assert_eq!(names.tasks_stream(), "IMAGEPIPE_TASKS");
+        assert_eq!(names.events_stream(), "IMAGEPIPE_EVENTS");
+        assert_eq!(names.dlq_stream(), "IMAGEPIPE_DLQ");
+        assert_eq!(
+            names.queue_subject("tasks.download").unwrap(),
+            (QueueKind::Tasks, "imagepipe.tasks.download".into())
+        );
+        assert_eq!(
+            names.queue_subject("dlq.tasks.download").unwrap(),
+            (QueueKind::DeadLetters, "imagepipe.dlq.tasks.download".into())
+        );
+        assert_eq!(names.event_subject("task.completed").unwrap(), "imagepipe.events.task.completed");
+        assert_eq!(names.event_type_of("imagepipe.events.task.completed"), Some("task.completed"));
+        assert_eq!(names.event_type_of("other.events.task.completed"), None);
+        assert_eq!(Names::new("test.run-1").tasks_stream(), "TEST_RUN-1_TASKS");
+        assert_eq!(durable_name("tasks.download"), "tasks_download");
+    }
+
+    #[test]
+    fn bad_queue_names_are_rejected_with_a_reason() {
+        let names = Names::new("imagepipe");
+        for bad in ["", "tasks", "dlq", "events.image", "tasks..x", "tasks.a b", "tasks.>", "tasks.*"] {
+            let err = names.queue_subject(bad).unwrap_err();
+            assert!(matches!(err, BusError::Invalid(_)), "{bad}: {err}");
+        }
+        assert!(names.event_subject("task.*").is_err());
+    }
+}

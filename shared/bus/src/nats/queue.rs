@@ -1,0 +1,56 @@
+//! [`TaskQueue`] on the work-queue stream (and on the dead-letter stream for `dlq.*`).
+//!
+//! One durable consumer per queue, shared by every replica; delivery policy `all`, so a new
+//! consumer gets what was queued before it existed.
+
+use async_nats::jetstream::consumer::DeliverPolicy;
+use async_trait::async_trait;
+use imagepipe_contracts::names;
+
+use super::NatsBus;
+use super::consumer::NatsConsumer;
+use super::consumers::ConsumerSpec;
+use super::names::{QueueKind, durable_name};
+use crate::config::ConsumerConfig;
+use crate::error::BusError;
+use crate::message::Message;
+use crate::traits::{Consumer, TaskQueue};
+
+#[async_trait]
+impl TaskQueue for NatsBus {
+    async fn send(&self, queue: &str, message: Message) -> Result<(), BusError> {
+        let (_, subject) = self.shared.names.queue_subject(queue)?;
+        self.shared.publish(&subject, &message, &[]).await
+    }
+
+    async fn send_batch(&self, queue: &str, messages: Vec<Message>) -> Result<(), BusError> {
+        let (_, subject) = self.shared.names.queue_subject(queue)?;
+        self.shared.publish_pipelined(&subject, &messages, &[]).await
+    }
+
+    async fn consume(&self, queue: &str, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError> {
+        let (kind, subject) = self.shared.names.queue_subject(queue)?;
+        let stream = match kind {
+            QueueKind::Tasks => self.shared.streams.tasks.clone(),
+            QueueKind::DeadLetters => self.shared.streams.dlq.clone(),
+        };
+        let spec = ConsumerSpec {
+            durable: durable_name(queue),
+            description: format!("imagepipe queue {queue}"),
+            filter: subject,
+            deliver: DeliverPolicy::All,
+            consumer: config,
+        };
+        let consumer = NatsConsumer::open(
+            self.shared.clone(),
+            stream,
+            spec,
+            queue.to_owned(),
+            names::dead_letter_queue(queue),
+            None,
+            kind == QueueKind::Tasks,
+        )
+        .await?;
+        Ok(Box::new(consumer))
+    }
+}
