@@ -1,0 +1,12 @@
+//! The behaviours every backend must show, one public function each. Each takes the backend's
+//! [`Harness`](super::Harness), builds its own fresh bus, and panics on the first deviation.
+
+mod dead_letters;
+mod events;
+mod queues;
+mod stress;
+
+pub use dead_letters::*;
+pub use events::*;
+pub use queues::*;
+pub use stress::*;
