@@ -34,3 +34,80 @@ mod memory_harness {
 
 #[cfg(feature = "memory")]
 imagepipe_bus::conformance_suite!(memory, memory_harness::Memory);
+
+#[cfg(feature = "nats")]
+mod nats_support;
+
+#[cfg(feature = "nats")]
+mod nats_harness {
+    use std::sync::Mutex;
+
+    use imagepipe_bus::Bus;
+    use imagepipe_bus::nats::NatsBus;
+
+    use super::nats_support::{delete_streams, nats_2_9_url, nats_latest_url, test_config};
+    use super::*;
+
+    /// A fresh prefix per case on one NATS server; the case's streams are deleted when the
+    /// harness is dropped at the end of the case (passed or failed).
+    pub struct Nats {
+        name: &'static str,
+        url: String,
+        created: Mutex<Vec<String>>,
+    }
+
+    impl Nats {
+        /// Debian's nats-server 2.9 on 127.0.0.1:4222 (`IMAGEPIPE_TEST_NATS_URL` overrides).
+        pub fn v2_9() -> Self {
+            Self { name: "nats 2.9", url: nats_2_9_url(), created: Mutex::new(Vec::new()) }
+        }
+
+        /// The current nats-server whose URL scripts/nats.sh exports; `None` (after printing
+        /// why) when it is not exported outside CI, a panic in CI.
+        pub fn latest() -> Option<Self> {
+            nats_latest_url().map(|url| Self { name: "nats latest", url, created: Mutex::new(Vec::new()) })
+        }
+    }
+
+    #[async_trait]
+    impl Harness for Nats {
+        fn name(&self) -> &str {
+            self.name
+        }
+
+        async fn bus(&self) -> Bus {
+            let prefix = unique_prefix();
+            let bus = NatsBus::connect(&prefix, &test_config(&self.url)).await.unwrap_or_else(|err| {
+                panic!("{}: connecting to {} failed: {err:?} (scripts/nats.sh starts the servers)", self.name, self.url)
+            });
+            self.created.lock().expect("lock").extend(bus.stream_names());
+            bus.into_bus()
+        }
+
+        fn timing(&self) -> Timing {
+            Timing::BROKER
+        }
+    }
+
+    impl Drop for Nats {
+        fn drop(&mut self) {
+            let streams = std::mem::take(&mut *self.created.lock().unwrap_or_else(|e| e.into_inner()));
+            if !streams.is_empty() {
+                delete_streams(&self.url, streams);
+            }
+        }
+    }
+}
+
+#[cfg(feature = "nats")]
+imagepipe_bus::conformance_suite!(nats_2_9, nats_harness::Nats::v2_9());
+
+// Skipping returns from the test before the case runs: `latest()` printed why.
+#[cfg(feature = "nats")]
+imagepipe_bus::conformance_suite!(
+    nats_latest,
+    match nats_harness::Nats::latest() {
+        Some(harness) => harness,
+        None => return,
+    }
+);

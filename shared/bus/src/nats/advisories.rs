@@ -94,7 +94,7 @@ async fn handle(
     };
     let message = codec::decode(Some(&stored.headers), stored.payload);
     let deliveries = u32::try_from(advisory.deliveries).unwrap_or(u32::MAX);
-    let reason = format!("max deliveries reached: not settled within the ack deadline on {deliveries} deliveries");
+    let reason = format!("ack deadline expired after {deliveries} deliveries");
     dead_letter::write(shared, target, seq, &message, deliveries, &reason).await?;
     if removes_on_ack {
         stream.delete_message(seq).await.map_err(|err| setup("deleting", &err))?;

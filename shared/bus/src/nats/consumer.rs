@@ -170,10 +170,7 @@ impl NatsConsumer {
         let max_deliveries = self.spec.consumer.max_deliveries;
         let handle = NatsAckHandle { shared: self.shared.clone(), acker, stream_seq, target: self.target.clone() };
         if delivered > max_deliveries {
-            let reason = format!(
-                "max deliveries ({max_deliveries}) reached: not settled within the ack deadline ({:?})",
-                self.spec.consumer.ack_wait
-            );
+            let reason = format!("ack deadline expired after {max_deliveries} deliveries");
             if let Err(err) = crate::delivery::AckHandle::dead_letter(&handle, &decoded, max_deliveries, &reason).await
             {
                 tracing::error!(
