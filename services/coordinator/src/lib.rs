@@ -4,6 +4,7 @@
 //! - [`task`]: the task record, its history entries and outbox entries.
 
 pub mod machine;
+pub mod store;
 pub mod task;
 
 pub use machine::{Context, Decision, Ignored, IllegalTransition, Input, Outcome, Policy, StepPolicy};

@@ -12,6 +12,9 @@ use imagepipe_contracts::{
     AnalyzeCommand, DownloadCommand, Event, EventPayload, ImageSource, MetadataCommand, Step, StepError, StepOutcome,
     StepOutput, StepResult, SubmitTask, TraceId,
 };
+use imagepipe_runtime::backoff::ExponentialBackoff;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 use serde::Serialize;
 
 use crate::task::{
@@ -38,7 +41,7 @@ impl Default for StepPolicy {
 }
 
 /// Retry and deadline rules of every step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     /// The download step.
     pub download: StepPolicy,
@@ -46,10 +49,8 @@ pub struct Policy {
     pub metadata: StepPolicy,
     /// The analyze step.
     pub analyze: StepPolicy,
-    /// Backoff before the second attempt.
-    pub backoff_base: Duration,
-    /// Longest backoff.
-    pub backoff_cap: Duration,
+    /// Delay before each retry (default: 1 s doubling, cap 60 s, full jitter).
+    pub backoff: ExponentialBackoff,
 }
 
 impl Default for Policy {
@@ -58,8 +59,7 @@ impl Default for Policy {
             download: StepPolicy::default(),
             metadata: StepPolicy::default(),
             analyze: StepPolicy::default(),
-            backoff_base: Duration::from_secs(1),
-            backoff_cap: Duration::from_secs(60),
+            backoff: ExponentialBackoff::step_retries(),
         }
     }
 }
@@ -74,22 +74,19 @@ impl Policy {
         }
     }
 
-    /// The backoff after failed attempt `attempt` (from 1): full jitter, `jitter` in `[0, 1)`
-    /// scaling `min(cap, base · 2^(attempt-1))`.
-    pub fn backoff(&self, attempt: u32, jitter: f64) -> Duration {
-        let exp = attempt.saturating_sub(1).min(30);
-        let ceiling = self.backoff_base.saturating_mul(1u32 << exp).min(self.backoff_cap);
-        ceiling.mul_f64(jitter.clamp(0.0, 1.0))
+    /// The backoff after failed attempt `attempt` (from 1), its jitter drawn from `seed`.
+    pub fn backoff(&self, attempt: u32, seed: u64) -> Duration {
+        self.backoff.delay_with(attempt.saturating_sub(1), &mut StdRng::seed_from_u64(seed))
     }
 }
 
-/// What the machine needs from outside: the time and a random draw for the jitter.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// What the machine needs from outside: the time and a seed for the backoff jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Context {
     /// Now, Unix ms.
     pub now: u64,
-    /// Uniform in `[0, 1)`; scales retry backoffs.
-    pub jitter: f64,
+    /// Seeds the jitter of a retry backoff, so a decision is a pure function of its inputs.
+    pub seed: u64,
 }
 
 /// Something that may change a task.
@@ -469,7 +466,7 @@ impl Transition {
                 StepError::new(error.code, format!("{} (gave up after {attempt} of {max} attempts)", error.message));
             return self.fail(step, attempt, error);
         }
-        let delay = millis(policy.backoff(attempt, ctx.jitter)).max(retry_after_ms.unwrap_or(0));
+        let delay = millis(policy.backoff(attempt, ctx.seed)).max(retry_after_ms.unwrap_or(0));
         let due_at = self.now.saturating_add(delay);
         self.task.timer = Some(Timer { kind: TimerKind::Retry, step, attempt: attempt + 1, due_at });
         let ordinal = self.task.steps.total_attempts();
@@ -520,4 +517,4 @@ fn millis(d: Duration) -> u64 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,0 +1,528 @@
+//! The embedded store: one redb file, every transition one write transaction.
+//!
+//! For one coordinator process (`imagepipe run`): redb allows one writer at a time, and the
+//! file survives restarts. The wake index has the same semantics as the Redis store's, so the
+//! same suite runs against both.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+
+use super::{
+    Applied, Created, DeadLetter, DeadLetterPage, ListQuery, StoreError, TaskPage, TaskStore, decode, encode,
+    make_cursor, parse_cursor, wake_at,
+};
+use crate::machine::Decision;
+use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
+
+const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+const HISTORY: TableDefinition<&str, &[u8]> = TableDefinition::new("history");
+const OUTBOX: TableDefinition<&str, &[u8]> = TableDefinition::new("outbox");
+const IDEMPOTENCY: TableDefinition<&str, &str> = TableDefinition::new("idempotency");
+const BY_STATE: TableDefinition<&str, ()> = TableDefinition::new("by_state");
+const BY_CREATION: TableDefinition<&str, ()> = TableDefinition::new("by_creation");
+const DUE: TableDefinition<&str, u64> = TableDefinition::new("due");
+const DUE_ORDER: TableDefinition<&str, ()> = TableDefinition::new("due_order");
+const CLAIMED: TableDefinition<&str, u64> = TableDefinition::new("claimed");
+const CLAIMED_ORDER: TableDefinition<&str, ()> = TableDefinition::new("claimed_order");
+const DEAD_LETTERS: TableDefinition<&str, &[u8]> = TableDefinition::new("dead_letters");
+const DEAD_LETTER_ORDER: TableDefinition<&str, ()> = TableDefinition::new("dead_letter_order");
+
+/// Separates the parts of a composite key; ids never contain it.
+const SEP: char = '\u{0}';
+/// One past [`SEP`]: the upper bound of a key prefix.
+const SEP_END: char = '\u{1}';
+
+/// File-backed store for a single coordinator process.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+    relay_grace: Duration,
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if new) the store in directory `dir`.
+    pub fn open(dir: &Path, relay_grace: Duration) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| err("creating the store directory", e))?;
+        let db = Database::create(dir.join("coordinator.redb")).map_err(|e| err("opening", e))?;
+        let txn = db.begin_write().map_err(|e| err("opening", e))?;
+        {
+            for table in [TASKS, HISTORY, OUTBOX, DEAD_LETTERS] {
+                txn.open_table(table).map_err(|e| err("opening", e))?;
+            }
+            for table in [BY_STATE, BY_CREATION, DUE_ORDER, CLAIMED_ORDER, DEAD_LETTER_ORDER] {
+                txn.open_table(table).map_err(|e| err("opening", e))?;
+            }
+            txn.open_table(IDEMPOTENCY).map_err(|e| err("opening", e))?;
+            txn.open_table(DUE).map_err(|e| err("opening", e))?;
+            txn.open_table(CLAIMED).map_err(|e| err("opening", e))?;
+        }
+        txn.commit().map_err(|e| err("opening", e))?;
+        Ok(Self { db: Arc::new(db), relay_grace })
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        f: impl FnOnce(&Database, Duration) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = self.db.clone();
+        let grace = self.relay_grace;
+        tokio::task::spawn_blocking(move || f(&db, grace)).await.map_err(|e| err(operation, e))?
+    }
+}
+
+fn err(operation: &'static str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Embedded { operation, message: e.to_string() }
+}
+
+fn key2(a: &str, b: &str) -> String {
+    format!("{a}{SEP}{b}")
+}
+
+fn at_key(at: u64, id: &str) -> String {
+    format!("{at:020}{SEP}{id}")
+}
+
+fn state_key(state: TaskState, created_at: u64, id: &str) -> String {
+    format!("{}{SEP}{}", state.as_str(), at_key(created_at, id))
+}
+
+fn id_of(composite: &str) -> &str {
+    composite.rsplit(SEP).next().unwrap_or(composite)
+}
+
+fn at_of(composite: &str) -> u64 {
+    composite.split(SEP).next().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Keys of `table` starting with `prefix` + [`SEP`].
+fn prefixed<V: redb::Value + 'static>(
+    table: &impl ReadableTable<&'static str, V>,
+    prefix: &str,
+) -> Result<Vec<String>, StoreError> {
+    let lo = format!("{prefix}{SEP}");
+    let hi = format!("{prefix}{SEP_END}");
+    let mut keys = Vec::new();
+    for row in table.range(lo.as_str()..hi.as_str()).map_err(|e| err("reading", e))? {
+        let (k, _) = row.map_err(|e| err("reading", e))?;
+        keys.push(k.value().to_owned());
+    }
+    Ok(keys)
+}
+
+fn write<T>(
+    db: &Database,
+    operation: &'static str,
+    f: impl FnOnce(&WriteTransaction) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let txn = db.begin_write().map_err(|e| err(operation, e))?;
+    let value = f(&txn)?;
+    txn.commit().map_err(|e| err(operation, e))?;
+    Ok(value)
+}
+
+fn read_task(table: &impl ReadableTable<&'static str, &'static [u8]>, id: &str) -> Result<Option<Task>, StoreError> {
+    match table.get(id).map_err(|e| err("reading a task", e))? {
+        Some(bytes) => decode("task", id, bytes.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Adds `id` to the due index at `at`, unless it is already due earlier (Redis `ZADD LT`).
+fn due_add_lt(txn: &WriteTransaction, id: &str, at: u64) -> Result<(), StoreError> {
+    let mut due = txn.open_table(DUE).map_err(|e| err("indexing", e))?;
+    let mut order = txn.open_table(DUE_ORDER).map_err(|e| err("indexing", e))?;
+    let current = due.get(id).map_err(|e| err("indexing", e))?.map(|v| v.value());
+    if current.is_some_and(|c| c <= at) {
+        return Ok(());
+    }
+    if let Some(c) = current {
+        order.remove(at_key(c, id).as_str()).map_err(|e| err("indexing", e))?;
+    }
+    due.insert(id, at).map_err(|e| err("indexing", e))?;
+    order.insert(at_key(at, id).as_str(), ()).map_err(|e| err("indexing", e))?;
+    Ok(())
+}
+
+fn write_transition(
+    txn: &WriteTransaction,
+    decision: &Decision,
+    previous: Option<&Task>,
+    grace: Duration,
+) -> Result<(), StoreError> {
+    let task = &decision.task;
+    let mut tasks = txn.open_table(TASKS).map_err(|e| err("writing a task", e))?;
+    tasks.insert(task.id.as_str(), encode(task).as_bytes()).map_err(|e| err("writing a task", e))?;
+    let mut history = txn.open_table(HISTORY).map_err(|e| err("writing history", e))?;
+    let hkey = key2(&task.id, &format!("{:020}", decision.history.version));
+    history.insert(hkey.as_str(), encode(&decision.history).as_bytes()).map_err(|e| err("writing history", e))?;
+    let mut outbox = txn.open_table(OUTBOX).map_err(|e| err("writing the outbox", e))?;
+    for entry in &decision.outbox {
+        let okey = key2(&task.id, &entry.id);
+        outbox.insert(okey.as_str(), encode(entry).as_bytes()).map_err(|e| err("writing the outbox", e))?;
+    }
+    let mut by_state = txn.open_table(BY_STATE).map_err(|e| err("indexing", e))?;
+    if let Some(previous) = previous {
+        by_state
+            .remove(state_key(previous.state, previous.created_at, &previous.id).as_str())
+            .map_err(|e| err("indexing", e))?;
+    } else {
+        let mut by_creation = txn.open_table(BY_CREATION).map_err(|e| err("indexing", e))?;
+        by_creation.insert(at_key(task.created_at, &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
+    }
+    by_state.insert(state_key(task.state, task.created_at, &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
+    drop((tasks, history, outbox, by_state));
+    if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, grace) {
+        due_add_lt(txn, &task.id, at)?;
+    }
+    Ok(())
+}
+
+fn page_of_keys(
+    keys: impl Iterator<Item = Result<String, StoreError>>,
+    limit: usize,
+) -> Result<(Vec<String>, bool), StoreError> {
+    let mut out = Vec::new();
+    for key in keys {
+        if out.len() == limit {
+            return Ok((out, true));
+        }
+        out.push(key?);
+    }
+    Ok((out, false))
+}
+
+fn range_keys<V: redb::Value + 'static>(
+    table: &impl ReadableTable<&'static str, V>,
+    lo: &str,
+    hi: &str,
+    limit: usize,
+) -> Result<(Vec<String>, bool), StoreError> {
+    let rows = table.range(lo..hi).map_err(|e| err("listing", e))?;
+    page_of_keys(rows.map(|r| r.map(|(k, _)| k.value().to_owned()).map_err(|e| err("listing", e))), limit)
+}
+
+#[async_trait]
+impl TaskStore for EmbeddedStore {
+    async fn create(&self, decision: &Decision) -> Result<Created, StoreError> {
+        let decision = decision.clone();
+        self.run("creating a task", move |db, grace| {
+            write(db, "creating a task", |txn| {
+                let task = &decision.task;
+                let tasks = txn.open_table(TASKS).map_err(|e| err("creating a task", e))?;
+                if let Some(existing) = read_task(&tasks, &task.id)? {
+                    return Ok(Created::Existing(Box::new(existing)));
+                }
+                if let Some(key) = &task.idempotency_key {
+                    let mut idem = txn.open_table(IDEMPOTENCY).map_err(|e| err("creating a task", e))?;
+                    let owner =
+                        idem.get(key.as_str()).map_err(|e| err("creating a task", e))?.map(|v| v.value().to_owned());
+                    match owner {
+                        Some(owner) if owner != task.id => {
+                            if let Some(existing) = read_task(&tasks, &owner)? {
+                                return Ok(Created::Existing(Box::new(existing)));
+                            }
+                        }
+                        _ => {}
+                    }
+                    idem.insert(key.as_str(), task.id.as_str()).map_err(|e| err("creating a task", e))?;
+                }
+                drop(tasks);
+                write_transition(txn, &decision, None, grace)?;
+                Ok(Created::New)
+            })
+        })
+        .await
+    }
+
+    async fn apply(&self, decision: &Decision) -> Result<Applied, StoreError> {
+        let decision = decision.clone();
+        self.run("applying a transition", move |db, grace| {
+            write(db, "applying a transition", |txn| {
+                let tasks = txn.open_table(TASKS).map_err(|e| err("applying a transition", e))?;
+                let Some(previous) = read_task(&tasks, &decision.task.id)? else { return Ok(Applied::Conflict) };
+                if previous.version + 1 != decision.task.version {
+                    return Ok(Applied::Conflict);
+                }
+                drop(tasks);
+                write_transition(txn, &decision, Some(&previous), grace)?;
+                Ok(Applied::Yes)
+            })
+        })
+        .await
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        let id = id.to_owned();
+        self.run("reading a task", move |db, _| {
+            let txn = db.begin_read().map_err(|e| err("reading a task", e))?;
+            read_task(&txn.open_table(TASKS).map_err(|e| err("reading a task", e))?, &id)
+        })
+        .await
+    }
+
+    async fn find_by_idempotency_key(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let key = key.to_owned();
+        self.run("reading an idempotency key", move |db, _| {
+            let txn = db.begin_read().map_err(|e| err("reading an idempotency key", e))?;
+            let table = txn.open_table(IDEMPOTENCY).map_err(|e| err("reading an idempotency key", e))?;
+            Ok(table.get(key.as_str()).map_err(|e| err("reading an idempotency key", e))?.map(|v| v.value().to_owned()))
+        })
+        .await
+    }
+
+    async fn history(&self, id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
+        let id = id.to_owned();
+        self.run("reading history", move |db, _| {
+            let txn = db.begin_read().map_err(|e| err("reading history", e))?;
+            let table = txn.open_table(HISTORY).map_err(|e| err("reading history", e))?;
+            prefixed(&table, &id)?
+                .iter()
+                .map(|k| {
+                    let bytes = table.get(k.as_str()).map_err(|e| err("reading history", e))?;
+                    decode("history entry", &id, bytes.map(|b| b.value().to_vec()).unwrap_or_default().as_slice())
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<TaskPage, StoreError> {
+        let query = query.clone();
+        self.run("listing tasks", move |db, _| {
+            let txn = db.begin_read().map_err(|e| err("listing tasks", e))?;
+            let after = match &query.cursor {
+                Some(c) => {
+                    let (at, id) = parse_cursor(c)?;
+                    Some(format!("{}{SEP_END}", at_key(at, id)))
+                }
+                None => None,
+            };
+            let (keys, more) = match query.state {
+                Some(state) => {
+                    let table = txn.open_table(BY_STATE).map_err(|e| err("listing tasks", e))?;
+                    let lo = match &after {
+                        Some(a) => format!("{}{SEP}{a}", state.as_str()),
+                        None => format!("{}{SEP}", state.as_str()),
+                    };
+                    range_keys(&table, &lo, &format!("{}{SEP_END}", state.as_str()), query.limit)?
+                }
+                None => {
+                    let table = txn.open_table(BY_CREATION).map_err(|e| err("listing tasks", e))?;
+                    range_keys(&table, after.as_deref().unwrap_or(""), "\u{10ffff}", query.limit)?
+                }
+            };
+            let tasks_table = txn.open_table(TASKS).map_err(|e| err("listing tasks", e))?;
+            let mut tasks = Vec::with_capacity(keys.len());
+            for key in &keys {
+                if let Some(task) = read_task(&tasks_table, id_of(key))? {
+                    tasks.push(task);
+                }
+            }
+            let next_cursor = more.then(|| tasks.last().map(|t| make_cursor(t.created_at, &t.id))).flatten();
+            Ok(TaskPage { tasks, next_cursor })
+        })
+        .await
+    }
+
+    async fn count_in_flight(&self) -> Result<u64, StoreError> {
+        self.run("counting tasks", move |db, _| {
+            let txn = db.begin_read().map_err(|e| err("counting tasks", e))?;
+            let table = txn.open_table(BY_STATE).map_err(|e| err("counting tasks", e))?;
+            let mut n = 0;
+            for state in TaskState::IN_FLIGHT {
+                n += prefixed(&table, state.as_str())?.len() as u64;
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError> {
+        let id = id.to_owned();
+        self.run("reading the outbox", move |db, _| {
+            let txn = db.begin_read().map_err(|e| err("reading the outbox", e))?;
+            let table = txn.open_table(OUTBOX).map_err(|e| err("reading the outbox", e))?;
+            prefixed(&table, &id)?
+                .iter()
+                .filter_map(|k| table.get(k.as_str()).map_err(|e| err("reading the outbox", e)).transpose())
+                .map(|bytes| decode("outbox entry", &id, bytes?.value()))
+                .collect()
+        })
+        .await
+    }
+
+    async fn remove_outbox(&self, id: &str, entry_ids: &[String]) -> Result<(), StoreError> {
+        let keys: Vec<String> = entry_ids.iter().map(|e| key2(id, e)).collect();
+        self.run("removing outbox entries", move |db, _| {
+            write(db, "removing outbox entries", |txn| {
+                let mut table = txn.open_table(OUTBOX).map_err(|e| err("removing outbox entries", e))?;
+                for key in &keys {
+                    table.remove(key.as_str()).map_err(|e| err("removing outbox entries", e))?;
+                }
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    async fn claim_due(&self, now: u64, lease: Duration, max: usize) -> Result<Vec<String>, StoreError> {
+        let until = now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+        self.run("claiming due tasks", move |db, _| {
+            write(db, "claiming due tasks", |txn| {
+                let op = "claiming due tasks";
+                let hi = format!("{now:020}{SEP_END}");
+                {
+                    let mut claimed = txn.open_table(CLAIMED).map_err(|e| err(op, e))?;
+                    let mut claimed_order = txn.open_table(CLAIMED_ORDER).map_err(|e| err(op, e))?;
+                    let (expired, _) = range_keys(&claimed_order, "", &hi, usize::MAX)?;
+                    for key in expired {
+                        claimed_order.remove(key.as_str()).map_err(|e| err(op, e))?;
+                        claimed.remove(id_of(&key)).map_err(|e| err(op, e))?;
+                        due_add_lt(txn, id_of(&key), now)?;
+                    }
+                }
+                let mut due = txn.open_table(DUE).map_err(|e| err(op, e))?;
+                let mut due_order = txn.open_table(DUE_ORDER).map_err(|e| err(op, e))?;
+                let mut claimed = txn.open_table(CLAIMED).map_err(|e| err(op, e))?;
+                let mut claimed_order = txn.open_table(CLAIMED_ORDER).map_err(|e| err(op, e))?;
+                let (keys, _) = range_keys(&due_order, "", &hi, max)?;
+                let mut ids = Vec::with_capacity(keys.len());
+                for key in keys {
+                    let id = id_of(&key).to_owned();
+                    due_order.remove(key.as_str()).map_err(|e| err(op, e))?;
+                    due.remove(id.as_str()).map_err(|e| err(op, e))?;
+                    if let Some(old) = claimed.insert(id.as_str(), until).map_err(|e| err(op, e))?.map(|v| v.value()) {
+                        claimed_order.remove(at_key(old, &id).as_str()).map_err(|e| err(op, e))?;
+                    }
+                    claimed_order.insert(at_key(until, &id).as_str(), ()).map_err(|e| err(op, e))?;
+                    ids.push(id);
+                }
+                Ok(ids)
+            })
+        })
+        .await
+    }
+
+    async fn release(&self, id: &str, now: u64) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        self.run("releasing a task", move |db, grace| {
+            write(db, "releasing a task", |txn| {
+                let op = "releasing a task";
+                {
+                    let mut claimed = txn.open_table(CLAIMED).map_err(|e| err(op, e))?;
+                    if let Some(lease) = claimed.remove(id.as_str()).map_err(|e| err(op, e))?.map(|v| v.value()) {
+                        let mut order = txn.open_table(CLAIMED_ORDER).map_err(|e| err(op, e))?;
+                        order.remove(at_key(lease, &id).as_str()).map_err(|e| err(op, e))?;
+                    }
+                }
+                let task = read_task(&txn.open_table(TASKS).map_err(|e| err(op, e))?, &id)?;
+                let has_outbox = !prefixed(&txn.open_table(OUTBOX).map_err(|e| err(op, e))?, &id)?.is_empty();
+                if let Some(at) = task.and_then(|t| wake_at(&t, has_outbox, now, grace)) {
+                    due_add_lt(txn, &id, at)?;
+                }
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    async fn put_dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError> {
+        let letter = letter.clone();
+        self.run("archiving a dead letter", move |db, _| {
+            write(db, "archiving a dead letter", |txn| {
+                let op = "archiving a dead letter";
+                let mut table = txn.open_table(DEAD_LETTERS).map_err(|e| err(op, e))?;
+                let previous =
+                    table.insert(letter.id.as_str(), encode(&letter).as_bytes()).map_err(|e| err(op, e))?.is_some();
+                if !previous {
+                    let mut order = txn.open_table(DEAD_LETTER_ORDER).map_err(|e| err(op, e))?;
+                    order.insert(at_key(letter.dead_lettered_at, &letter.id).as_str(), ()).map_err(|e| err(op, e))?;
+                }
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    async fn dead_letters(&self, limit: usize, cursor: Option<&str>) -> Result<DeadLetterPage, StoreError> {
+        let after = match cursor {
+            Some(c) => {
+                let (at, id) = parse_cursor(c)?;
+                format!("{}{SEP_END}", at_key(at, id))
+            }
+            None => String::new(),
+        };
+        self.run("listing dead letters", move |db, _| {
+            let op = "listing dead letters";
+            let txn = db.begin_read().map_err(|e| err(op, e))?;
+            let order = txn.open_table(DEAD_LETTER_ORDER).map_err(|e| err(op, e))?;
+            let table = txn.open_table(DEAD_LETTERS).map_err(|e| err(op, e))?;
+            let (keys, more) = range_keys(&order, &after, "\u{10ffff}", limit)?;
+            let mut entries = Vec::with_capacity(keys.len());
+            for key in &keys {
+                if let Some(bytes) = table.get(id_of(key)).map_err(|e| err(op, e))? {
+                    entries.push(decode::<DeadLetter>("dead letter", id_of(key), bytes.value())?);
+                }
+            }
+            let next_cursor = more.then(|| keys.last().map(|k| make_cursor(at_of(k), id_of(k)))).flatten();
+            Ok(DeadLetterPage { entries, next_cursor })
+        })
+        .await
+    }
+
+    async fn dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, StoreError> {
+        let id = id.to_owned();
+        self.run("reading a dead letter", move |db, _| {
+            let txn = db.begin_read().map_err(|e| err("reading a dead letter", e))?;
+            let table = txn.open_table(DEAD_LETTERS).map_err(|e| err("reading a dead letter", e))?;
+            match table.get(id.as_str()).map_err(|e| err("reading a dead letter", e))? {
+                Some(bytes) => decode("dead letter", &id, bytes.value()).map(Some),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn remove_dead_letter(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.run("removing a dead letter", move |db, _| {
+            write(db, "removing a dead letter", |txn| {
+                let op = "removing a dead letter";
+                let mut table = txn.open_table(DEAD_LETTERS).map_err(|e| err(op, e))?;
+                let Some(bytes) = table.remove(id.as_str()).map_err(|e| err(op, e))? else { return Ok(false) };
+                let letter: DeadLetter = decode("dead letter", &id, bytes.value())?;
+                drop(bytes);
+                let mut order = txn.open_table(DEAD_LETTER_ORDER).map_err(|e| err(op, e))?;
+                order.remove(at_key(letter.dead_lettered_at, &id).as_str()).map_err(|e| err(op, e))?;
+                Ok(true)
+            })
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::suite;
+
+    async fn make(_name: &'static str) -> (EmbeddedStore, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        (EmbeddedStore::open(dir.path(), suite::RELAY_GRACE).unwrap(), dir)
+    }
+
+    crate::store_suite!(make);
+
+    #[tokio::test]
+    async fn survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = suite::write_a_started_task(&EmbeddedStore::open(dir.path(), suite::RELAY_GRACE).unwrap()).await;
+        let reopened = EmbeddedStore::open(dir.path(), suite::RELAY_GRACE).unwrap();
+        suite::check_a_started_task(&reopened, &id).await;
+    }
+}

@@ -1,0 +1,243 @@
+//! Where tasks live: the [`TaskStore`] seam and its two backends.
+//!
+//! - [`redis::RedisStore`] (production, shared by coordinator replicas).
+//! - [`embedded::EmbeddedStore`] (one process, file-backed with redb; `imagepipe run`).
+//!
+//! Every transition is one atomic write of the task (compare-and-set on its version), its
+//! history entry and its outbox entries. Besides the tasks, a store keeps a *wake index*: for
+//! each task that needs the coordinator's attention later (a timer, or outbox entries the fast
+//! path did not relay), the time to look at it. [`TaskStore::claim_due`] hands each due entry
+//! to exactly one caller for a lease; [`TaskStore::release`] re-indexes the task from its
+//! stored state after the caller is done. Both stores pass the same suite (`suite`).
+
+pub mod embedded;
+pub mod redis;
+#[cfg(test)]
+pub(crate) mod suite;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::machine::Decision;
+use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
+
+/// A store operation that failed; the coordinator retries it or surfaces it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The Redis server failed or could not be reached.
+    #[error("redis {operation}")]
+    Redis {
+        /// What was being done.
+        operation: &'static str,
+        /// Client error.
+        #[source]
+        source: ::redis::RedisError,
+    },
+    /// The embedded database failed.
+    #[error("embedded store {operation}: {message}")]
+    Embedded {
+        /// What was being done.
+        operation: &'static str,
+        /// The database's error.
+        message: String,
+    },
+    /// A stored record does not decode: the store was written by something else.
+    #[error("stored {what} of {id} is corrupt: {message}")]
+    Corrupt {
+        /// Which record.
+        what: &'static str,
+        /// Its key.
+        id: String,
+        /// The decoding error.
+        message: String,
+    },
+    /// A list cursor that this store did not hand out.
+    #[error("invalid cursor {0:?}")]
+    InvalidCursor(String),
+}
+
+/// What [`TaskStore::create`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    /// The task was written.
+    New,
+    /// A task with this id, or with this idempotency key, already exists; nothing was written.
+    Existing(Box<Task>),
+}
+
+/// What [`TaskStore::apply`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The transition was written.
+    Yes,
+    /// The task had moved on (or does not exist): re-read it and decide again.
+    Conflict,
+}
+
+/// Which tasks a page lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Only tasks in this state.
+    pub state: Option<TaskState>,
+    /// Most tasks on the page.
+    pub limit: usize,
+    /// Where the previous page ended.
+    pub cursor: Option<String>,
+}
+
+/// A page of tasks, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskPage {
+    /// The tasks.
+    pub tasks: Vec<Task>,
+    /// Pass it as `cursor` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// A dead-lettered message, archived by the coordinator so operators can inspect, replay or
+/// purge it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetter {
+    /// Archive id.
+    pub id: String,
+    /// The queue or subscriber group the message was taken from.
+    pub source: String,
+    /// The dead-letter queue it arrived on.
+    pub dlq: String,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// Deliveries before it was dead-lettered.
+    pub delivery_count: u32,
+    /// When it was dead-lettered, Unix ms.
+    pub dead_lettered_at: u64,
+    /// The message key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The message id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+    /// The original headers (the dead-letter headers removed).
+    pub headers: Vec<(String, String)>,
+    /// The body, as UTF-8 when it is, else lossily converted.
+    pub body: String,
+}
+
+/// A page of dead letters, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterPage {
+    /// The entries.
+    pub entries: Vec<DeadLetter>,
+    /// Pass it as `cursor` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// The coordinator's state store.
+#[async_trait]
+pub trait TaskStore: Send + Sync + 'static {
+    /// Writes a new task (`decision` from [`crate::machine::create`]) unless its id, or its
+    /// idempotency key, is taken; then returns the task that has it.
+    async fn create(&self, decision: &Decision) -> Result<Created, StoreError>;
+
+    /// Writes `decision` if the stored task is still at version `decision.task.version - 1`.
+    async fn apply(&self, decision: &Decision) -> Result<Applied, StoreError>;
+
+    /// The task `id`.
+    async fn get(&self, id: &str) -> Result<Option<Task>, StoreError>;
+
+    /// The id of the task created with idempotency key `key`.
+    async fn find_by_idempotency_key(&self, key: &str) -> Result<Option<String>, StoreError>;
+
+    /// Every transition of task `id`, oldest first.
+    async fn history(&self, id: &str) -> Result<Vec<HistoryEntry>, StoreError>;
+
+    /// A page of tasks, oldest first.
+    async fn list(&self, query: &ListQuery) -> Result<TaskPage, StoreError>;
+
+    /// How many tasks are started and unfinished (downloading, extracting or analyzing).
+    async fn count_in_flight(&self) -> Result<u64, StoreError>;
+
+    /// The outbox entries of task `id` not yet relayed, in order.
+    async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError>;
+
+    /// Removes relayed outbox entries of task `id`.
+    async fn remove_outbox(&self, id: &str, entry_ids: &[String]) -> Result<(), StoreError>;
+
+    /// Up to `max` tasks whose wake time is at or before `now`, each leased to this caller
+    /// until `now + lease`; a lease that runs out makes the task due again.
+    async fn claim_due(&self, now: u64, lease: Duration, max: usize) -> Result<Vec<String>, StoreError>;
+
+    /// Ends the lease on task `id` and re-indexes it from what is stored: its timer, and
+    /// `now + relay_grace` while it has outbox entries.
+    async fn release(&self, id: &str, now: u64) -> Result<(), StoreError>;
+
+    /// Archives a dead letter.
+    async fn put_dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError>;
+
+    /// A page of archived dead letters, oldest first.
+    async fn dead_letters(&self, limit: usize, cursor: Option<&str>) -> Result<DeadLetterPage, StoreError>;
+
+    /// One archived dead letter.
+    async fn dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, StoreError>;
+
+    /// Removes an archived dead letter; whether it was there.
+    async fn remove_dead_letter(&self, id: &str) -> Result<bool, StoreError>;
+}
+
+/// When a task needs attention after a write: its timer, or `now + relay_grace` when it has
+/// outbox entries the fast path may fail to relay.
+pub fn wake_at(task: &Task, has_outbox: bool, now: u64, relay_grace: Duration) -> Option<u64> {
+    let relay = has_outbox.then(|| now.saturating_add(u64::try_from(relay_grace.as_millis()).unwrap_or(u64::MAX)));
+    match (task.timer.map(|t| t.due_at), relay) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The position of a state in the pipeline: a task's state never moves to a lower rank, and
+/// terminal states rank last.
+pub(crate) fn rank(state: TaskState) -> u8 {
+    match state {
+        TaskState::Queued => 0,
+        TaskState::Downloading => 1,
+        TaskState::ExtractingMetadata => 2,
+        TaskState::Analyzing => 3,
+        TaskState::Completed | TaskState::Failed | TaskState::Cancelled => 4,
+    }
+}
+
+fn corrupt(what: &'static str, id: &str, err: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt { what, id: id.to_owned(), message: err.to_string() }
+}
+
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    id: &str,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| corrupt(what, id, e))
+}
+
+pub(crate) fn encode<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("store records serialize infallibly")
+}
+
+/// Cursor of a creation-ordered listing: `<created_at>:<id>`.
+pub(crate) fn parse_cursor(cursor: &str) -> Result<(u64, &str), StoreError> {
+    cursor
+        .split_once(':')
+        .and_then(|(at, id)| Some((at.parse().ok()?, id)))
+        .filter(|(_, id)| !id.is_empty())
+        .ok_or_else(|| StoreError::InvalidCursor(cursor.to_owned()))
+}
+
+pub(crate) fn make_cursor(at: u64, id: &str) -> String {
+    format!("{at}:{id}")
+}

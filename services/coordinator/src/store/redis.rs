@@ -1,0 +1,517 @@
+//! The Redis store: one Lua script per transition, keys hash-tagged so it runs on Redis Cluster.
+//!
+//! # Keys (`P` is the configured prefix)
+//!
+//! | key | type | slot |
+//! |---|---|---|
+//! | `P:task:{id}` | hash: `version`, `state`, `task` (JSON) | the task's |
+//! | `P:history:{id}` | stream, entry id `<version>-0` | the task's |
+//! | `P:outbox:{id}` | hash: entry id → JSON | the task's |
+//! | `P:idem:{key}` | string: task id | its own |
+//! | `P:{P:idx}:state:<state>`, `P:{P:idx}:all` | sorted sets, score = creation time | the index slot |
+//! | `P:{P:idx}:due`, `P:{P:idx}:claimed` | sorted sets: wake time, lease end | the index slot |
+//! | `P:{P:dlq}:entries`, `P:{P:dlq}:order` | dead-letter archive | the DLQ slot |
+//!
+//! # Atomicity across slots
+//!
+//! The transition script touches only the task's slot: it checks the version, writes the task
+//! hash, appends the history entry and writes the outbox, all or nothing. The indexes live in
+//! another slot, so they are kept by separate, repeatable steps that never lose a task:
+//!
+//! - *Before* a transition, the task is added to its new state's set and to the due set at its
+//!   wake time with `ZADD LT` (an earlier wake wins). A transition that then loses its
+//!   compare-and-set leaves at worst an early wake-up or an extra state entry, both harmless.
+//! - *After* it, entries of states the task has left for good are removed (states only move
+//!   forward; a finished task leaves every other set). Readers skip entries whose task is not
+//!   in the listed state.
+//! - [`TaskStore::claim_due`] moves due entries to the claimed set in one script, so two
+//!   replicas never claim the same entry; [`TaskStore::release`] re-adds the task at the wake
+//!   time read from the task itself. A task written while claimed was re-added by that write.
+//!   A lease that runs out (the claimer died) makes the task due again.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+
+use super::{
+    Applied, Created, DeadLetter, DeadLetterPage, ListQuery, StoreError, TaskPage, TaskStore, decode, encode,
+    make_cursor, parse_cursor, rank, wake_at,
+};
+use crate::machine::Decision;
+use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
+
+/// Checks the version, writes the task, appends history, writes the outbox: one transition.
+/// KEYS: task, history, outbox. ARGV: expected version (0: must not exist), new version,
+/// state, task JSON, history JSON, then outbox entry id / JSON pairs.
+const TRANSITION: &str = r#"
+local current = redis.call('HGET', KEYS[1], 'version')
+if current == false then current = '0' end
+if current ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'task', ARGV[4])
+redis.call('XADD', KEYS[2], ARGV[2] .. '-0', 'entry', ARGV[5])
+for i = 6, #ARGV, 2 do
+  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+end
+return 1
+"#;
+
+/// Returns expired leases to the due set, then moves up to ARGV[3] due entries to the claimed
+/// set with lease end ARGV[2]. KEYS: due, claimed. ARGV: now, lease end, max.
+const CLAIM: &str = r#"
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+for _, id in ipairs(expired) do
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('ZADD', KEYS[1], 'LT', ARGV[1], id)
+end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZADD', KEYS[2], ARGV[2], id)
+end
+return ids
+"#;
+
+/// Distinct members of the given sorted sets. KEYS: a scratch key, then the sets.
+const COUNT_DISTINCT: &str = r#"
+local n = redis.call('ZUNIONSTORE', KEYS[1], #KEYS - 1, unpack(KEYS, 2))
+redis.call('DEL', KEYS[1])
+return n
+"#;
+
+/// Tasks in Redis, shared by every coordinator replica.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: String,
+    relay_grace: Duration,
+    transition: Script,
+    claim: Script,
+    count_distinct: Script,
+}
+
+fn redis_err(operation: &'static str) -> impl FnOnce(redis::RedisError) -> StoreError {
+    move |source| StoreError::Redis { operation, source }
+}
+
+impl RedisStore {
+    /// Connects to `url`; every key starts with `prefix` (no braces).
+    pub async fn connect(url: &str, prefix: &str, relay_grace: Duration) -> Result<Self, StoreError> {
+        if prefix.is_empty() || prefix.contains(['{', '}']) {
+            return Err(StoreError::Redis {
+                operation: "configuring",
+                source: redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "key prefix must be non-empty, without braces",
+                )),
+            });
+        }
+        let client = redis::Client::open(url).map_err(redis_err("connecting"))?;
+        let conn = ConnectionManager::new(client).await.map_err(redis_err("connecting"))?;
+        Ok(Self {
+            conn,
+            prefix: prefix.to_owned(),
+            relay_grace,
+            transition: Script::new(TRANSITION),
+            claim: Script::new(CLAIM),
+            count_distinct: Script::new(COUNT_DISTINCT),
+        })
+    }
+
+    fn task_key(&self, id: &str) -> String {
+        format!("{}:task:{{{id}}}", self.prefix)
+    }
+
+    fn history_key(&self, id: &str) -> String {
+        format!("{}:history:{{{id}}}", self.prefix)
+    }
+
+    fn outbox_key(&self, id: &str) -> String {
+        format!("{}:outbox:{{{id}}}", self.prefix)
+    }
+
+    fn idem_key(&self, key: &str) -> String {
+        format!("{}:idem:{{{key}}}", self.prefix)
+    }
+
+    fn index_key(&self, name: &str) -> String {
+        format!("{p}:{{{p}:idx}}:{name}", p = self.prefix)
+    }
+
+    fn state_key(&self, state: TaskState) -> String {
+        self.index_key(&format!("state:{}", state.as_str()))
+    }
+
+    fn dlq_key(&self, name: &str) -> String {
+        format!("{p}:{{{p}:dlq}}:{name}", p = self.prefix)
+    }
+
+    async fn read_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        let json: Option<Vec<u8>> =
+            self.conn.clone().hget(self.task_key(id), "task").await.map_err(redis_err("reading a task"))?;
+        json.map(|j| decode("task", id, &j)).transpose()
+    }
+
+    /// Indexes a transition before it is written: its new state, its wake time.
+    async fn pre_index(&self, decision: &Decision) -> Result<(), StoreError> {
+        let task = &decision.task;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        pipe.zadd(self.state_key(task.state), &task.id, task.created_at).ignore();
+        if task.version == 1 {
+            pipe.zadd(self.index_key("all"), &task.id, task.created_at).ignore();
+        }
+        if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, self.relay_grace) {
+            pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(&task.id).ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
+    }
+
+    /// Removes state entries `task` can never be in again.
+    async fn prune_states(&self, task: &Task) -> Result<(), StoreError> {
+        let left: Vec<String> = TaskState::ALL
+            .into_iter()
+            .filter(|s| rank(*s) < rank(task.state) || (task.state.is_terminal() && *s != task.state))
+            .map(|s| self.state_key(s))
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for key in left {
+            pipe.zrem(key, &task.id).ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
+    }
+
+    async fn write(&self, decision: &Decision, expected: u64) -> Result<bool, StoreError> {
+        let task = &decision.task;
+        let mut invocation = self.transition.key(self.task_key(&task.id));
+        invocation
+            .key(self.history_key(&task.id))
+            .key(self.outbox_key(&task.id))
+            .arg(expected)
+            .arg(task.version)
+            .arg(task.state.as_str())
+            .arg(encode(task))
+            .arg(encode(&decision.history));
+        for entry in &decision.outbox {
+            invocation.arg(&entry.id).arg(encode(entry));
+        }
+        let applied: i64 =
+            invocation.invoke_async(&mut self.conn.clone()).await.map_err(redis_err("writing a transition"))?;
+        Ok(applied == 1)
+    }
+
+    /// Members of sorted set `key` after `cursor`, in score order, `batch` at a time.
+    async fn range_after(
+        &self,
+        key: &str,
+        cursor: Option<(u64, &str)>,
+        offset: usize,
+        batch: usize,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        let min = cursor.map_or("-inf".to_owned(), |(at, _)| at.to_string());
+        let rows: Vec<(String, u64)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg(min)
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(offset)
+            .arg(batch)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err("listing"))?;
+        Ok(rows
+            .into_iter()
+            .filter(|(id, at)| cursor.is_none_or(|(c_at, c_id)| *at > c_at || id.as_str() > c_id))
+            .collect())
+    }
+}
+
+#[async_trait]
+impl TaskStore for RedisStore {
+    async fn create(&self, decision: &Decision) -> Result<Created, StoreError> {
+        let task = &decision.task;
+        let mut conn = self.conn.clone();
+        if let Some(key) = &task.idempotency_key {
+            let set: bool = redis::cmd("SET")
+                .arg(self.idem_key(key))
+                .arg(&task.id)
+                .arg("NX")
+                .query_async::<Option<String>>(&mut conn)
+                .await
+                .map_err(redis_err("reserving an idempotency key"))?
+                .is_some();
+            if !set {
+                let owner: Option<String> =
+                    conn.get(self.idem_key(key)).await.map_err(redis_err("reading an idempotency key"))?;
+                if let Some(owner) = owner.filter(|o| *o != task.id) {
+                    if let Some(existing) = self.read_task(&owner).await? {
+                        return Ok(Created::Existing(Box::new(existing)));
+                    }
+                    // the owner's creator died before writing it: this submit takes the key over
+                    let () = conn
+                        .set(self.idem_key(key), &task.id)
+                        .await
+                        .map_err(redis_err("reserving an idempotency key"))?;
+                }
+            }
+        }
+        self.pre_index(decision).await?;
+        if self.write(decision, 0).await? {
+            return Ok(Created::New);
+        }
+        let existing = self.read_task(&task.id).await?.ok_or_else(|| StoreError::Corrupt {
+            what: "task",
+            id: task.id.clone(),
+            message: "has a version but no record".into(),
+        })?;
+        self.prune_states(&existing).await?;
+        Ok(Created::Existing(Box::new(existing)))
+    }
+
+    async fn apply(&self, decision: &Decision) -> Result<Applied, StoreError> {
+        self.pre_index(decision).await?;
+        if self.write(decision, decision.task.version - 1).await? {
+            self.prune_states(&decision.task).await?;
+            return Ok(Applied::Yes);
+        }
+        if let Some(actual) = self.read_task(&decision.task.id).await? {
+            self.prune_states(&actual).await?;
+        } else {
+            let mut pipe = redis::pipe();
+            pipe.zrem(self.state_key(decision.task.state), &decision.task.id).ignore();
+            pipe.zrem(self.index_key("due"), &decision.task.id).ignore();
+            pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))?;
+        }
+        Ok(Applied::Conflict)
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        self.read_task(id).await
+    }
+
+    async fn find_by_idempotency_key(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.conn.clone().get(self.idem_key(key)).await.map_err(redis_err("reading an idempotency key"))
+    }
+
+    async fn history(&self, id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
+        let reply: redis::streams::StreamRangeReply =
+            self.conn.clone().xrange_all(self.history_key(id)).await.map_err(redis_err("reading history"))?;
+        reply
+            .ids
+            .iter()
+            .map(|entry| {
+                let json: Vec<u8> = entry.get("entry").ok_or_else(|| StoreError::Corrupt {
+                    what: "history entry",
+                    id: format!("{id}/{}", entry.id),
+                    message: "has no `entry` field".into(),
+                })?;
+                decode("history entry", id, &json)
+            })
+            .collect()
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<TaskPage, StoreError> {
+        let cursor = query.cursor.as_deref().map(parse_cursor).transpose()?;
+        let key = query.state.map_or_else(|| self.index_key("all"), |s| self.state_key(s));
+        let batch = (query.limit + 1).clamp(16, 512);
+        let mut tasks = Vec::new();
+        let mut offset = 0;
+        let mut more = false;
+        'pages: loop {
+            let rows: Vec<(String, u64)> = {
+                let min = cursor.map_or("-inf".to_owned(), |(at, _)| at.to_string());
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(&key)
+                    .arg(min)
+                    .arg("+inf")
+                    .arg("WITHSCORES")
+                    .arg("LIMIT")
+                    .arg(offset)
+                    .arg(batch)
+                    .query_async(&mut self.conn.clone())
+                    .await
+                    .map_err(redis_err("listing tasks"))?
+            };
+            let fetched = rows.len();
+            offset += fetched;
+            for (id, at) in rows {
+                if cursor.is_some_and(|(c_at, c_id)| at == c_at && id.as_str() <= c_id) {
+                    continue;
+                }
+                let Some(task) = self.read_task(&id).await? else { continue };
+                if query.state.is_some_and(|s| s != task.state) {
+                    continue;
+                }
+                if tasks.len() == query.limit {
+                    more = true;
+                    break 'pages;
+                }
+                tasks.push(task);
+            }
+            if fetched < batch {
+                break;
+            }
+        }
+        let next_cursor = more.then(|| tasks.last().map(|t| make_cursor(t.created_at, &t.id))).flatten();
+        Ok(TaskPage { tasks, next_cursor })
+    }
+
+    async fn count_in_flight(&self) -> Result<u64, StoreError> {
+        let mut invocation = self.count_distinct.key(self.index_key(&format!("scratch:{}", uuid::Uuid::new_v4())));
+        for state in TaskState::IN_FLIGHT {
+            invocation.key(self.state_key(state));
+        }
+        invocation.invoke_async(&mut self.conn.clone()).await.map_err(redis_err("counting tasks"))
+    }
+
+    async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError> {
+        let mut entries: Vec<(String, Vec<u8>)> =
+            self.conn.clone().hgetall(self.outbox_key(id)).await.map_err(redis_err("reading the outbox"))?;
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.iter().map(|(_, json)| decode("outbox entry", id, json)).collect()
+    }
+
+    async fn remove_outbox(&self, id: &str, entry_ids: &[String]) -> Result<(), StoreError> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
+        self.conn.clone().hdel(self.outbox_key(id), entry_ids).await.map_err(redis_err("removing outbox entries"))
+    }
+
+    async fn claim_due(&self, now: u64, lease: Duration, max: usize) -> Result<Vec<String>, StoreError> {
+        let until = now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+        self.claim
+            .key(self.index_key("due"))
+            .key(self.index_key("claimed"))
+            .arg(now)
+            .arg(until)
+            .arg(max)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err("claiming due tasks"))
+    }
+
+    async fn release(&self, id: &str, now: u64) -> Result<(), StoreError> {
+        let task = self.read_task(id).await?;
+        let outbox_len: usize =
+            self.conn.clone().hlen(self.outbox_key(id)).await.map_err(redis_err("releasing a task"))?;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        if let Some(at) = task.and_then(|t| wake_at(&t, outbox_len > 0, now, self.relay_grace)) {
+            pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(id).ignore();
+        }
+        pipe.zrem(self.index_key("claimed"), id).ignore();
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("releasing a task"))
+    }
+
+    async fn put_dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hset(self.dlq_key("entries"), &letter.id, encode(letter))
+            .ignore()
+            .cmd("ZADD")
+            .arg(self.dlq_key("order"))
+            .arg("NX")
+            .arg(letter.dead_lettered_at)
+            .arg(&letter.id)
+            .ignore();
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("archiving a dead letter"))
+    }
+
+    async fn dead_letters(&self, limit: usize, cursor: Option<&str>) -> Result<DeadLetterPage, StoreError> {
+        let cursor = cursor.map(parse_cursor).transpose()?;
+        let rows =
+            self.range_after(&self.dlq_key("order"), cursor, 0, limit + 1 + usize::from(cursor.is_some())).await?;
+        let more = rows.len() > limit;
+        let mut entries = Vec::new();
+        for (id, _) in rows.into_iter().take(limit) {
+            if let Some(letter) = self.dead_letter(&id).await? {
+                entries.push(letter);
+            }
+        }
+        let next_cursor = more.then(|| entries.last().map(|e| make_cursor(e.dead_lettered_at, &e.id))).flatten();
+        Ok(DeadLetterPage { entries, next_cursor })
+    }
+
+    async fn dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, StoreError> {
+        let json: Option<Vec<u8>> =
+            self.conn.clone().hget(self.dlq_key("entries"), id).await.map_err(redis_err("reading a dead letter"))?;
+        json.map(|j| decode("dead letter", id, &j)).transpose()
+    }
+
+    async fn remove_dead_letter(&self, id: &str) -> Result<bool, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic().hdel(self.dlq_key("entries"), id).zrem(self.dlq_key("order"), id).ignore();
+        let (removed,): (u32,) =
+            pipe.query_async(&mut self.conn.clone()).await.map_err(redis_err("removing a dead letter"))?;
+        Ok(removed == 1)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::store::suite;
+
+    pub(crate) const URL: &str = "redis://127.0.0.1:6379";
+
+    /// Deletes every key of a test's prefix when dropped.
+    pub(crate) struct Cleanup(pub(crate) String);
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let Ok(mut conn) = redis::Client::open(URL).and_then(|c| c.get_connection()) else { return };
+            let keys: Vec<String> =
+                redis::cmd("KEYS").arg(format!("{}:*", self.0)).query(&mut conn).unwrap_or_default();
+            if !keys.is_empty() {
+                let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut conn);
+            }
+        }
+    }
+
+    pub(crate) fn unique_prefix(name: &str) -> String {
+        format!("test-coord-{name}-{}", uuid::Uuid::new_v4().simple())
+    }
+
+    async fn make(name: &'static str) -> (RedisStore, Cleanup) {
+        let prefix = unique_prefix(name);
+        (RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap(), Cleanup(prefix))
+    }
+
+    crate::store_suite!(make);
+
+    #[tokio::test]
+    async fn survives_a_reconnect() {
+        let prefix = unique_prefix("reconnect");
+        let _cleanup = Cleanup(prefix.clone());
+        let id =
+            suite::write_a_started_task(&RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap()).await;
+        let again = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
+        suite::check_a_started_task(&again, &id).await;
+    }
+
+    #[tokio::test]
+    async fn every_key_of_a_task_shares_its_hash_slot() {
+        let (store, _cleanup) = make("slots").await;
+        let slot = |key: &str| {
+            let tag = key.split_once('{').and_then(|(_, rest)| rest.split_once('}')).map(|(t, _)| t.to_owned());
+            tag.unwrap_or_else(|| key.to_owned())
+        };
+        let id = "tsk_01J";
+        assert_eq!(slot(&store.task_key(id)), id);
+        assert_eq!(slot(&store.history_key(id)), id);
+        assert_eq!(slot(&store.outbox_key(id)), id);
+        assert_eq!(slot(&store.index_key("due")), slot(&store.index_key("claimed")));
+        assert_eq!(slot(&store.state_key(TaskState::Queued)), slot(&store.index_key("all")));
+    }
+
+    #[tokio::test]
+    async fn a_prefix_with_braces_is_refused() {
+        assert!(RedisStore::connect(URL, "a{b}", suite::RELAY_GRACE).await.is_err());
+    }
+}

@@ -1,0 +1,314 @@
+//! The one test suite every [`TaskStore`] passes. [`store_suite!`](crate::store_suite) expands
+//! to one test per case, each on a fresh store from the backend's `make(name)`.
+
+use std::time::Duration;
+
+use imagepipe_contracts::{StepOutcome, StepResult, SubmitTask, TraceId};
+
+use super::{Applied, Created, DeadLetter, ListQuery, StoreError, TaskStore};
+use crate::machine::{self, Context, Decision, Input, Outcome, Policy};
+use crate::task::{Task, TaskState, TimerKind};
+
+/// The relay grace every suite store is opened with.
+pub const RELAY_GRACE: Duration = Duration::from_secs(10);
+const T0: u64 = 1_700_000_000_000;
+
+/// Expands to one `#[tokio::test]` per suite case; `$make(name).await` returns a fresh store
+/// and a guard that cleans it up when dropped.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! store_suite {
+    ($make:path) => {
+        $crate::store_suite!(@cases $make;
+            create_is_idempotent_by_id_and_key,
+            apply_is_a_compare_and_set_on_the_version,
+            history_keeps_every_transition_in_order,
+            outbox_entries_stay_until_removed,
+            lists_page_by_creation_and_filter_by_state,
+            counts_tasks_in_flight,
+            wake_index_hands_each_due_task_to_one_claimer,
+            expired_leases_make_a_task_due_again,
+            release_reindexes_from_the_stored_timer,
+            a_write_during_a_lease_keeps_the_task_indexed,
+            concurrent_claims_are_disjoint,
+            dead_letters_are_archived_paged_and_removed,
+        );
+    };
+    (@cases $make:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let (store, _guard) = $make(stringify!($case)).await;
+                $crate::store::suite::$case(&store).await;
+            }
+        )*
+    };
+}
+
+fn submit(key: Option<&str>) -> SubmitTask {
+    SubmitTask { idempotency_key: key.map(str::to_owned), ..SubmitTask::url("https://example.com/a.jpg") }
+}
+
+fn created(id: &str, key: Option<&str>, at: u64) -> Decision {
+    let s = submit(key);
+    machine::create(id.into(), &s, s.validate().unwrap(), TraceId::random(), at)
+}
+
+fn next(task: &Task, input: Input, now: u64) -> Decision {
+    match machine::decide(task, &input, &Context { now, seed: 1 }, &Policy::default()).unwrap() {
+        Outcome::Apply(d) => *d,
+        Outcome::Ignore(why) => panic!("ignored: {why:?}"),
+    }
+}
+
+async fn create_new(store: &impl TaskStore, id: &str, at: u64) -> Task {
+    let d = created(id, None, at);
+    assert_eq!(store.create(&d).await.unwrap(), Created::New);
+    d.task
+}
+
+async fn start(store: &impl TaskStore, task: &Task, now: u64) -> Task {
+    let d = next(task, Input::Start, now);
+    assert_eq!(store.apply(&d).await.unwrap(), Applied::Yes);
+    d.task
+}
+
+pub async fn create_is_idempotent_by_id_and_key(store: &impl TaskStore) {
+    let first = created("tsk_a", Some("order-1"), T0);
+    assert_eq!(store.create(&first).await.unwrap(), Created::New);
+    assert_eq!(store.get("tsk_a").await.unwrap().unwrap(), first.task);
+
+    let same_id = created("tsk_a", None, T0 + 1);
+    assert_eq!(store.create(&same_id).await.unwrap(), Created::Existing(Box::new(first.task.clone())));
+
+    let same_key = created("tsk_b", Some("order-1"), T0 + 2);
+    assert_eq!(store.create(&same_key).await.unwrap(), Created::Existing(Box::new(first.task.clone())));
+    assert!(store.get("tsk_b").await.unwrap().is_none());
+    assert_eq!(store.find_by_idempotency_key("order-1").await.unwrap().as_deref(), Some("tsk_a"));
+    assert_eq!(store.find_by_idempotency_key("order-2").await.unwrap(), None);
+    assert!(store.get("tsk_missing").await.unwrap().is_none());
+}
+
+pub async fn apply_is_a_compare_and_set_on_the_version(store: &impl TaskStore) {
+    let task = create_new(store, "tsk_cas", T0).await;
+    let a = next(&task, Input::Start, T0 + 1);
+    let b = next(&task, Input::Cancel { reason: None }, T0 + 1);
+    assert_eq!(store.apply(&a).await.unwrap(), Applied::Yes);
+    assert_eq!(store.apply(&b).await.unwrap(), Applied::Conflict);
+    assert_eq!(store.apply(&a).await.unwrap(), Applied::Conflict, "a transition applies once");
+    let stored = store.get("tsk_cas").await.unwrap().unwrap();
+    assert_eq!((stored.version, stored.state), (2, TaskState::Downloading));
+
+    let ghost = next(&created("tsk_ghost", None, T0).task, Input::Start, T0);
+    assert_eq!(store.apply(&ghost).await.unwrap(), Applied::Conflict);
+    assert!(store.get("tsk_ghost").await.unwrap().is_none());
+}
+
+pub async fn history_keeps_every_transition_in_order(store: &impl TaskStore) {
+    let task = create_new(store, "tsk_hist", T0).await;
+    let task = start(store, &task, T0 + 5).await;
+    let cancel = next(&task, Input::Cancel { reason: Some("stop".into()) }, T0 + 9);
+    store.apply(&cancel).await.unwrap();
+    let history = store.history("tsk_hist").await.unwrap();
+    let summary: Vec<_> = history.iter().map(|h| (h.version, h.at, h.to)).collect();
+    assert_eq!(
+        summary,
+        [(1, T0, TaskState::Queued), (2, T0 + 5, TaskState::Downloading), (3, T0 + 9, TaskState::Downloading)]
+    );
+    assert!(store.history("tsk_none").await.unwrap().is_empty());
+}
+
+pub async fn outbox_entries_stay_until_removed(store: &impl TaskStore) {
+    let d = created("tsk_out", None, T0);
+    store.create(&d).await.unwrap();
+    let started = next(&d.task, Input::Start, T0 + 1);
+    store.apply(&started).await.unwrap();
+    let pending = store.outbox("tsk_out").await.unwrap();
+    let expected: Vec<_> = d.outbox.iter().chain(&started.outbox).cloned().collect();
+    assert_eq!(pending, expected);
+    store.remove_outbox("tsk_out", &[pending[0].id.clone()]).await.unwrap();
+    assert_eq!(store.outbox("tsk_out").await.unwrap(), started.outbox);
+    store.remove_outbox("tsk_out", &[pending[1].id.clone(), "no-such-entry".into()]).await.unwrap();
+    assert!(store.outbox("tsk_out").await.unwrap().is_empty());
+}
+
+pub async fn lists_page_by_creation_and_filter_by_state(store: &impl TaskStore) {
+    let mut tasks = Vec::new();
+    for i in 0..5u64 {
+        tasks.push(create_new(store, &format!("tsk_list_{i}"), T0 + i).await);
+    }
+    start(store, &tasks[1], T0 + 10).await;
+    start(store, &tasks[3], T0 + 10).await;
+
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store.list(&ListQuery { state: None, limit: 2, cursor }).await.unwrap();
+        assert!(page.tasks.len() <= 2);
+        seen.extend(page.tasks.iter().map(|t| t.id.clone()));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let all: Vec<_> = (0..5).map(|i| format!("tsk_list_{i}")).collect();
+    assert_eq!(seen, all);
+
+    let downloading =
+        store.list(&ListQuery { state: Some(TaskState::Downloading), limit: 10, cursor: None }).await.unwrap();
+    let ids: Vec<_> = downloading.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["tsk_list_1", "tsk_list_3"]);
+    assert!(downloading.tasks.iter().all(|t| t.state == TaskState::Downloading));
+    let queued = store.list(&ListQuery { state: Some(TaskState::Queued), limit: 1, cursor: None }).await.unwrap();
+    assert_eq!(queued.tasks[0].id, "tsk_list_0");
+    let rest =
+        store.list(&ListQuery { state: Some(TaskState::Queued), limit: 10, cursor: queued.next_cursor }).await.unwrap();
+    let ids: Vec<_> = rest.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["tsk_list_2", "tsk_list_4"]);
+    assert_eq!(rest.next_cursor, None);
+
+    let bad = store.list(&ListQuery { state: None, limit: 1, cursor: Some("garbage".into()) }).await;
+    assert!(matches!(bad, Err(StoreError::InvalidCursor(_))), "{bad:?}");
+}
+
+pub async fn counts_tasks_in_flight(store: &impl TaskStore) {
+    assert_eq!(store.count_in_flight().await.unwrap(), 0);
+    let a = create_new(store, "tsk_if_a", T0).await;
+    let b = create_new(store, "tsk_if_b", T0).await;
+    create_new(store, "tsk_if_c", T0).await;
+    assert_eq!(store.count_in_flight().await.unwrap(), 0, "queued tasks are not in flight");
+    let a = start(store, &a, T0 + 1).await;
+    start(store, &b, T0 + 1).await;
+    assert_eq!(store.count_in_flight().await.unwrap(), 2);
+    let asked = next(&a, Input::Cancel { reason: None }, T0 + 2);
+    store.apply(&asked).await.unwrap();
+    let done = next(&asked.task, ok_download(&asked.task), T0 + 3);
+    store.apply(&done).await.unwrap();
+    assert_eq!(store.get("tsk_if_a").await.unwrap().unwrap().state, TaskState::Cancelled);
+    assert_eq!(store.count_in_flight().await.unwrap(), 1);
+}
+
+fn ok_download(task: &Task) -> Input {
+    Input::Result(Box::new(StepResult {
+        task_id: task.id.clone(),
+        step: imagepipe_contracts::Step::Download,
+        attempt: task.current_attempt(),
+        outcome: StepOutcome::Ok { output: crate::machine::tests::output(imagepipe_contracts::Step::Download) },
+    }))
+}
+
+pub async fn wake_index_hands_each_due_task_to_one_claimer(store: &impl TaskStore) {
+    let lease = Duration::from_secs(30);
+    create_new(store, "tsk_wake", T0).await;
+    let grace = RELAY_GRACE.as_millis() as u64;
+    assert!(store.claim_due(T0 + grace - 1, lease, 10).await.unwrap().is_empty(), "not before the relay grace");
+    assert_eq!(store.claim_due(T0 + grace, lease, 10).await.unwrap(), ["tsk_wake"]);
+    assert!(store.claim_due(T0 + grace, lease, 10).await.unwrap().is_empty(), "claimed once");
+    let outbox: Vec<_> = store.outbox("tsk_wake").await.unwrap().into_iter().map(|e| e.id).collect();
+    store.remove_outbox("tsk_wake", &outbox).await.unwrap();
+    store.release("tsk_wake", T0 + grace).await.unwrap();
+    assert!(store.claim_due(u64::MAX / 2, lease, 10).await.unwrap().is_empty(), "nothing left to do");
+}
+
+pub async fn expired_leases_make_a_task_due_again(store: &impl TaskStore) {
+    let lease = Duration::from_secs(30);
+    create_new(store, "tsk_lease", T0).await;
+    let due = T0 + RELAY_GRACE.as_millis() as u64;
+    assert_eq!(store.claim_due(due, lease, 10).await.unwrap(), ["tsk_lease"]);
+    assert!(store.claim_due(due + 29_999, lease, 10).await.unwrap().is_empty());
+    assert_eq!(store.claim_due(due + 30_000, lease, 10).await.unwrap(), ["tsk_lease"], "the claimer died");
+}
+
+pub async fn release_reindexes_from_the_stored_timer(store: &impl TaskStore) {
+    let lease = Duration::from_secs(30);
+    let task = create_new(store, "tsk_timer", T0).await;
+    let task = start(store, &task, T0).await;
+    let deadline = task.timer.unwrap();
+    assert_eq!(deadline.kind, TimerKind::Deadline);
+    let relay_due = T0 + RELAY_GRACE.as_millis() as u64;
+    assert_eq!(store.claim_due(relay_due, lease, 10).await.unwrap(), ["tsk_timer"]);
+    let outbox: Vec<_> = store.outbox("tsk_timer").await.unwrap().into_iter().map(|e| e.id).collect();
+    store.remove_outbox("tsk_timer", &outbox).await.unwrap();
+    store.release("tsk_timer", relay_due).await.unwrap();
+    assert!(store.claim_due(deadline.due_at - 1, lease, 10).await.unwrap().is_empty());
+    assert_eq!(store.claim_due(deadline.due_at, lease, 10).await.unwrap(), ["tsk_timer"]);
+}
+
+pub async fn a_write_during_a_lease_keeps_the_task_indexed(store: &impl TaskStore) {
+    let lease = Duration::from_secs(30);
+    let task = create_new(store, "tsk_race", T0).await;
+    let relay_due = T0 + RELAY_GRACE.as_millis() as u64;
+    assert_eq!(store.claim_due(relay_due, lease, 10).await.unwrap(), ["tsk_race"]);
+    // another replica starts the task while this one holds the lease
+    let started = start(store, &task, relay_due).await;
+    let outbox: Vec<_> = store.outbox("tsk_race").await.unwrap().into_iter().map(|e| e.id).collect();
+    store.remove_outbox("tsk_race", &outbox).await.unwrap();
+    store.release("tsk_race", relay_due).await.unwrap();
+    let deadline = started.timer.unwrap().due_at;
+    let due = store.claim_due(deadline, lease, 10).await.unwrap();
+    assert_eq!(due, ["tsk_race"], "the new deadline is indexed");
+}
+
+pub async fn concurrent_claims_are_disjoint(store: &impl TaskStore) {
+    for i in 0..20 {
+        create_new(store, &format!("tsk_cc_{i:02}"), T0).await;
+    }
+    let now = T0 + RELAY_GRACE.as_millis() as u64;
+    let lease = Duration::from_secs(30);
+    let (a, b) = tokio::join!(store.claim_due(now, lease, 7), store.claim_due(now, lease, 7));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let c = store.claim_due(now, lease, 100).await.unwrap();
+    let mut all: Vec<_> = a.iter().chain(&b).chain(&c).cloned().collect();
+    assert_eq!(all.len(), 20);
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 20, "no task claimed twice");
+}
+
+pub async fn dead_letters_are_archived_paged_and_removed(store: &impl TaskStore) {
+    for i in 0..3u64 {
+        let letter = DeadLetter {
+            id: format!("dl_{i}"),
+            source: "tasks.submit".into(),
+            dlq: "dlq.tasks.submit".into(),
+            reason: format!("bad {i}"),
+            delivery_count: 1,
+            dead_lettered_at: T0 + i,
+            key: None,
+            message_id: Some(format!("m{i}")),
+            headers: vec![("traceparent".into(), "00-x".into())],
+            body: "{".into(),
+        };
+        store.put_dead_letter(&letter).await.unwrap();
+        store.put_dead_letter(&letter).await.unwrap();
+    }
+    let first = store.dead_letters(2, None).await.unwrap();
+    let ids: Vec<_> = first.entries.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["dl_0", "dl_1"]);
+    let rest = store.dead_letters(2, first.next_cursor.as_deref()).await.unwrap();
+    assert_eq!(rest.entries.len(), 1);
+    assert_eq!(rest.next_cursor, None);
+    assert_eq!(store.dead_letter("dl_2").await.unwrap().unwrap().reason, "bad 2");
+    assert!(store.remove_dead_letter("dl_1").await.unwrap());
+    assert!(!store.remove_dead_letter("dl_1").await.unwrap());
+    assert!(store.dead_letter("dl_1").await.unwrap().is_none());
+    assert_eq!(store.dead_letters(10, None).await.unwrap().entries.len(), 2);
+}
+
+/// Writes a created and started task; returns its id (for restart tests).
+pub async fn write_a_started_task(store: &impl TaskStore) -> String {
+    let task = create_new(store, "tsk_durable", T0).await;
+    start(store, &task, T0 + 1).await;
+    task.id
+}
+
+/// Checks what [`write_a_started_task`] wrote is all still there.
+pub async fn check_a_started_task(store: &impl TaskStore, id: &str) {
+    let task = store.get(id).await.unwrap().unwrap();
+    assert_eq!((task.version, task.state), (2, TaskState::Downloading));
+    assert_eq!(store.history(id).await.unwrap().len(), 2);
+    assert_eq!(store.outbox(id).await.unwrap().len(), 2);
+    assert_eq!(store.count_in_flight().await.unwrap(), 1);
+    let due = T0 + 1 + RELAY_GRACE.as_millis() as u64;
+    assert_eq!(store.claim_due(due, Duration::from_secs(1), 10).await.unwrap(), [id]);
+}
