@@ -1,9 +1,19 @@
-//! What every imagepipe service runs on.
+//! What every imagepipe service runs on: one configuration schema ([`config`]), logs and
+//! traces ([`telemetry`]), Prometheus metrics ([`metrics`]) and the health server ([`http`]),
+//! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), time ([`clock`]), the
+//! worker loop ([`worker`]) and the start-up that ties them together ([`service`]).
 
 pub mod backoff;
 pub mod clock;
 pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod service;
 pub mod shutdown;
 pub mod telemetry;
+pub mod worker;
 
 pub use config::{ConfigArgs, ConfigError, Settings};
+pub use service::Service;
+pub use shutdown::Shutdown;
+pub use worker::{Handler, Outcome, Worker, WorkerConfig};

@@ -1,0 +1,235 @@
+//! The HTTP server every service runs: `/healthz`, `/readyz`, `/metrics`, plus the service's
+//! own routes.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+use crate::shutdown::Shutdown;
+
+/// Content type of the Prometheus text exposition format.
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+type Check = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Named readiness checks; `/readyz` is 200 only while all of them pass. Clones share the
+/// same checks, so a service can add checks after the server started.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    checks: Arc<RwLock<Vec<(String, Check)>>>,
+}
+
+impl Readiness {
+    /// No checks (always ready).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds the check `name` (e.g. `bus`), ready while `check` returns true.
+    pub fn add(&self, name: impl Into<String>, check: impl Fn() -> bool + Send + Sync + 'static) {
+        self.checks.write().unwrap_or_else(std::sync::PoisonError::into_inner).push((name.into(), Arc::new(check)));
+    }
+
+    /// The names of the checks failing now, in the order they were added.
+    pub fn failing(&self) -> Vec<String> {
+        let checks = self.checks.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        checks.into_iter().filter(|(_, check)| !check()).map(|(name, _)| name).collect()
+    }
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let checks = self.checks.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f.debug_list().entries(checks.iter().map(|(name, _)| name)).finish()
+    }
+}
+
+/// The HTTP server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// Binding the listening socket failed.
+    #[error("binding the HTTP server to {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("serving HTTP on {addr}")]
+    Serve {
+        /// The address.
+        addr: SocketAddr,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Clone)]
+struct HealthState {
+    readiness: Readiness,
+    metrics: PrometheusHandle,
+}
+
+/// Health, readiness and metrics endpoints, merged with the service's own routes.
+pub struct HealthServer {
+    router: Router,
+}
+
+impl HealthServer {
+    /// `/healthz`, `/readyz` (from `readiness`) and `/metrics` (from `metrics`).
+    pub fn new(readiness: Readiness, metrics: PrometheusHandle) -> Self {
+        let router = Router::new()
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(render_metrics))
+            .with_state(HealthState { readiness, metrics });
+        Self { router }
+    }
+
+    /// Adds the service's own routes (which must not reuse the health paths).
+    pub fn merge(mut self, routes: Router) -> Self {
+        self.router = self.router.merge(routes);
+        self
+    }
+
+    /// The whole router, for serving elsewhere or testing in-process.
+    pub fn into_router(self) -> Router {
+        self.router
+    }
+
+    /// Binds `addr` (port 0 picks a free port).
+    pub async fn bind(self, addr: SocketAddr) -> Result<BoundServer, HttpError> {
+        let listener = TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })?;
+        let addr = listener.local_addr().map_err(|source| HttpError::Bind { addr, source })?;
+        Ok(BoundServer { listener, router: self.router, addr })
+    }
+}
+
+/// A [`HealthServer`] with its socket bound, ready to serve.
+pub struct BoundServer {
+    listener: TcpListener,
+    router: Router,
+    addr: SocketAddr,
+}
+
+impl BoundServer {
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until `shutdown` fires, then finishes the requests in progress and returns.
+    pub async fn serve(self, shutdown: Shutdown) -> Result<(), HttpError> {
+        let addr = self.addr;
+        tracing::info!(%addr, "HTTP server listening");
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(async move { shutdown.wait().await })
+            .await
+            .map_err(|source| HttpError::Serve { addr, source })
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<HealthState>) -> impl IntoResponse {
+    let failing = state.readiness.failing();
+    if failing.is_empty() {
+        (StatusCode::OK, "ready\n".to_owned())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", failing.join(", ")))
+    }
+}
+
+async fn render_metrics(State(state): State<HealthState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)], state.metrics.render())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    /// A GET over a fresh connection: (status, headers, body).
+    async fn http_get(addr: SocketAddr, path: &str) -> (u16, String, String) {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").expect("a full HTTP response");
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, head.to_ascii_lowercase(), body.to_owned())
+    }
+
+    async fn start(server: HealthServer) -> (SocketAddr, Shutdown, tokio::task::JoinHandle<Result<(), HttpError>>) {
+        let bound = server.bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await.unwrap();
+        let addr = bound.local_addr();
+        let shutdown = Shutdown::new();
+        let task = tokio::spawn(bound.serve(shutdown.clone()));
+        (addr, shutdown, task)
+    }
+
+    #[tokio::test]
+    async fn health_readiness_metrics_and_service_routes_are_served() {
+        let readiness = Readiness::new();
+        let bus_up = Arc::new(AtomicBool::new(false));
+        let up = bus_up.clone();
+        readiness.add("bus", move || up.load(Ordering::SeqCst));
+        readiness.add("store", || true);
+        let metrics = crate::metrics::install().unwrap();
+        metrics::counter!(crate::metrics::FETCH_ERRORS, crate::metrics::labels::SOURCE => "tasks.http-test")
+            .increment(1);
+        let server = HealthServer::new(readiness.clone(), metrics)
+            .merge(Router::new().route("/v1/hello", get(|| async { "hello\n" })));
+        let (addr, shutdown, task) = start(server).await;
+
+        assert_eq!(http_get(addr, "/healthz").await.0, 200);
+
+        let (status, _, body) = http_get(addr, "/readyz").await;
+        assert_eq!((status, body.as_str()), (503, "not ready: bus\n"));
+        bus_up.store(true, Ordering::SeqCst);
+        assert_eq!(http_get(addr, "/readyz").await.0, 200);
+        readiness.add("late", || false);
+        assert_eq!(http_get(addr, "/readyz").await.2, "not ready: late\n", "checks added after start count");
+
+        let (status, head, body) = http_get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(head.contains("content-type: text/plain; version=0.0.4"), "{head}");
+        assert!(body.contains(r#"imagepipe_fetch_errors_total{source="tasks.http-test"} 1"#), "{body}");
+
+        let (status, _, body) = http_get(addr, "/v1/hello").await;
+        assert_eq!((status, body.as_str()), (200, "hello\n"));
+        assert_eq!(http_get(addr, "/nope").await.0, 404);
+
+        shutdown.trigger();
+        tokio::time::timeout(Duration::from_secs(10), task).await.expect("server stops").unwrap().unwrap();
+        assert!(TcpStream::connect(addr).await.is_err(), "socket closed after shutdown");
+    }
+
+    #[tokio::test]
+    async fn binding_a_taken_port_names_the_address() {
+        let taken = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await.unwrap();
+        let addr = taken.local_addr().unwrap();
+        let server = HealthServer::new(Readiness::new(), crate::metrics::install().unwrap());
+        let err = server.bind(addr).await.err().expect("port in use");
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    }
+}

@@ -1,0 +1,370 @@
+//! The loop every worker runs: fetch deliveries while there is room, hand each to a
+//! [`Handler`], settle it by the [`Outcome`], and stop cleanly on shutdown.
+//!
+//! - **Backpressure**: a [`Semaphore`] of `concurrency` permits; a delivery holds one from
+//!   fetch to settle, and the loop fetches only as many as there are free permits.
+//! - **Modes** ([`Mode`]): *concurrent* handles deliveries as they come; *orderly* handles at
+//!   most one delivery per message key at a time, in fetch order per key, other keys in
+//!   parallel.
+//! - **Each delivery** is handled in its own task, inside [`telemetry::message_span`]: a
+//!   panic or a run past `handler_timeout` becomes a retry; a handler running past
+//!   `ack_wait / 2` extends its ack deadline with `progress` every `ack_wait / 2`.
+//! - **Fetch errors** (broker hiccups) are retried with [`ExponentialBackoff`].
+//! - **Shutdown**: stop fetching, let fetched deliveries finish within `shutdown_grace`, and
+//!   leave the rest unsettled for redelivery.
+//!
+//! [`telemetry::message_span`]: crate::telemetry::message_span
+
+mod orderly;
+mod process;
+mod settle;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use imagepipe_bus::{BusError, Consumer, Delivery};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::backoff::ExponentialBackoff;
+use crate::config::WorkerSettings;
+use ::metrics::{counter, gauge};
+
+use crate::metrics::{self, labels};
+use crate::shutdown::Shutdown;
+
+/// What a worker does with each delivery.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Handles `delivery` and says how to settle it. The worker settles it; the handler must
+    /// not. Handlers are idempotent: the same message may arrive more than once.
+    async fn handle(&self, delivery: &Delivery) -> Outcome;
+}
+
+#[async_trait]
+impl<H: Handler + ?Sized> Handler for Arc<H> {
+    async fn handle(&self, delivery: &Delivery) -> Outcome {
+        (**self).handle(delivery).await
+    }
+}
+
+/// How a handled delivery is settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done: acknowledge it.
+    Ack,
+    /// Failed for now: deliver it again after `delay` (by default the worker's retry backoff
+    /// for the delivery count), or dead-letter it if this was its last allowed delivery.
+    Retry {
+        /// When to redeliver; `None` for the worker's backoff.
+        delay: Option<Duration>,
+        /// Why it failed (logged, and recorded on the dead letter at the last attempt).
+        reason: String,
+    },
+    /// Failed for good (malformed, not allowed, ...): move it to the dead-letter queue now.
+    Reject {
+        /// Why (recorded on the dead letter).
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// A retry after the worker's backoff.
+    pub fn retry(reason: impl fmt::Display) -> Self {
+        Self::Retry { delay: None, reason: reason.to_string() }
+    }
+
+    /// A retry not before `delay`.
+    pub fn retry_after(delay: Duration, reason: impl fmt::Display) -> Self {
+        Self::Retry { delay: Some(delay), reason: reason.to_string() }
+    }
+
+    /// A permanent failure.
+    pub fn reject(reason: impl fmt::Display) -> Self {
+        Self::Reject { reason: reason.to_string() }
+    }
+}
+
+/// How deliveries are scheduled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Up to `concurrency` deliveries at once, in any order.
+    #[default]
+    Concurrent,
+    /// At most one delivery per message key at once, in fetch order per key; different keys
+    /// (and keyless messages) in parallel, up to `concurrency` deliveries held in all.
+    Orderly,
+}
+
+/// Settings of one [`Worker`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerConfig {
+    /// Name in logs and in the `source` label of fetch metrics (the queue or group consumed).
+    pub name: String,
+    /// Scheduling mode.
+    pub mode: Mode,
+    /// Most deliveries held (being handled or, in orderly mode, waiting for their key) at once.
+    pub concurrency: usize,
+    /// The consumer's ack wait; progress is sent every half of it.
+    pub ack_wait: Duration,
+    /// A handler running longer is abandoned and its delivery retried.
+    pub handler_timeout: Duration,
+    /// On shutdown, how long fetched deliveries may take to finish.
+    pub shutdown_grace: Duration,
+    /// How long one fetch waits for messages.
+    pub fetch_wait: Duration,
+    /// Delay of [`Outcome::Retry`] without a delay, by delivery count.
+    pub retry_backoff: ExponentialBackoff,
+    /// Delay between failed fetches.
+    pub fetch_backoff: ExponentialBackoff,
+}
+
+impl WorkerConfig {
+    /// The `worker` section's settings for the worker called `name`; open its consumer with
+    /// [`WorkerSettings::consumer_config`] so both agree on `ack_wait`.
+    pub fn from_settings(name: impl Into<String>, settings: &WorkerSettings) -> Self {
+        Self {
+            name: name.into(),
+            mode: Mode::Concurrent,
+            concurrency: settings.concurrency,
+            ack_wait: settings.ack_wait,
+            handler_timeout: settings.handler_timeout,
+            shutdown_grace: settings.shutdown_grace,
+            fetch_wait: Duration::from_secs(5),
+            retry_backoff: ExponentialBackoff::step_retries(),
+            fetch_backoff: ExponentialBackoff::broker_reconnect(),
+        }
+    }
+
+    /// The same, in orderly mode.
+    pub fn orderly(mut self) -> Self {
+        self.mode = Mode::Orderly;
+        self
+    }
+
+    /// How often a running handler's delivery, or a delivery waiting for its key, is extended.
+    fn progress_interval(&self) -> Duration {
+        (self.ack_wait / 2).max(Duration::from_millis(1))
+    }
+
+    fn check(&self) -> Result<(), WorkerError> {
+        let invalid = |reason: &str| Err(WorkerError::Invalid { name: self.name.clone(), reason: reason.to_owned() });
+        if self.concurrency == 0 {
+            return invalid("concurrency must be at least 1");
+        }
+        if self.ack_wait.is_zero() || self.handler_timeout.is_zero() || self.fetch_wait.is_zero() {
+            return invalid("ack_wait, handler_timeout and fetch_wait must be longer than 0s");
+        }
+        Ok(())
+    }
+}
+
+/// Why a worker stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The bus was closed under the worker.
+    #[error("worker {name}: the bus was closed")]
+    Closed {
+        /// Worker name.
+        name: String,
+    },
+    /// The worker's settings cannot work.
+    #[error("worker {name}: {reason}")]
+    Invalid {
+        /// Worker name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Consumes one queue or subscriber group with one handler.
+pub struct Worker<H> {
+    consumer: Box<dyn Consumer>,
+    handler: Arc<H>,
+    config: Arc<WorkerConfig>,
+}
+
+impl<H: Handler> Worker<H> {
+    /// A worker handling `consumer`'s deliveries with `handler`.
+    pub fn new(consumer: Box<dyn Consumer>, handler: H, config: WorkerConfig) -> Self {
+        Self { consumer, handler: Arc::new(handler), config: Arc::new(config) }
+    }
+
+    /// Runs until `shutdown` fires and fetched deliveries are finished (or the grace period
+    /// is over), then returns `Ok`. Fails only if the bus is closed under it or the config
+    /// cannot work.
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), WorkerError> {
+        self.config.check()?;
+        let config = &self.config;
+        let permits = Arc::new(Semaphore::new(config.concurrency));
+        let mut tasks = JoinSet::new();
+        let mut dispatcher = match config.mode {
+            Mode::Concurrent => Dispatcher::Concurrent,
+            Mode::Orderly => Dispatcher::Orderly(orderly::Lanes::default()),
+        };
+        let mut fetch_failures = config.fetch_backoff.attempts();
+        tracing::info!(worker = %config.name, mode = ?config.mode, concurrency = config.concurrency, "worker started");
+
+        let result = loop {
+            while let Some(joined) = tasks.try_join_next() {
+                log_task_failure(&config.name, joined);
+            }
+            let first = tokio::select! {
+                biased;
+                () = shutdown.wait() => break Ok(()),
+                permit = permits.clone().acquire_owned() => permit.expect("the worker never closes its semaphore"),
+            };
+            let mut held = vec![first];
+            while held.len() < config.concurrency {
+                match permits.clone().try_acquire_owned() {
+                    Ok(permit) => held.push(permit),
+                    Err(_) => break,
+                }
+            }
+            let fetched = tokio::select! {
+                biased;
+                () = shutdown.wait() => break Ok(()),
+                fetched = self.consumer.fetch(held.len(), config.fetch_wait) => fetched,
+            };
+            match fetched {
+                Ok(deliveries) => {
+                    fetch_failures.reset();
+                    for delivery in deliveries {
+                        let permit = match held.pop() {
+                            Some(permit) => permit,
+                            None => {
+                                permits.clone().acquire_owned().await.expect("the worker never closes its semaphore")
+                            }
+                        };
+                        let fetched = Fetched::new(delivery, permit);
+                        dispatcher.dispatch(fetched, &mut tasks, &self.handler, config);
+                    }
+                }
+                Err(BusError::Closed) => break Err(WorkerError::Closed { name: config.name.clone() }),
+                Err(error) => {
+                    let delay = fetch_failures.next_delay();
+                    counter!(metrics::FETCH_ERRORS, labels::SOURCE => config.name.clone()).increment(1);
+                    tracing::warn!(worker = %config.name, error = %error_chain(&error), retry_in = ?delay,
+                        failures = fetch_failures.failures(), "fetch failed; retrying");
+                    tokio::select! {
+                        biased;
+                        () = shutdown.wait() => break Ok(()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        };
+
+        drain(&mut tasks, config).await;
+        tracing::info!(worker = %config.name, "worker stopped");
+        result
+    }
+}
+
+/// A fetched delivery and the room it takes: a permit, and a place in the in-flight gauge,
+/// both released when it is settled or dropped.
+struct Fetched {
+    delivery: Delivery,
+    _permit: OwnedSemaphorePermit,
+    _in_flight: InFlight,
+}
+
+impl Fetched {
+    fn new(delivery: Delivery, permit: OwnedSemaphorePermit) -> Self {
+        let in_flight = InFlight::enter(&delivery.source);
+        Self { delivery, _permit: permit, _in_flight: in_flight }
+    }
+}
+
+/// One unit of [`metrics::MESSAGES_IN_FLIGHT`] while alive.
+struct InFlight(::metrics::Gauge);
+
+impl InFlight {
+    fn enter(source: &str) -> Self {
+        let gauge = gauge!(metrics::MESSAGES_IN_FLIGHT, labels::SOURCE => source.to_owned());
+        gauge.increment(1.0);
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+enum Dispatcher {
+    Concurrent,
+    Orderly(orderly::Lanes),
+}
+
+impl Dispatcher {
+    fn dispatch<H: Handler>(
+        &mut self,
+        fetched: Fetched,
+        tasks: &mut JoinSet<()>,
+        handler: &Arc<H>,
+        config: &Arc<WorkerConfig>,
+    ) {
+        match self {
+            Self::Concurrent => {
+                tasks.spawn(process::handle(handler.clone(), fetched, config.clone()));
+            }
+            Self::Orderly(lanes) => lanes.dispatch(fetched, tasks, handler, config),
+        }
+    }
+}
+
+/// Waits up to the grace period for `tasks`, then abandons the rest (their deliveries are
+/// dropped unsettled, so the broker redelivers them).
+async fn drain(tasks: &mut JoinSet<()>, config: &WorkerConfig) {
+    if tasks.is_empty() {
+        return;
+    }
+    tracing::info!(worker = %config.name, tasks = tasks.len(), grace = ?config.shutdown_grace, "draining");
+    let deadline = tokio::time::sleep(config.shutdown_grace);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                Some(joined) => log_task_failure(&config.name, joined),
+                None => return,
+            },
+            () = &mut deadline => {
+                let left = tasks.len();
+                tracing::warn!(worker = %config.name, tasks = left,
+                    "shutdown grace period over; leaving unfinished messages for redelivery");
+                counter!(metrics::MESSAGES_ABANDONED, labels::SOURCE => config.name.clone())
+                    .increment(left as u64);
+                tasks.shutdown().await;
+                return;
+            }
+        }
+    }
+}
+
+fn log_task_failure(worker: &str, joined: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = joined
+        && !error.is_cancelled()
+    {
+        tracing::error!(worker, %error, "worker task failed; its message is left for redelivery");
+    }
+}
+
+/// An error and its sources, `: `-separated, for one log field.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
