@@ -64,9 +64,10 @@ impl Settings {
                 .separator(ENV_LEVEL_SEPARATOR)
                 .source(Some(config_variables(env)?)),
         );
-        let config = builder
-            .build()
-            .map_err(|source| ConfigError::File { path: file.unwrap_or(Path::new("")).to_owned(), source })?;
+        let config = builder.build().map_err(|source| match file {
+            Some(path) => ConfigError::File { path: path.to_owned(), source },
+            None => ConfigError::Key { key: ENV_PREFIX.to_owned(), message: source.to_string() },
+        })?;
         let settings: Settings = serde_path_to_error::deserialize(config).map_err(|e| {
             let key = e.path().to_string();
             let message = key_error_message(&key, &e.into_inner().to_string());

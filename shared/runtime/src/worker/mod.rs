@@ -11,7 +11,8 @@
 //!   `ack_wait / 2` extends its ack deadline with `progress` every `ack_wait / 2`.
 //! - **Fetch errors** (broker hiccups) are retried with [`ExponentialBackoff`].
 //! - **Shutdown**: stop fetching, let fetched deliveries finish within `shutdown_grace`, and
-//!   leave the rest unsettled for redelivery.
+//!   leave the rest unsettled for redelivery. A fetch still waiting is cut short; whatever a
+//!   broker had already handed it is redelivered after `ack_wait`, never lost.
 //!
 //! [`telemetry::message_span`]: crate::telemetry::message_span
 
