@@ -73,6 +73,7 @@ pub struct StepResult {
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "status", rename_all = "snake_case")]
+#[expect(clippy::large_enum_variant, reason = "decoded once per message and moved, never stored in bulk")]
 pub enum StepOutcome {
     /// The step succeeded with this output.
     Ok {
@@ -120,6 +121,7 @@ impl fmt::Display for StepError {
 /// The output of a successful step, named by the step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[expect(clippy::large_enum_variant, reason = "decoded once per message and moved, never stored in bulk")]
 pub enum StepOutput {
     /// Output of [`Step::Download`].
     Download(DownloadOutput),
