@@ -3,7 +3,13 @@
 //! - [`machine`]: the state machine, a pure function from a task and an input to a decision.
 //! - [`task`]: the task record, its history entries and outbox entries.
 
+pub mod api;
+pub mod consumers;
+pub mod engine;
+pub mod events;
 pub mod machine;
+pub mod metrics;
+pub mod service;
 pub mod store;
 pub mod task;
 

@@ -1,0 +1,436 @@
+//! The coordinator's HTTP API (axum): tasks, their history, events as SSE, dead letters, and
+//! the OpenAPI document generated from the handlers' types.
+
+mod openapi;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::Stream;
+use imagepipe_bus::{Message, Selector};
+use imagepipe_contracts::command::is_valid_id;
+use imagepipe_contracts::names::queues;
+use imagepipe_contracts::{StepError, SubmitTask, decode};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::engine::{Engine, EngineError, Handled, Origin, SubmitFailure};
+use crate::events::EventHub;
+use crate::machine::Input;
+use crate::store::{DeadLetterPage, ListQuery, StoreError, TaskPage};
+use crate::task::{HistoryEntry, Task, TaskState};
+
+/// Default and largest page sizes of the list endpoints.
+const DEFAULT_LIMIT: usize = 50;
+const MAX_LIMIT: usize = 500;
+
+/// What the API handlers share.
+#[derive(Clone)]
+pub struct ApiState {
+    engine: Engine,
+    hub: EventHub,
+    token: Option<Arc<str>>,
+}
+
+/// The API routes (`/v1/...`), requiring `Authorization: Bearer <token>` when `token` is set
+/// (except the OpenAPI document).
+pub fn router(engine: Engine, hub: EventHub, token: Option<String>) -> Router {
+    let state = ApiState { engine, hub, token: token.map(Into::into) };
+    let protected = Router::new()
+        .route("/v1/tasks", post(submit).get(list))
+        .route("/v1/tasks/{id}", get(get_task))
+        .route("/v1/tasks/{id}/history", get(history))
+        .route("/v1/tasks/{id}/cancel", post(cancel))
+        .route("/v1/events", get(events))
+        .route("/v1/dlq", get(dead_letters))
+        .route("/v1/dlq/{id}", axum::routing::delete(purge_dead_letter))
+        .route("/v1/dlq/{id}/replay", post(replay_dead_letter))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state);
+    Router::new().route("/v1/openapi.json", get(openapi_document)).merge(protected)
+}
+
+/// An error answer: `{"error": "<code>", "message": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ApiError {
+    /// HTTP status.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub status: u16,
+    /// Stable code: `invalid_request`, `not_found`, `conflict`, `unauthorized`, `unavailable`.
+    pub error: String,
+    /// What is wrong, naming the field or value.
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, error: &str, message: impl Into<String>) -> Self {
+        Self { status: status.as_u16(), error: error.to_owned(), message: message.into() }
+    }
+
+    fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    fn unavailable(e: impl std::fmt::Display) -> Self {
+        tracing::warn!(error = %e, "API request failed on a dependency");
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("try again: {e}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self)).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::InvalidCursor(c) => Self::invalid(format!("`cursor` {c:?} was not handed out by this API")),
+            e => Self::unavailable(e),
+        }
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        Self::invalid(e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        Self::invalid(e.body_text())
+    }
+}
+
+async fn require_token(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    if let Some(token) = &state.token {
+        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let ok = given
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes()));
+        if !ok {
+            let mut response =
+                ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send `Authorization: Bearer <token>`")
+                    .into_response();
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return response;
+        }
+    }
+    next.run(request).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn task_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(id) = path?;
+    if is_valid_id(&id) {
+        Ok(id)
+    } else {
+        Err(ApiError::invalid(format!("task id {id:?} must be 1 to 128 characters of [A-Za-z0-9_.-]")))
+    }
+}
+
+fn limit(raw: Option<&str>) -> Result<usize, ApiError> {
+    match raw {
+        None => Ok(DEFAULT_LIMIT),
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+            _ => Err(ApiError::invalid(format!("`limit` must be a whole number from 1 to {MAX_LIMIT} (got {s:?})"))),
+        },
+    }
+}
+
+/// Answer of `POST /v1/tasks`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Accepted {
+    /// The task id (follow it at `Location`).
+    pub task_id: String,
+    /// Its state now.
+    pub state: TaskState,
+    /// False when the id or idempotency key named an existing task.
+    pub created: bool,
+}
+
+async fn submit(State(state): State<ApiState>, body: Bytes) -> Result<Response, ApiError> {
+    let submit: SubmitTask = decode(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let engine = &state.engine;
+    let submitted = engine.submit(&submit, Origin::Http, new_task_id).await.map_err(|e| match e {
+        SubmitFailure::Invalid(e) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_submit", e.to_string()),
+        SubmitFailure::Store(e) => ApiError::unavailable(e),
+    })?;
+    if let Err(e) = engine.start_queued().await {
+        tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
+    }
+    let task = engine.store().get(&submitted.task.id).await?.unwrap_or(submitted.task);
+    let location = format!("/v1/tasks/{}", task.id);
+    let body = Accepted { task_id: task.id, state: task.state, created: submitted.created };
+    Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(body)).into_response())
+}
+
+/// A new task id: `tsk_` and 32 hex digits.
+pub fn new_task_id() -> String {
+    format!("tsk_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A task as `GET /v1/tasks/{id}` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskView {
+    /// The task: state, each step's attempts and last error, the outputs.
+    #[serde(flatten)]
+    pub task: Task,
+    /// The latest error of any step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<StepError>,
+}
+
+impl From<Task> for TaskView {
+    fn from(task: Task) -> Self {
+        let last_error = task.failure.as_ref().map(|f| f.error.clone()).or_else(|| {
+            let current = task.state.step().map(|s| task.steps.get(s).last_error.clone());
+            current.flatten()
+        });
+        Self { task, last_error }
+    }
+}
+
+async fn get_task(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<TaskView>, ApiError> {
+    let id = task_id(path)?;
+    let task = state.engine.store().get(&id).await?.ok_or_else(|| ApiError::not_found(format!("no task {id}")))?;
+    Ok(Json(task.into()))
+}
+
+/// Answer of `GET /v1/tasks/{id}/history`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct History {
+    /// The task.
+    pub task_id: String,
+    /// Every transition, oldest first.
+    pub entries: Vec<HistoryEntry>,
+}
+
+async fn history(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<History>, ApiError> {
+    let id = task_id(path)?;
+    let store = state.engine.store();
+    if store.get(&id).await?.is_none() {
+        return Err(ApiError::not_found(format!("no task {id}")));
+    }
+    let entries = store.history(&id).await?;
+    Ok(Json(History { task_id: id, entries }))
+}
+
+/// Query of `GET /v1/tasks`.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+pub struct ListParams {
+    /// Only tasks in this state.
+    pub status: Option<String>,
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<String>,
+    /// `nextCursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+async fn list(
+    State(state): State<ApiState>,
+    query: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<TaskPage>, ApiError> {
+    let Query(params) = query?;
+    let status = match params.status.as_deref().filter(|s| !s.is_empty()) {
+        Some(s) => Some(s.parse::<TaskState>().map_err(|e| ApiError::invalid(format!("`status`: {e}")))?),
+        None => None,
+    };
+    let query = ListQuery {
+        state: status,
+        limit: limit(params.limit.as_deref())?,
+        cursor: params.cursor.filter(|c| !c.is_empty()),
+    };
+    Ok(Json(state.engine.store().list(&query).await?))
+}
+
+/// Body of `POST /v1/tasks/{id}/cancel` (optional).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelRequest {
+    /// Why; shown in the history and the `task.cancelled` event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+async fn cancel(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<TaskView>), ApiError> {
+    let id = task_id(path)?;
+    let request: CancelRequest = if body.is_empty() {
+        CancelRequest::default()
+    } else {
+        decode(&body).map_err(|e| ApiError::invalid(e.to_string()))?
+    };
+    if request.reason.as_ref().is_some_and(|r| r.len() > 1024) {
+        return Err(ApiError::invalid("`reason` must be at most 1024 bytes"));
+    }
+    let task = match state.engine.handle(&id, Input::Cancel { reason: request.reason }).await {
+        Ok(Handled::Applied(task)) => *task,
+        Ok(Handled::Ignored(_)) => {
+            state.engine.store().get(&id).await?.ok_or_else(|| ApiError::not_found(format!("no task {id}")))?
+        }
+        Err(EngineError::UnknownTask(_)) => return Err(ApiError::not_found(format!("no task {id}"))),
+        Err(EngineError::Illegal(e)) => return Err(ApiError::new(StatusCode::CONFLICT, "conflict", e.reason)),
+        Err(e) => return Err(ApiError::unavailable(e)),
+    };
+    Ok((StatusCode::ACCEPTED, Json(task.into())))
+}
+
+/// Query of `GET /v1/events`.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventParams {
+    /// Only events of this task.
+    pub task_id: Option<String>,
+    /// Only these event types: a selector such as `task.completed || task.failed` or `image.*`.
+    #[serde(rename = "type")]
+    pub event_type: Option<String>,
+}
+
+async fn events(
+    State(state): State<ApiState>,
+    query: Result<Query<EventParams>, QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let Query(params) = query?;
+    let selector = match params.event_type.as_deref().filter(|s| !s.is_empty()) {
+        Some(s) => Selector::parse(s).map_err(|e| ApiError::invalid(format!("`type`: {e}")))?,
+        None => Selector::all(),
+    };
+    let task_id = params.task_id.filter(|t| !t.is_empty());
+    if let Some(id) = &task_id
+        && !is_valid_id(id)
+    {
+        return Err(ApiError::invalid(format!("`taskId` {id:?} must be 1 to 128 characters of [A-Za-z0-9_.-]")));
+    }
+    let rx = state.hub.subscribe();
+    let stream = futures::stream::unfold((rx, selector, task_id), |(mut rx, selector, task_id)| async move {
+        loop {
+            match rx.recv().await {
+                Ok(event) => {
+                    let wanted = selector.matches(&event.event_type)
+                        && task_id.as_ref().is_none_or(|id| event.task_id.as_deref() == Some(id.as_str()));
+                    if wanted {
+                        let sse = SseEvent::default().event(&event.event_type).id(&event.event_id).data(&event.json);
+                        return Some((Ok(sse), (rx, selector, task_id)));
+                    }
+                }
+                Err(RecvError::Lagged(missed)) => {
+                    let sse = SseEvent::default().event("lagged").data(format!("{{\"missed\":{missed}}}"));
+                    return Some((Ok(sse), (rx, selector, task_id)));
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+/// Query of `GET /v1/dlq`.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+pub struct DlqParams {
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<String>,
+    /// `nextCursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+async fn dead_letters(
+    State(state): State<ApiState>,
+    query: Result<Query<DlqParams>, QueryRejection>,
+) -> Result<Json<DeadLetterPage>, ApiError> {
+    let Query(params) = query?;
+    let limit = limit(params.limit.as_deref())?;
+    Ok(Json(state.engine.store().dead_letters(limit, params.cursor.as_deref().filter(|c| !c.is_empty())).await?))
+}
+
+/// Answer of `POST /v1/dlq/{id}/replay`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Replayed {
+    /// The archive entry replayed (and removed).
+    pub id: String,
+    /// The queue the message was sent back to.
+    pub queue: String,
+}
+
+async fn replay_dead_letter(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<(StatusCode, Json<Replayed>), ApiError> {
+    let Path(id) = path?;
+    let store = state.engine.store();
+    let letter = store.dead_letter(&id).await?.ok_or_else(|| ApiError::not_found(format!("no dead letter {id}")))?;
+    if !queues::ALL.contains(&letter.source.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "dead letters from {:?} cannot be replayed: only task queues ({}) can",
+                letter.source,
+                queues::ALL.join(", ")
+            ),
+        ));
+    }
+    let mut message =
+        Message::new(letter.body.clone().into_bytes()).with_id(format!("replay-{}", uuid::Uuid::new_v4()));
+    message.key = letter.key.clone();
+    for (name, value) in &letter.headers {
+        message.headers.insert(name.clone(), value.clone());
+    }
+    state.engine.bus().queues.send(&letter.source, message).await.map_err(ApiError::unavailable)?;
+    store.remove_dead_letter(&id).await?;
+    tracing::info!(id, queue = %letter.source, "dead letter replayed");
+    Ok((StatusCode::ACCEPTED, Json(Replayed { id, queue: letter.source })))
+}
+
+async fn purge_dead_letter(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Path(id) = path?;
+    if state.engine.store().remove_dead_letter(&id).await? {
+        tracing::info!(id, "dead letter purged");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("no dead letter {id}")))
+    }
+}
+
+async fn openapi_document() -> impl IntoResponse {
+    Json(openapi::document())
+}

@@ -1,0 +1,193 @@
+//! The coordinator's consumers: submissions, step results, dead letters. Each is a runtime
+//! worker [`Handler`]; decoding failures are rejected to the dead-letter queue with the reason.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use imagepipe_bus::{BusError, Consumer, Delivery};
+use imagepipe_contracts::names::headers;
+use imagepipe_contracts::{StepResult, SubmitTask, decode};
+use imagepipe_runtime::worker::{Handler, Outcome};
+use metrics::counter;
+use uuid::Uuid;
+
+use crate::engine::{Engine, EngineError, Origin, SubmitFailure};
+use crate::machine::Input;
+use crate::metrics as m;
+use crate::store::DeadLetter;
+
+/// Namespace of task ids derived from bus submissions without a `taskId`.
+const SUBMIT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x3c1e_9b2a_5f04_4d7e_b8a1_6e2f_0d9c_7a51);
+
+/// Handles `tasks.submit`: creates the task (or finds it by id or idempotency key) and starts
+/// it under the cap.
+pub struct SubmitHandler {
+    engine: Engine,
+}
+
+impl SubmitHandler {
+    /// A handler creating tasks through `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+/// The id of a submission without `taskId`: stable across redeliveries of the same message
+/// (from its message id, or its broker position and body).
+pub fn derived_task_id(delivery: &Delivery) -> String {
+    let name = match &delivery.message.id {
+        Some(id) => format!("id\n{id}"),
+        None => format!("pos\n{}\n{}", delivery.position(), String::from_utf8_lossy(&delivery.message.payload)),
+    };
+    format!("tsk_{}", Uuid::new_v5(&SUBMIT_ID_NAMESPACE, name.as_bytes()).simple())
+}
+
+#[async_trait]
+impl Handler for SubmitHandler {
+    async fn handle(&self, delivery: &Delivery) -> Outcome {
+        let submit: SubmitTask = match decode(&delivery.message.payload) {
+            Ok(submit) => submit,
+            Err(e) => {
+                counter!(m::SUBMISSIONS_REJECTED, "origin" => "bus").increment(1);
+                return Outcome::reject(e);
+            }
+        };
+        match self.engine.submit(&submit, Origin::Bus, || derived_task_id(delivery)).await {
+            Ok(_) => {}
+            Err(SubmitFailure::Invalid(e)) => return Outcome::reject(format!("invalid submit command: {e}")),
+            Err(SubmitFailure::Store(e)) => return Outcome::retry(e),
+        }
+        if let Err(e) = self.engine.start_queued().await {
+            tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
+        }
+        Outcome::Ack
+    }
+}
+
+/// Handles `tasks.results`: applies each step result to its task.
+pub struct ResultHandler {
+    engine: Engine,
+}
+
+impl ResultHandler {
+    /// A handler applying results through `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+#[async_trait]
+impl Handler for ResultHandler {
+    async fn handle(&self, delivery: &Delivery) -> Outcome {
+        let result: StepResult = match decode(&delivery.message.payload) {
+            Ok(result) => result,
+            Err(e) => return Outcome::reject(e),
+        };
+        let id = result.task_id.clone();
+        match self.engine.handle(&id, Input::Result(Box::new(result))).await {
+            Ok(crate::engine::Handled::Applied(task)) if task.state.is_terminal() => {
+                if let Err(e) = self.engine.start_queued().await {
+                    tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
+                }
+                Outcome::Ack
+            }
+            Ok(_) => Outcome::Ack,
+            Err(EngineError::UnknownTask(id)) => Outcome::reject(format!("step result for unknown task {id}")),
+            Err(EngineError::Illegal(illegal)) => Outcome::reject(illegal),
+            Err(e @ (EngineError::Store(_) | EngineError::Contention(_))) => Outcome::retry(e),
+        }
+    }
+}
+
+/// A consumer that fetches nothing while the coordinator is at its in-flight cap, so
+/// submissions wait in their queue (DESIGN.md, "Backpressure").
+pub struct CappedConsumer {
+    inner: Box<dyn Consumer>,
+    engine: Engine,
+    recheck: Duration,
+}
+
+impl CappedConsumer {
+    /// Gates `inner` on `engine`'s cap, checking again every `recheck` while full.
+    pub fn new(inner: Box<dyn Consumer>, engine: Engine, recheck: Duration) -> Self {
+        Self { inner, engine, recheck }
+    }
+}
+
+#[async_trait]
+impl Consumer for CappedConsumer {
+    async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError> {
+        let in_flight = self.engine.in_flight().await;
+        let room = match in_flight {
+            Ok(n) => self.engine.config().max_in_flight.saturating_sub(n),
+            Err(e) => {
+                tracing::warn!(error = %e, "in-flight count unavailable; not pulling submissions");
+                0
+            }
+        };
+        metrics::gauge!(m::SUBMISSIONS_PAUSED, "reason" => m::PAUSED_BY_CAP).set(if room == 0 { 1.0 } else { 0.0 });
+        if room == 0 {
+            tokio::time::sleep(self.recheck.min(wait)).await;
+            return Ok(Vec::new());
+        }
+        self.inner.fetch(max.min(usize::try_from(room).unwrap_or(usize::MAX)), wait).await
+    }
+}
+
+/// Archives dead letters from a dead-letter queue into the store, for `/v1/dlq`.
+pub struct DeadLetterArchiver {
+    engine: Engine,
+}
+
+impl DeadLetterArchiver {
+    /// An archiver writing to `engine`'s store.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+/// The archive entry of a dead letter delivered from queue `dlq`.
+pub fn dead_letter_of(delivery: &Delivery, now: u64) -> DeadLetter {
+    let message = &delivery.message;
+    let h = &message.headers;
+    let at = h.get(headers::DLQ_TIMESTAMP).and_then(|t| t.parse().ok()).unwrap_or(now);
+    let source = h.get(headers::DLQ_SOURCE).unwrap_or_default().to_owned();
+    let identity = format!(
+        "{}\n{}\n{at}\n{}",
+        delivery.source,
+        message.id.as_deref().unwrap_or_default(),
+        String::from_utf8_lossy(&message.payload)
+    );
+    let dlq_headers = [headers::DLQ_REASON, headers::DLQ_DELIVERY_COUNT, headers::DLQ_SOURCE, headers::DLQ_TIMESTAMP];
+    DeadLetter {
+        id: format!("dl_{}", Uuid::new_v5(&SUBMIT_ID_NAMESPACE, identity.as_bytes()).simple()),
+        source,
+        dlq: delivery.source.clone(),
+        reason: h.get(headers::DLQ_REASON).unwrap_or("unknown").to_owned(),
+        delivery_count: h.get(headers::DLQ_DELIVERY_COUNT).and_then(|c| c.parse().ok()).unwrap_or(0),
+        dead_lettered_at: at,
+        key: message.key.clone(),
+        message_id: message.id.clone(),
+        headers: h
+            .iter()
+            .filter(|(k, _)| !dlq_headers.contains(k))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        body: String::from_utf8_lossy(&message.payload).into_owned(),
+    }
+}
+
+#[async_trait]
+impl Handler for DeadLetterArchiver {
+    async fn handle(&self, delivery: &Delivery) -> Outcome {
+        let letter = dead_letter_of(delivery, self.engine.clock().unix_ms());
+        match self.engine.store().put_dead_letter(&letter).await {
+            Ok(()) => {
+                counter!(m::DEAD_LETTERS_ARCHIVED, "dlq" => delivery.source.clone()).increment(1);
+                tracing::warn!(dlq = %delivery.source, source = %letter.source, reason = %letter.reason, id = %letter.id, "dead letter archived");
+                Outcome::Ack
+            }
+            Err(e) => Outcome::retry(e),
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The coordinator's core: applies inputs to tasks through the store, relays the outbox,
+//! fires timers and starts queued tasks under the in-flight cap.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use imagepipe_bus::{Bus, BusError, Message};
+use imagepipe_contracts::names::headers;
+use imagepipe_contracts::{SCHEMA_VERSION, SubmitError, SubmitTask, TraceId};
+use imagepipe_runtime::clock::Clock;
+use imagepipe_runtime::shutdown::Shutdown;
+use imagepipe_runtime::telemetry::current_trace_id;
+use metrics::{counter, gauge};
+
+use crate::machine::{self, Context, Ignored, IllegalTransition, Input, Outcome, Policy};
+use crate::metrics as m;
+use crate::store::{Applied, Created, ListQuery, StoreError, TaskStore};
+use crate::task::{Destination, OutboxEntry, Task, TaskState};
+
+/// How many times a transition is decided again after losing its compare-and-set.
+const MAX_CONFLICTS: usize = 16;
+
+/// Engine settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Retry and deadline rules.
+    pub policy: Policy,
+    /// Most tasks started and unfinished at once.
+    pub max_in_flight: u64,
+    /// How long a claimed wake-index entry is this replica's before another may take it.
+    pub lease: Duration,
+    /// Most due tasks handled per sweep.
+    pub sweep_batch: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { policy: Policy::default(), max_in_flight: 1_000, lease: Duration::from_secs(30), sweep_batch: 256 }
+    }
+}
+
+/// Something that kept an input from being handled.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The store failed; try again.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No task has this id.
+    #[error("no task {0}")]
+    UnknownTask(String),
+    /// The input has no edge from the task's state (logged and counted).
+    #[error(transparent)]
+    Illegal(#[from] IllegalTransition),
+    /// Other writers kept changing the task; try again.
+    #[error("task {0} kept changing under {MAX_CONFLICTS} attempts to update it")]
+    Contention(String),
+}
+
+/// Why a submission was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitFailure {
+    /// The submit command breaks a rule; it never will be accepted.
+    #[error(transparent)]
+    Invalid(#[from] SubmitError),
+    /// The store failed; try again.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A handled submission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submitted {
+    /// The task (new, or the existing one with this id or idempotency key).
+    pub task: Task,
+    /// Whether this submission created it.
+    pub created: bool,
+}
+
+/// What an input did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handled {
+    /// A transition was written; the task after it.
+    Applied(Box<Task>),
+    /// Acknowledged without effect.
+    Ignored(Ignored),
+}
+
+/// Where a submission came from, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The submit queue.
+    Bus,
+    /// `POST /v1/tasks`.
+    Http,
+}
+
+impl Origin {
+    fn as_str(self) -> &'static str {
+        match self {
+            Origin::Bus => "bus",
+            Origin::Http => "http",
+        }
+    }
+}
+
+/// The coordinator: the only writer of task state. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    store: Arc<dyn TaskStore>,
+    bus: Bus,
+    clock: Arc<dyn Clock>,
+    config: Arc<EngineConfig>,
+}
+
+impl Engine {
+    /// An engine over `store`, sending on `bus`, telling time by `clock`.
+    pub fn new(store: Arc<dyn TaskStore>, bus: Bus, clock: Arc<dyn Clock>, config: EngineConfig) -> Self {
+        gauge!(m::IN_FLIGHT_CAP).set(config.max_in_flight as f64);
+        Self { store, bus, clock, config: Arc::new(config) }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn TaskStore> {
+        &self.store
+    }
+
+    /// The bus.
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Accepts a submission: validates it, returns the existing task for a known id or
+    /// idempotency key, else creates a queued task (id from the command, or `new_id()`).
+    /// Call [`start_queued`](Self::start_queued) afterwards to start it under the cap.
+    pub async fn submit(
+        &self,
+        submit: &SubmitTask,
+        origin: Origin,
+        new_id: impl FnOnce() -> String,
+    ) -> Result<Submitted, SubmitFailure> {
+        let source = submit.validate().inspect_err(|_| {
+            counter!(m::SUBMISSIONS_REJECTED, "origin" => origin.as_str()).increment(1);
+        })?;
+        if let Some(key) = &submit.idempotency_key
+            && let Some(owner) = self.store.find_by_idempotency_key(key).await?
+            && let Some(task) = self.store.get(&owner).await?
+        {
+            return Ok(Submitted { task, created: false });
+        }
+        let id = submit.task_id.clone().unwrap_or_else(new_id);
+        if let Some(task) = self.store.get(&id).await? {
+            return Ok(Submitted { task, created: false });
+        }
+        let trace_id = current_trace_id().unwrap_or_else(TraceId::random);
+        let decision = machine::create(id, submit, source, trace_id, self.clock.unix_ms());
+        match self.store.create(&decision).await? {
+            Created::New => {
+                counter!(m::TASKS_CREATED, "origin" => origin.as_str()).increment(1);
+                tracing::info!(task_id = %decision.task.id, %trace_id, "task created");
+                self.publish(&decision.task.id, &decision.outbox).await;
+                Ok(Submitted { task: decision.task, created: true })
+            }
+            Created::Existing(task) => Ok(Submitted { task: *task, created: false }),
+        }
+    }
+
+    /// Applies `input` to task `id`: decides, writes with compare-and-set (deciding again on
+    /// a conflict), then relays the transition's outbox.
+    pub async fn handle(&self, id: &str, input: Input) -> Result<Handled, EngineError> {
+        for _ in 0..MAX_CONFLICTS {
+            let task = self.store.get(id).await?.ok_or_else(|| EngineError::UnknownTask(id.to_owned()))?;
+            let ctx = Context { now: self.clock.unix_ms(), seed: rand::random() };
+            let decision = match machine::decide(&task, &input, &ctx, &self.config.policy) {
+                Ok(Outcome::Apply(decision)) => decision,
+                Ok(Outcome::Ignore(why)) => {
+                    counter!(m::IGNORED, "reason" => why.as_str()).increment(1);
+                    tracing::debug!(task_id = id, input = input.kind(), reason = why.as_str(), "input ignored");
+                    return Ok(Handled::Ignored(why));
+                }
+                Err(illegal) => {
+                    counter!(m::ILLEGAL, "input" => illegal.input, "state" => illegal.state.as_str()).increment(1);
+                    tracing::warn!(task_id = id, error = %illegal, "illegal transition refused");
+                    return Err(illegal.into());
+                }
+            };
+            match self.store.apply(&decision).await? {
+                Applied::Yes => {
+                    let history = &decision.history;
+                    counter!(m::TRANSITIONS, "to" => decision.task.state.as_str(), "event" => format!("{:?}", history.event))
+                        .increment(1);
+                    tracing::info!(
+                        task_id = id,
+                        from = ?history.from,
+                        to = %history.to,
+                        event = ?history.event,
+                        step = ?history.step,
+                        attempt = ?history.attempt,
+                        "transition"
+                    );
+                    self.publish(id, &decision.outbox).await;
+                    return Ok(Handled::Applied(Box::new(decision.task)));
+                }
+                Applied::Conflict => counter!(m::CONFLICTS).increment(1),
+            }
+        }
+        Err(EngineError::Contention(id.to_owned()))
+    }
+
+    /// Publishes `entries` of task `id` in order and removes the confirmed ones; stops at the
+    /// first failure (what is left is relayed by a later sweep). Returns how many went out.
+    pub async fn publish(&self, id: &str, entries: &[OutboxEntry]) -> usize {
+        let mut sent = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match self.send(id, entry).await {
+                Ok(()) => sent.push(entry.id.clone()),
+                Err(e) => {
+                    counter!(m::OUTBOX_ERRORS).increment(1);
+                    tracing::warn!(task_id = id, entry = %entry.id, error = %e, "outbox publish failed; will retry");
+                    break;
+                }
+            }
+        }
+        if let Err(e) = self.store.remove_outbox(id, &sent).await {
+            tracing::warn!(task_id = id, error = %e, "relayed outbox entries not removed; they will be sent again");
+        }
+        sent.len()
+    }
+
+    async fn send(&self, id: &str, entry: &OutboxEntry) -> Result<(), BusError> {
+        let message = Message::new(entry.body.clone().into_bytes())
+            .with_key(id)
+            .with_id(entry.message_id.clone())
+            .with_header(headers::SCHEMA, SCHEMA_VERSION)
+            .with_header(headers::TRACEPARENT, traceparent(entry.trace_id));
+        match &entry.destination {
+            Destination::Queue(queue) => {
+                self.bus.queues.send(queue, message).await?;
+                counter!(m::OUTBOX_PUBLISHED, "kind" => "queue").increment(1);
+            }
+            Destination::Event(event_type) => {
+                self.bus.events.publish(event_type, message).await?;
+                counter!(m::OUTBOX_PUBLISHED, "kind" => "event").increment(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Relays every pending outbox entry of task `id`.
+    pub async fn relay(&self, id: &str) -> Result<usize, StoreError> {
+        let entries = self.store.outbox(id).await?;
+        Ok(if entries.is_empty() { 0 } else { self.publish(id, &entries).await })
+    }
+
+    /// Tasks started and unfinished now (also sets the gauge).
+    pub async fn in_flight(&self) -> Result<u64, StoreError> {
+        let n = self.store.count_in_flight().await?;
+        gauge!(m::IN_FLIGHT).set(n as f64);
+        Ok(n)
+    }
+
+    /// Whether there is room under the cap (also sets the gauges, so `/metrics` says why
+    /// submissions wait).
+    pub async fn has_room(&self) -> Result<bool, StoreError> {
+        let room = self.in_flight().await? < self.config.max_in_flight;
+        gauge!(m::SUBMISSIONS_PAUSED, "reason" => m::PAUSED_BY_CAP).set(if room { 0.0 } else { 1.0 });
+        Ok(room)
+    }
+
+    /// Starts the oldest queued tasks while there is room under the cap; returns how many.
+    pub async fn start_queued(&self) -> Result<usize, EngineError> {
+        let in_flight = self.in_flight().await?;
+        let Some(room) = self.config.max_in_flight.checked_sub(in_flight).filter(|r| *r > 0) else { return Ok(0) };
+        let query = ListQuery { state: Some(TaskState::Queued), limit: room.min(256) as usize, cursor: None };
+        let mut started = 0;
+        for task in self.store.list(&query).await?.tasks {
+            if let Handled::Applied(_) = self.handle(&task.id, Input::Start).await? {
+                started += 1;
+            }
+        }
+        Ok(started)
+    }
+
+    /// One sweep: claims due tasks, relays their leftover outbox, fires their due timers,
+    /// releases them; then starts queued tasks. Returns how many tasks were claimed.
+    pub async fn sweep(&self) -> Result<usize, EngineError> {
+        let now = self.clock.unix_ms();
+        let ids = self.store.claim_due(now, self.config.lease, self.config.sweep_batch).await?;
+        for id in &ids {
+            if let Err(e) = self.wake(id, now).await {
+                counter!(m::SWEEP_ERRORS).increment(1);
+                tracing::warn!(task_id = %id, error = %e, "due task not handled; retried when its lease ends");
+                continue;
+            }
+            if let Err(e) = self.store.release(id, self.clock.unix_ms()).await {
+                counter!(m::SWEEP_ERRORS).increment(1);
+                tracing::warn!(task_id = %id, error = %e, "due task not released; retried when its lease ends");
+            }
+        }
+        self.start_queued().await?;
+        Ok(ids.len())
+    }
+
+    async fn wake(&self, id: &str, now: u64) -> Result<(), EngineError> {
+        self.relay(id).await?;
+        let Some(task) = self.store.get(id).await? else { return Ok(()) };
+        if let Some(timer) = task.timer.filter(|t| t.due_at <= now) {
+            match self.handle(id, Input::Timer(timer)).await {
+                Ok(Handled::Applied(_)) => {
+                    let kind = match timer.kind {
+                        crate::task::TimerKind::Deadline => "deadline",
+                        crate::task::TimerKind::Retry => "retry",
+                    };
+                    counter!(m::TIMERS_FIRED, "kind" => kind).increment(1);
+                }
+                Ok(Handled::Ignored(_)) | Err(EngineError::Illegal(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sweeps every `interval` until `shutdown`.
+    pub async fn run_sweeper(&self, interval: Duration, shutdown: Shutdown) {
+        loop {
+            if let Err(e) = self.sweep().await {
+                counter!(m::SWEEP_ERRORS).increment(1);
+                tracing::warn!(error = %e, "sweep failed");
+            }
+            tokio::select! {
+                () = shutdown.wait() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+        }
+    }
+}
+
+/// A W3C `traceparent` in the task's trace, with a fresh span id.
+fn traceparent(trace_id: TraceId) -> String {
+    let span = loop {
+        let span: u64 = rand::random();
+        if span != 0 {
+            break span;
+        }
+    };
+    format!("00-{trace_id}-{span:016x}-01")
+}

@@ -1,0 +1,133 @@
+//! Wires the coordinator together: the sweeper, the consumers of submissions, results and
+//! dead letters, and the event fan-out behind `/v1/events`.
+
+use std::time::Duration;
+
+use imagepipe_bus::{BusError, ConsumerConfig, Selector, Subscription};
+use imagepipe_contracts::names::{self, queues};
+use imagepipe_runtime::shutdown::Shutdown;
+use imagepipe_runtime::worker::{Handler, Worker, WorkerConfig, WorkerError};
+use tokio::task::JoinSet;
+
+use crate::consumers::{CappedConsumer, DeadLetterArchiver, ResultHandler, SubmitHandler};
+use crate::engine::Engine;
+use crate::events::{EventHub, Fanout};
+
+/// How the coordinator's loops run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceConfig {
+    /// Worker settings of every consumer (its name is set per consumer).
+    pub worker: WorkerConfig,
+    /// Consumer settings of every queue.
+    pub consumer: ConsumerConfig,
+    /// How often the sweeper looks for due timers and unrelayed outbox entries.
+    pub sweep_interval: Duration,
+    /// While at the in-flight cap, how often to check for room.
+    pub cap_recheck: Duration,
+    /// Subscriber groups whose dead letters are archived too (besides every task queue's).
+    pub dlq_groups: Vec<String>,
+    /// This process's subscriber group for `/v1/events`.
+    pub events_group: String,
+}
+
+/// Why the coordinator stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Opening a consumer failed.
+    #[error("opening {what}")]
+    Consume {
+        /// Which queue or group.
+        what: String,
+        /// Bus error.
+        #[source]
+        source: BusError,
+    },
+    /// A worker stopped.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+}
+
+/// Runs every loop of the coordinator until `shutdown`.
+pub async fn run(engine: Engine, hub: EventHub, config: ServiceConfig, shutdown: Shutdown) -> Result<(), ServiceError> {
+    let bus = engine.bus().clone();
+    let open = |what: String, source| ServiceError::Consume { what, source };
+    let mut loops: JoinSet<Result<(), ServiceError>> = JoinSet::new();
+
+    let sweeper = engine.clone();
+    let (interval, stop) = (config.sweep_interval, shutdown.clone());
+    loops.spawn(async move {
+        sweeper.run_sweeper(interval, stop).await;
+        Ok(())
+    });
+
+    let submit = bus
+        .queues
+        .consume(queues::SUBMIT, config.consumer.clone())
+        .await
+        .map_err(|e| open(queues::SUBMIT.into(), e))?;
+    let submit = CappedConsumer::new(submit, engine.clone(), config.cap_recheck);
+    spawn(
+        &mut loops,
+        Box::new(submit),
+        SubmitHandler::new(engine.clone()),
+        named(&config.worker, queues::SUBMIT),
+        &shutdown,
+    );
+
+    let results = bus
+        .queues
+        .consume(queues::RESULTS, config.consumer.clone())
+        .await
+        .map_err(|e| open(queues::RESULTS.into(), e))?;
+    let results_worker = named(&config.worker, queues::RESULTS).orderly();
+    spawn(&mut loops, results, ResultHandler::new(engine.clone()), results_worker, &shutdown);
+
+    let dlqs = queues::ALL
+        .iter()
+        .map(|q| names::dead_letter_queue(q))
+        .chain(config.dlq_groups.iter().map(|g| names::dead_letter_queue_of_group(g)));
+    for dlq in dlqs {
+        let consumer = bus.queues.consume(&dlq, config.consumer.clone()).await.map_err(|e| open(dlq.clone(), e))?;
+        spawn(&mut loops, consumer, DeadLetterArchiver::new(engine.clone()), named(&config.worker, &dlq), &shutdown);
+    }
+
+    let subscription =
+        Subscription::new(config.events_group.clone(), Selector::all()).with_consumer(config.consumer.clone());
+    let events = bus
+        .events
+        .subscribe(subscription)
+        .await
+        .map_err(|e| open(format!("event group {}", config.events_group), e))?;
+    spawn(&mut loops, events, Fanout(hub), named(&config.worker, &config.events_group), &shutdown);
+
+    tracing::info!("coordinator running");
+    let mut outcome = Ok(());
+    while let Some(joined) = loops.join_next().await {
+        match joined {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if outcome.is_ok() => {
+                tracing::error!(error = %e, "coordinator loop failed; stopping");
+                shutdown.trigger();
+                outcome = Err(e);
+            }
+            Ok(Err(_)) => {}
+            Err(e) => tracing::error!(error = %e, "coordinator loop panicked"),
+        }
+    }
+    outcome
+}
+
+fn named(worker: &WorkerConfig, name: &str) -> WorkerConfig {
+    WorkerConfig { name: name.to_owned(), ..worker.clone() }
+}
+
+fn spawn<H: Handler>(
+    loops: &mut JoinSet<Result<(), ServiceError>>,
+    consumer: Box<dyn imagepipe_bus::Consumer>,
+    handler: H,
+    config: WorkerConfig,
+    shutdown: &Shutdown,
+) {
+    let stop = shutdown.clone();
+    loops.spawn(async move { Ok(Worker::new(consumer, handler, config).run(stop).await?) });
+}
