@@ -3,12 +3,16 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use imagepipe_runtime::ConfigArgs;
 
 /// Event-driven image-processing pipeline.
 #[derive(Debug, Parser)]
 #[command(name = "imagepipe", version, about)]
 struct Cli {
+    #[command(flatten)]
+    config: ConfigArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -33,27 +37,56 @@ enum Command {
     Dlq,
     /// Measure the pipeline's throughput and latency.
     Bench,
+    /// Show the effective configuration.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigAction {
+    /// Print the effective configuration (defaults < file < environment) as TOML, secrets masked.
+    Print,
 }
 
 impl Command {
-    /// The issue that builds the command.
-    fn built_by_issue(&self) -> u32 {
+    /// The issue that builds the command, for commands not built yet.
+    fn built_by_issue(&self) -> Option<u32> {
         match self {
-            Command::Run | Command::Demo | Command::Submit | Command::Status => 6,
-            Command::Watch | Command::Search | Command::Stats | Command::Dlq => 6,
-            Command::Bench => 9,
+            Command::Run | Command::Demo | Command::Submit | Command::Status => Some(6),
+            Command::Watch | Command::Search | Command::Stats | Command::Dlq => Some(6),
+            Command::Bench => Some(9),
+            Command::Config { .. } => None,
         }
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let name = format!("{:?}", cli.command).to_lowercase();
-    eprintln!(
-        "imagepipe {name}: not built yet (issue #{}); the services it needs are still being built",
-        cli.command.built_by_issue()
-    );
-    ExitCode::from(2)
+    if let Some(issue) = cli.command.built_by_issue() {
+        let name = format!("{:?}", cli.command).to_lowercase();
+        eprintln!("imagepipe {name}: not built yet (issue #{issue}); the services it needs are still being built");
+        return ExitCode::from(2);
+    }
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("imagepipe: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Config { action: ConfigAction::Print } => {
+            let settings = cli.config.load().context("loading the configuration")?;
+            print!("{}", settings.to_masked_toml().context("printing the configuration")?);
+            Ok(())
+        }
+        other => unreachable!("{other:?} has no implementation yet and was refused above"),
+    }
 }
 
 #[cfg(test)]
