@@ -102,7 +102,11 @@ async fn raw_benchmarks(url: &str) {
 
     let started = Instant::now();
     for i in 0..SINGLE {
-        js.publish_with_headers(subject.clone(), headers(i), payload.clone()).await.expect("publish").await.expect("ack");
+        js.publish_with_headers(subject.clone(), headers(i), payload.clone())
+            .await
+            .expect("publish")
+            .await
+            .expect("ack");
     }
     rate("raw: publish, one at a time (await each ack)", SINGLE, started.elapsed());
 

@@ -223,3 +223,20 @@ async fn a_message_jetstream_gave_up_on_is_moved_by_the_advisory_listener() {
         assert_eq!(left, 0, "{url}: the given-up message is deleted from the work queue");
     }
 }
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_connect_error_without_secrets() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = NatsConfig {
+        url: format!("nats://app:hunter2@127.0.0.1:{port}"),
+        connect_timeout: Duration::from_millis(500),
+        ..NatsConfig::default()
+    };
+    let started = std::time::Instant::now();
+    let err = NatsBus::connect("unreachable", &config).await.err().expect("nobody listens there");
+    assert!(started.elapsed() < Duration::from_secs(5), "gave up after {:?}", started.elapsed());
+    assert!(matches!(err, BusError::Connect { .. }), "{err:?}");
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains("hunter2"), "the password leaked: {shown}");
+    assert!(shown.contains(&format!("127.0.0.1:{port}")), "the error names the server: {shown}");
+}

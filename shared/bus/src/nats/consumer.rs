@@ -29,6 +29,8 @@ use crate::traits::Consumer;
 const MIN_WAIT: Duration = Duration::from_millis(10);
 /// Extra time given to the server to answer a pull before the client gives up on it.
 const PULL_GRACE: Duration = Duration::from_secs(2);
+/// How often a waiting pull checks that the connection is still up.
+const CONNECTION_CHECK: Duration = Duration::from_millis(250);
 
 /// One queue or subscriber group, as seen by one process.
 pub(crate) struct NatsConsumer {
@@ -120,27 +122,37 @@ impl NatsConsumer {
         Ok(got)
     }
 
-    /// The messages of one pull, giving up `limit` from now (the connection may be gone).
+    /// The messages of one pull, giving up `limit` from now, or as soon as the connection is
+    /// seen down (the server's answer would never come).
     async fn drain(
         &self,
         mut batch: jetstream::consumer::pull::Batch,
         limit: Duration,
     ) -> Result<Vec<jetstream::Message>, BusError> {
-        let deadline = Instant::now() + limit;
+        let deadline = tokio::time::sleep(limit);
+        tokio::pin!(deadline);
+        let mut watch = tokio::time::interval(CONNECTION_CHECK);
         let mut got = Vec::new();
         loop {
-            match tokio::time::timeout_at(deadline, batch.next()).await {
-                Ok(Some(Ok(message))) => got.push(message),
-                Ok(Some(Err(err))) if got.is_empty() => return Err(self.receive_error(err)),
-                Ok(Some(Err(err))) => {
-                    tracing::debug!(source = %self.target.source, error = %err, "pull ended early");
-                    return Ok(got);
+            tokio::select! {
+                next = batch.next() => match next {
+                    Some(Ok(message)) => got.push(message),
+                    Some(Err(err)) if got.is_empty() => return Err(self.receive_error(err)),
+                    Some(Err(err)) => {
+                        tracing::debug!(source = %self.target.source, error = %err, "pull ended early");
+                        return Ok(got);
+                    }
+                    None => return Ok(got),
+                },
+                _ = watch.tick() => {
+                    if !self.connected() {
+                        if got.is_empty() {
+                            return Err(self.receive_error("the connection to NATS is down"));
+                        }
+                        return Ok(got);
+                    }
                 }
-                Ok(None) => return Ok(got),
-                Err(_) if got.is_empty() && !self.connected() => {
-                    return Err(self.receive_error("the connection to NATS is down"));
-                }
-                Err(_) => return Ok(got),
+                _ = &mut deadline => return Ok(got),
             }
         }
     }
