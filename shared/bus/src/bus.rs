@@ -33,9 +33,13 @@ impl Bus {
         config.validate().map_err(BusError::Invalid)?;
         match config.kind {
             #[cfg(feature = "memory")]
-            BusKind::Memory => Ok(crate::memory::MemoryBus::new(config.prefix.clone(), config.memory.clone()).into_bus()),
+            BusKind::Memory => {
+                Ok(crate::memory::MemoryBus::new(config.prefix.clone(), config.memory.clone()).into_bus())
+            }
             #[cfg(feature = "nats")]
-            BusKind::Nats => crate::nats::NatsBus::connect(&config.prefix, &config.nats).await.map(crate::nats::NatsBus::into_bus),
+            BusKind::Nats => {
+                crate::nats::NatsBus::connect(&config.prefix, &config.nats).await.map(crate::nats::NatsBus::into_bus)
+            }
             #[allow(unreachable_patterns)]
             kind => Err(BusError::Invalid(format!(
                 "bus.kind = {kind:?} is not compiled into this binary (cargo feature missing)"

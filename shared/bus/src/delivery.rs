@@ -45,7 +45,13 @@ pub struct Delivery {
 
 impl Delivery {
     /// A delivery settled through `handle` (for backends).
-    pub fn new(message: Message, delivery_count: u32, max_deliveries: u32, source: String, handle: Box<dyn AckHandle>) -> Self {
+    pub fn new(
+        message: Message,
+        delivery_count: u32,
+        max_deliveries: u32,
+        source: String,
+        handle: Box<dyn AckHandle>,
+    ) -> Self {
         Self { message, delivery_count, max_deliveries, source, handle }
     }
 
