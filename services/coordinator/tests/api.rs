@@ -1,0 +1,268 @@
+//! The HTTP API over real HTTP on 127.0.0.1.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use imagepipe_contracts::names::queues;
+use imagepipe_coordinator::api;
+use imagepipe_coordinator::engine::Engine;
+use imagepipe_coordinator::events::{EventHub, HubEvent};
+use imagepipe_coordinator::store::DeadLetter;
+use imagepipe_coordinator::store::embedded::EmbeddedStore;
+use imagepipe_runtime::clock::ManualClock;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+struct Server {
+    base: String,
+    engine: Engine,
+    hub: EventHub,
+    bus: imagepipe_bus::Bus,
+    client: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn serve(max_in_flight: u64, token: Option<&str>) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let bus = memory_bus();
+    let clock = ManualClock::at_unix_ms(T0);
+    let store = Arc::new(EmbeddedStore::open(dir.path(), Duration::from_secs(10)).unwrap());
+    let engine = engine(store, &bus, &clock, max_in_flight);
+    let hub = EventHub::new(64);
+    let router = api::router(engine.clone(), hub.clone(), token.map(str::to_owned));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    Server { base, engine, hub, bus, client: reqwest::Client::new(), _dir: dir }
+}
+
+impl Server {
+    async fn post(&self, path: &str, body: &str) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let (status, headers) = (response.status(), response.headers().clone());
+        let text = response.text().await.unwrap();
+        (status, headers, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap() })
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let response = self.client.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap())
+    }
+}
+
+#[tokio::test]
+async fn submit_read_list_and_history() {
+    let s = serve(10, None).await;
+    let (status, headers, body) =
+        s.post("/v1/tasks", r#"{"taskId":"tsk_api","url":"https://example.com/cat.jpg"}"#).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(headers["location"], "/v1/tasks/tsk_api");
+    assert_eq!(body, json!({"taskId": "tsk_api", "state": "downloading", "created": true}));
+
+    let (status, _, body) = s.post("/v1/tasks", r#"{"url":"https://example.com/b.jpg","idempotencyKey":"k-1"}"#).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let generated = body["taskId"].as_str().unwrap().to_owned();
+    assert!(generated.starts_with("tsk_"));
+    let (_, _, again) = s.post("/v1/tasks", r#"{"url":"https://example.com/other.jpg","idempotencyKey":"k-1"}"#).await;
+    assert_eq!((again["taskId"].as_str(), again["created"].as_bool()), (Some(generated.as_str()), Some(false)));
+
+    let (status, task) = s.get("/v1/tasks/tsk_api").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(task["state"], "downloading");
+    assert_eq!(task["steps"]["download"]["attempts"], 1);
+    assert_eq!(task["source"], json!({"url": "https://example.com/cat.jpg"}));
+
+    let (status, history) = s.get("/v1/tasks/tsk_api/history").await;
+    assert_eq!(status, StatusCode::OK);
+    let events: Vec<_> = history["entries"].as_array().unwrap().iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["created", "started"]);
+    assert!(history["entries"][0]["at"].as_u64().unwrap() >= T0);
+
+    let (status, page) = s.get("/v1/tasks?status=downloading&limit=1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 1);
+    let cursor = page["nextCursor"].as_str().unwrap().to_owned();
+    let (_, rest) = s.get(&format!("/v1/tasks?status=downloading&limit=1&cursor={cursor}")).await;
+    assert_eq!(rest["tasks"].as_array().unwrap().len(), 1);
+    assert!(rest.get("nextCursor").is_none());
+    let (_, all) = s.get("/v1/tasks").await;
+    assert_eq!(all["tasks"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn invalid_input_gets_a_json_error_naming_the_problem() {
+    let s = serve(10, None).await;
+    let (status, _, body) = s.post("/v1/tasks", "{not json").await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
+    let (status, _, body) = s.post("/v1/tasks", r#"{"url": 5}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["message"].as_str().unwrap().contains("url"), "{body}");
+    let (status, _, body) = s.post("/v1/tasks", r#"{"labels":{}}"#).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(body["message"].as_str().unwrap().contains("`url` or `blob`"), "{body}");
+    let (status, _, body) = s.post("/v1/tasks", r#"{"url":"ftp://x/a.jpg"}"#).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(body["message"].as_str().unwrap().contains("http"), "{body}");
+
+    let (status, body) = s.get("/v1/tasks/tsk_nothing").await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    let (status, body) = s.get("/v1/tasks/bad%20id").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = s.get("/v1/tasks?status=sleeping").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["message"].as_str().unwrap().contains("sleeping"));
+    for bad in ["limit=0", "limit=501", "limit=ten", "cursor=nope"] {
+        let (status, body) = s.get(&format!("/v1/tasks?{bad}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+    let (status, body) = s.get("/v1/tasks/tsk_nothing/history").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let response = s.client.get(format!("{}/v1/events?type=Bad..Type", s.base)).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn cancel_stops_a_queued_task_at_once_and_a_running_one_at_the_boundary() {
+    let s = serve(1, None).await;
+    s.post("/v1/tasks", r#"{"taskId":"tsk_run","url":"https://example.com/a.jpg"}"#).await;
+    let (_, _, queued) = s.post("/v1/tasks", r#"{"taskId":"tsk_wait","url":"https://example.com/b.jpg"}"#).await;
+    assert_eq!(queued["state"], "queued", "the cap of 1 keeps it queued");
+
+    let (status, _, body) = s.post("/v1/tasks/tsk_wait/cancel", r#"{"reason":"not needed"}"#).await;
+    assert_eq!((status, body["state"].as_str()), (StatusCode::ACCEPTED, Some("cancelled")));
+    let (status, _, body) = s.post("/v1/tasks/tsk_wait/cancel", "").await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+
+    let (status, _, body) = s.post("/v1/tasks/tsk_run/cancel", "").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(body["state"], "downloading");
+    assert!(body["cancelRequested"].is_object());
+    let (status, _, _) = s.post("/v1/tasks/tsk_nobody/cancel", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = s.post("/v1/tasks/tsk_run/cancel", r#"{"reason": 1}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_bearer_token_guards_everything_but_the_openapi_document() {
+    let s = serve(10, Some("s3cret")).await;
+    let response = s.client.get(format!("{}/v1/tasks", s.base)).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "unauthorized");
+    let wrong = s.client.get(format!("{}/v1/tasks", s.base)).bearer_auth("nope").send().await.unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    let right = s.client.get(format!("{}/v1/tasks", s.base)).bearer_auth("s3cret").send().await.unwrap();
+    assert_eq!(right.status(), StatusCode::OK);
+
+    let (status, doc) = s.get("/v1/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(doc["openapi"], "3.1.0");
+    for path in [
+        "/v1/tasks",
+        "/v1/tasks/{id}",
+        "/v1/tasks/{id}/history",
+        "/v1/tasks/{id}/cancel",
+        "/v1/events",
+        "/v1/dlq",
+        "/v1/dlq/{id}",
+        "/v1/dlq/{id}/replay",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} missing");
+    }
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for name in ["SubmitTask", "TaskView", "TaskPage", "History", "DeadLetterPage"] {
+        assert!(schemas.contains_key(name), "{name} missing: {:?}", schemas.keys().collect::<Vec<_>>());
+    }
+    assert!(doc["components"]["schemas"]["SubmitTask"]["properties"]["idempotencyKey"].is_object());
+}
+
+fn letter(id: &str, source: &str) -> DeadLetter {
+    DeadLetter {
+        id: id.into(),
+        source: source.into(),
+        dlq: format!("dlq.{source}"),
+        reason: "invalid SubmitTask: expected value".into(),
+        delivery_count: 1,
+        dead_lettered_at: T0,
+        key: Some("k".into()),
+        message_id: Some("m".into()),
+        headers: vec![("traceparent".into(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into())],
+        body: r#"{"url":"https://example.com/fixed.jpg"}"#.into(),
+    }
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_replayed_and_purged() {
+    let s = serve(10, None).await;
+    let store = s.engine.store();
+    store.put_dead_letter(&letter("dl_1", queues::SUBMIT)).await.unwrap();
+    store.put_dead_letter(&letter("dl_2", "events.analytics")).await.unwrap();
+    let (status, page) = s.get("/v1/dlq").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["entries"].as_array().unwrap().len(), 2);
+    assert_eq!(page["entries"][0]["reason"], "invalid SubmitTask: expected value");
+
+    let submits = s.bus.queues.consume(queues::SUBMIT, consumer_config()).await.unwrap();
+    let (status, _, body) = s.post("/v1/dlq/dl_1/replay", "").await;
+    assert_eq!((status, body["queue"].as_str()), (StatusCode::ACCEPTED, Some(queues::SUBMIT)));
+    let replayed = drain(submits.as_ref()).await;
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(&replayed[0].payload[..], br#"{"url":"https://example.com/fixed.jpg"}"#);
+    assert!(replayed[0].headers.traceparent().is_some());
+    let (status, _, _) = s.post("/v1/dlq/dl_1/replay", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "replayed entries leave the archive");
+    let (status, _, body) = s.post("/v1/dlq/dl_2/replay", "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+
+    let deleted = s.client.delete(format!("{}/v1/dlq/dl_2", s.base)).send().await.unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    let again = s.client.delete(format!("{}/v1/dlq/dl_2", s.base)).send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::NOT_FOUND);
+    let (_, page) = s.get("/v1/dlq").await;
+    assert!(page["entries"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn events_stream_as_sse_filtered_by_task_and_type() {
+    let s = serve(10, None).await;
+    let response = s
+        .client
+        .get(format!("{}/v1/events?taskId=tsk_mine&type=task.completed%20||%20task.failed", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let event = |id: &str, event_type: &str, task: &str| HubEvent {
+        event_id: id.into(),
+        event_type: event_type.into(),
+        task_id: Some(task.into()),
+        json: format!(r#"{{"eventId":"{id}","eventType":"{event_type}","taskId":"{task}"}}"#),
+    };
+    s.hub.send(event("e1", "task.completed", "tsk_other"));
+    s.hub.send(event("e2", "task.created", "tsk_mine"));
+    s.hub.send(event("e3", "task.completed", "tsk_mine"));
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.unwrap().unwrap().unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(text.contains("event: task.completed"), "{text}");
+    assert!(text.contains("id: e3"), "{text}");
+    assert!(!text.contains("e1") && !text.contains("e2"), "{text}");
+}
