@@ -1,0 +1,53 @@
+//! The blob store (DESIGN.md, "claim check"): the download worker writes an image's bytes once,
+//! under a content-addressed key `sha256:<hex>`, and every later message carries only the key.
+//!
+//! [`BlobStore`] is the seam; [`LocalBlobStore`] keeps blobs in a directory (one host, or a volume
+//! shared by the containers).
+
+mod key;
+mod local;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use key::{BlobKey, InvalidBlobKey};
+pub use local::LocalBlobStore;
+
+/// A blob operation that failed, naming the key or path involved.
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    /// No blob is stored under this key.
+    #[error("blob {0} not found")]
+    NotFound(BlobKey),
+    /// The stored bytes do not hash to their key (disk corruption or tampering).
+    #[error("blob {key} is corrupt: its bytes hash to {actual}")]
+    Corrupt {
+        /// The key asked for.
+        key: BlobKey,
+        /// What the stored bytes hash to.
+        actual: BlobKey,
+    },
+    /// The storage itself failed.
+    #[error("blob store I/O on {path}")]
+    Io {
+        /// File or object path.
+        path: String,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where images and thumbnails live. Writes are content-addressed and idempotent: putting the
+/// same bytes twice returns the same key and stores them once.
+#[async_trait]
+pub trait BlobStore: Send + Sync {
+    /// Stores `bytes` durably and returns their key.
+    async fn put(&self, bytes: Bytes) -> Result<BlobKey, BlobError>;
+    /// The bytes stored under `key`, checked against it.
+    async fn get(&self, key: &BlobKey) -> Result<Bytes, BlobError>;
+    /// Whether a blob is stored under `key`.
+    async fn exists(&self, key: &BlobKey) -> Result<bool, BlobError>;
+    /// Removes the blob under `key`; removing a missing blob is not an error.
+    async fn delete(&self, key: &BlobKey) -> Result<(), BlobError>;
+}
