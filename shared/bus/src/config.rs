@@ -94,8 +94,8 @@ impl Default for MemoryConfig {
 }
 
 /// The `bus.nats` section: servers, credentials, TLS, and the JetStream streams the backend
-/// creates (or updates) at start.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// creates (or updates) at start. `Debug` masks credentials in `url` and the secrets.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
     /// Server URL(s), comma-separated (`nats://host:4222,nats://other:4222`).
@@ -174,6 +174,46 @@ impl Default for NatsConfig {
             max_msgs: 0,
             redelivery_backoff: Vec::new(),
         }
+    }
+}
+
+impl std::fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("url", &redact_urls(&self.url))
+            .field("name", &self.name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("reconnect_delay_min", &self.reconnect_delay_min)
+            .field("reconnect_delay_max", &self.reconnect_delay_max)
+            .field("credentials_file", &self.credentials_file)
+            .field("user", &self.user)
+            .field("password", &self.password)
+            .field("token", &self.token)
+            .field("tls", &self.tls)
+            .field("replicas", &self.replicas)
+            .field("storage", &self.storage)
+            .field("dedup_window", &self.dedup_window)
+            .field("events_max_age", &self.events_max_age)
+            .field("dlq_max_age", &self.dlq_max_age)
+            .field("max_bytes", &self.max_bytes)
+            .field("max_msgs", &self.max_msgs)
+            .field("redelivery_backoff", &self.redelivery_backoff)
+            .finish()
+    }
+}
+
+/// `urls` (comma-separated) with the user info of each replaced by `***`, for logs and errors.
+pub(crate) fn redact_urls(urls: &str) -> String {
+    urls.split(',').map(|url| redact_url(url.trim())).collect::<Vec<_>>().join(",")
+}
+
+fn redact_url(url: &str) -> String {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let authority_end = url[after_scheme..].find(['/', '?', '#']).map_or(url.len(), |i| after_scheme + i);
+    match url[after_scheme..authority_end].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..after_scheme], &url[after_scheme + at..]),
+        None => url.to_owned(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_nats::{ConnectOptions, Event, ServerAddr};
 use rand::Rng;
 
-use crate::config::NatsConfig;
+use crate::config::{NatsConfig, redact_urls};
 use crate::error::BusError;
 
 /// Connects to the servers of `config`. The client then reconnects by itself, forever, with
@@ -75,7 +75,7 @@ fn parse_servers(urls: &str) -> Result<Vec<ServerAddr>, BusError> {
         .filter(|url| !url.is_empty())
         .map(|url| {
             ServerAddr::from_str(url).map_err(|err| {
-                BusError::Invalid(format!("bus.nats.url: {} is not a NATS server URL: {err}", redact_url(url)))
+                BusError::Invalid(format!("bus.nats.url: {} is not a NATS server URL: {err}", redact_urls(url)))
             })
         })
         .collect()
@@ -146,20 +146,6 @@ fn log_event(event: &Event) {
     }
 }
 
-/// `urls` with any user info replaced by `***`, for logs and errors.
-pub(crate) fn redact_urls(urls: &str) -> String {
-    urls.split(',').map(|url| redact_url(url.trim())).collect::<Vec<_>>().join(",")
-}
-
-fn redact_url(url: &str) -> String {
-    let after_scheme = url.find("://").map_or(0, |i| i + 3);
-    let authority_end = url[after_scheme..].find('/').map_or(url.len(), |i| after_scheme + i);
-    match url[after_scheme..authority_end].rfind('@') {
-        Some(at) => format!("{}***{}", &url[..after_scheme], &url[after_scheme + at..]),
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +200,8 @@ mod tests {
         };
         let shown = format!("{config:?}");
         assert!(!shown.contains("hunter2") && !shown.contains("tok3n"), "{shown}");
+        let config = NatsConfig { url: "nats://app:pa55@n1:4222,nats://n2".into(), ..NatsConfig::default() };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("pa55") && shown.contains("nats://***@n1:4222,nats://n2"), "{shown}");
     }
 }
