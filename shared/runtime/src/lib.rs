@@ -10,6 +10,7 @@ pub mod http;
 pub mod metrics;
 pub mod service;
 pub mod shutdown;
+pub mod step;
 pub mod telemetry;
 pub mod worker;
 

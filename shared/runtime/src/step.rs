@@ -1,0 +1,158 @@
+//! How a pipeline worker reports a step: on success it publishes its `image.*` event (with the
+//! deterministic event id) and then sends the [`StepResult`] to the coordinator; on failure it
+//! sends only the result. Every message carries the schema version and the current trace.
+
+use std::sync::Arc;
+
+use imagepipe_bus::{Bus, BusError, Message};
+use imagepipe_contracts::names::{headers, queues};
+use imagepipe_contracts::{
+    Event, EventPayload, SCHEMA_VERSION, Step, StepError, StepOutcome, StepOutput, StepResult, TraceId,
+};
+use serde::Serialize;
+
+use crate::clock::Clock;
+use crate::telemetry::{current_trace_id, inject_traceparent};
+
+/// One step attempt a worker is handling: which task, which step, which attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// The task.
+    pub task_id: String,
+    /// The step.
+    pub step: Step,
+    /// The attempt, from 1.
+    pub attempt: u32,
+}
+
+/// Sends a worker's events and step results (see the module docs).
+#[derive(Clone)]
+pub struct StepReporter {
+    bus: Bus,
+    source: String,
+    clock: Arc<dyn Clock>,
+}
+
+impl StepReporter {
+    /// A reporter publishing as `source` (the service name, the envelope's `source`).
+    pub fn new(bus: Bus, source: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
+        Self { bus, source: source.into(), clock }
+    }
+
+    /// The step succeeded: publishes `payload` as the step's event, then sends the result.
+    /// Call it only once the output is durable (blobs written).
+    pub async fn succeeded<P: EventPayload>(
+        &self,
+        attempt: &Attempt,
+        payload: P,
+        output: StepOutput,
+    ) -> Result<(), BusError> {
+        let trace_id = current_trace_id().unwrap_or_else(TraceId::random);
+        let event =
+            Event::for_task(&attempt.task_id, attempt.attempt, trace_id, self.clock.unix_ms(), &self.source, payload);
+        let message = outgoing(&event, &attempt.task_id, event.event_id.to_string());
+        self.bus.events.publish(P::EVENT_TYPE.as_str(), message).await?;
+        self.report(attempt, StepOutcome::Ok { output }).await
+    }
+
+    /// The step failed in a way a later attempt may fix; `retry_after` is the least delay.
+    pub async fn retryable(
+        &self,
+        attempt: &Attempt,
+        error: StepError,
+        retry_after: Option<std::time::Duration>,
+    ) -> Result<(), BusError> {
+        let retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.report(attempt, StepOutcome::Retryable { error, retry_after_ms }).await
+    }
+
+    /// The step can never succeed for this input; the coordinator fails the task.
+    pub async fn permanent(&self, attempt: &Attempt, error: StepError) -> Result<(), BusError> {
+        self.report(attempt, StepOutcome::Permanent { error }).await
+    }
+
+    async fn report(&self, attempt: &Attempt, outcome: StepOutcome) -> Result<(), BusError> {
+        let result =
+            StepResult { task_id: attempt.task_id.clone(), step: attempt.step, attempt: attempt.attempt, outcome };
+        let id = format!("{}:{}:{}", attempt.task_id, attempt.step, attempt.attempt);
+        self.bus.queues.send(queues::RESULTS, outgoing(&result, &attempt.task_id, id)).await
+    }
+}
+
+/// A JSON message keyed by `task_id`, deduplicated by `id`, with the schema version and the
+/// current span's `traceparent` in its headers.
+pub fn outgoing(body: &impl Serialize, task_id: &str, id: String) -> Message {
+    let payload = serde_json::to_vec(body).expect("contract types serialize infallibly");
+    let mut message = Message::new(payload).with_key(task_id).with_id(id).with_header(headers::SCHEMA, SCHEMA_VERSION);
+    inject_traceparent(&mut message.headers);
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use imagepipe_bus::{BusConfig, ConsumerConfig, Selector, Subscription};
+    use imagepipe_contracts::payload::ImageDownloaded;
+    use imagepipe_contracts::step::DownloadOutput;
+    use imagepipe_contracts::{EventType, decode, event_id};
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn output() -> DownloadOutput {
+        DownloadOutput {
+            blob_key: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".into(),
+            size: 4,
+            sha256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".into(),
+            format: "png".into(),
+            final_url: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn success_publishes_the_event_then_the_result() {
+        let bus = Bus::connect(&BusConfig::default()).await.unwrap();
+        let events = bus.events.subscribe(Subscription::new("t", Selector::all())).await.unwrap();
+        let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
+        let reporter = StepReporter::new(bus, "download-worker", Arc::new(ManualClock::at_unix_ms(1_000)));
+        let attempt = Attempt { task_id: "tsk_1".into(), step: Step::Download, attempt: 2 };
+        let payload = ImageDownloaded { image: output(), labels: Default::default() };
+        reporter.succeeded(&attempt, payload, StepOutput::Download(output())).await.unwrap();
+
+        let delivered = events.fetch(1, Duration::from_secs(1)).await.unwrap().pop().unwrap();
+        let event: Event<ImageDownloaded> = decode(&delivered.message.payload).unwrap();
+        assert_eq!(event.event_id, event_id("tsk_1", EventType::ImageDownloaded, 2));
+        assert_eq!((event.timestamp, event.source.as_str()), (1_000, "download-worker"));
+        assert_eq!(delivered.message.headers.get(headers::SCHEMA), Some(SCHEMA_VERSION));
+        assert_eq!(delivered.message.id.as_deref(), Some(event.event_id.to_string().as_str()));
+
+        let delivered = results.fetch(1, Duration::from_secs(1)).await.unwrap().pop().unwrap();
+        let result: StepResult = decode(&delivered.message.payload).unwrap();
+        assert_eq!((result.task_id.as_str(), result.step, result.attempt), ("tsk_1", Step::Download, 2));
+        assert!(matches!(result.outcome, StepOutcome::Ok { output: StepOutput::Download(_) }));
+        assert_eq!(delivered.message.key.as_deref(), Some("tsk_1"));
+    }
+
+    #[tokio::test]
+    async fn failures_send_only_the_result() {
+        let bus = Bus::connect(&BusConfig::default()).await.unwrap();
+        let events = bus.events.subscribe(Subscription::new("t", Selector::all())).await.unwrap();
+        let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
+        let reporter = StepReporter::new(bus, "download-worker", Arc::new(ManualClock::at_unix_ms(0)));
+        let attempt = Attempt { task_id: "tsk_2".into(), step: Step::Download, attempt: 1 };
+        reporter.retryable(&attempt, StepError::new("http_503", "busy"), Some(Duration::from_secs(3))).await.unwrap();
+        let next = Attempt { attempt: 2, ..attempt.clone() };
+        reporter.permanent(&next, StepError::new("http_404", "gone")).await.unwrap();
+        // A repeated report of one attempt is deduplicated by its message id.
+        reporter.permanent(&next, StepError::new("http_404", "gone")).await.unwrap();
+
+        let delivered = results.fetch(3, Duration::from_millis(200)).await.unwrap();
+        assert_eq!(delivered.len(), 2);
+        let outcomes: Vec<StepOutcome> =
+            delivered.iter().map(|d| decode::<StepResult>(&d.message.payload).unwrap().outcome).collect();
+        assert!(matches!(&outcomes[0], StepOutcome::Retryable { retry_after_ms: Some(3000), .. }));
+        assert!(matches!(&outcomes[1], StepOutcome::Permanent { error } if error.code == "http_404"));
+        assert!(events.fetch(1, Duration::from_millis(50)).await.unwrap().is_empty());
+    }
+}
