@@ -2,8 +2,15 @@
 //!
 //! - [`machine`]: the state machine, a pure function from a task and an input to a decision.
 //! - [`task`]: the task record, its history entries and outbox entries.
+//! - [`store`]: the [`store::TaskStore`] seam, Redis and embedded (redb) backends, one suite.
+//! - [`engine`]: applies inputs with compare-and-set, relays the outbox, sweeps due timers,
+//!   starts queued tasks under the in-flight cap.
+//! - [`consumers`]: handlers of `tasks.submit`, `tasks.results` and the dead-letter queues.
+//! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`service`]: the loops;
+//!   [`app`]: assembly from the runtime `Settings`.
 
 pub mod api;
+pub mod app;
 pub mod consumers;
 pub mod engine;
 pub mod events;
@@ -15,6 +22,3 @@ pub mod task;
 
 pub use machine::{Context, Decision, Ignored, IllegalTransition, Input, Outcome, Policy, StepPolicy};
 pub use task::{HistoryEntry, OutboxEntry, Task, TaskState, Timer, TimerKind};
-
-/// The issue that builds this service; the binary refuses to start until its runtime lands.
-pub const BUILT_BY_ISSUE: u32 = 4;

@@ -20,7 +20,7 @@ pub const CONFIG_PATH_ENV: &str = "IMAGEPIPE_CONFIG";
 const ENV_LEVEL_SEPARATOR: &str = "__";
 
 /// The top-level sections of [`Settings`].
-const SECTIONS: [&str; 9] = ["bus", "store", "blob", "net", "http", "ai", "log", "worker", "telemetry"];
+const SECTIONS: [&str; 10] = ["bus", "store", "blob", "net", "http", "ai", "log", "worker", "telemetry", "coordinator"];
 
 /// The `--config` option every binary takes (flatten it into the binary's `clap` arguments).
 #[derive(Debug, Clone, Default, clap::Args)]

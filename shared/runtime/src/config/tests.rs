@@ -154,6 +154,9 @@ fn unusable_values_are_rejected_naming_the_key() {
         (&[("IMAGEPIPE_LOG__FILTER", "info,[[[")], "log.filter"),
         (&[("IMAGEPIPE_HTTP__AUTH_TOKEN", "")], "http.auth_token"),
         (&[("IMAGEPIPE_TELEMETRY__SERVICE_NAME", " ")], "telemetry.service_name"),
+        (&[("IMAGEPIPE_COORDINATOR__MAX_IN_FLIGHT", "0")], "coordinator.max_in_flight"),
+        (&[("IMAGEPIPE_COORDINATOR__MAX_ATTEMPTS", "0")], "coordinator.max_attempts"),
+        (&[("IMAGEPIPE_COORDINATOR__ANALYZE_DEADLINE", "0s")], "coordinator.analyze_deadline"),
     ];
     for (vars, key) in cases {
         let err = load(None, vars).unwrap_err();

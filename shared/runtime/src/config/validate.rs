@@ -49,6 +49,23 @@ impl Settings {
         positive("worker.ack_wait", worker.ack_wait)?;
         positive("worker.handler_timeout", worker.handler_timeout)?;
 
+        let coordinator = &self.coordinator;
+        if coordinator.max_in_flight == 0 {
+            return Err(ConfigError::invalid("coordinator.max_in_flight", "must be at least 1"));
+        }
+        if coordinator.max_attempts == 0 {
+            return Err(ConfigError::invalid("coordinator.max_attempts", "must be at least 1"));
+        }
+        positive("coordinator.step_deadline", coordinator.step_deadline)?;
+        for (key, deadline) in [
+            ("coordinator.download_deadline", coordinator.download_deadline),
+            ("coordinator.metadata_deadline", coordinator.metadata_deadline),
+            ("coordinator.analyze_deadline", coordinator.analyze_deadline),
+        ] {
+            deadline.map_or(Ok(()), |d| positive(key, d))?;
+        }
+        positive("coordinator.sweep_interval", coordinator.sweep_interval)?;
+
         if self.telemetry.service_name.as_deref().is_some_and(|name| name.trim().is_empty()) {
             return Err(ConfigError::invalid("telemetry.service_name", "must not be empty when set"));
         }
