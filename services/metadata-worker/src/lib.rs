@@ -1,6 +1,85 @@
-//! imagepipe metadata-worker: the metadata worker: decodes the image, reads EXIF, hashes, writes a thumbnail.
+//! imagepipe metadata-worker: consumes `tasks.metadata`, decodes each downloaded image under
+//! pixel limits, extracts its format, dimensions, EXIF, colours and hashes, writes a 256 px
+//! thumbnail to the blob store, publishes `image.metadata_extracted` and reports the step.
 //!
-//! Not built yet: issue #5 builds it. The binary refuses to start until then.
+//! - [`decode`]: format detection and decoding under limits (pixel bombs fail before allocating).
+//! - [`exif`], [`frames`], [`colors`], [`phash`], [`thumbnail`]: one fact each.
+//! - [`extract`]: all of them from an image's bytes, pure CPU work.
+//! - [`handler`]: the worker's [`Handler`](imagepipe_runtime::Handler): blob store, blocking
+//!   pool, reporting.
+//! - [`run`]: the worker loop on a connected bus, for the binary, `imagepipe run` and tests.
 
-/// The issue that builds this service.
-pub const BUILT_BY_ISSUE: u32 = 5;
+pub mod colors;
+pub mod decode;
+pub mod error;
+pub mod exif;
+pub mod extract;
+pub mod frames;
+pub mod handler;
+pub mod phash;
+pub mod thumbnail;
+
+use std::sync::Arc;
+
+use imagepipe_blob::LocalBlobStore;
+use imagepipe_bus::{Bus, BusError};
+use imagepipe_contracts::names::queues;
+use imagepipe_runtime::clock::SystemClock;
+use imagepipe_runtime::step::StepReporter;
+use imagepipe_runtime::worker::WorkerError;
+use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+
+pub use error::ExtractError;
+pub use extract::{Extracted, extract};
+pub use handler::MetadataHandler;
+
+/// The service's name: the `source` of its events, and its name in logs and traces.
+pub const SERVICE: &str = "metadata-worker";
+
+/// Metric names of the metadata worker.
+pub mod metrics {
+    /// Seconds decoding and extracting one image took (on the blocking pool, queueing included).
+    pub const EXTRACT_DURATION: &str = "imagepipe_metadata_extract_seconds";
+    /// Images that could not be processed, by `code`.
+    pub const IMAGES_FAILED: &str = "imagepipe_metadata_images_failed_total";
+    /// Label: the error code.
+    pub const CODE: &str = "code";
+}
+
+/// The worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The `tasks.metadata` consumer could not be opened.
+    #[error("opening the {} consumer", queues::METADATA)]
+    Consume(#[source] BusError),
+    /// The worker loop stopped with an error.
+    #[error("running the metadata worker")]
+    Worker(#[source] WorkerError),
+}
+
+/// Consumes `tasks.metadata` on `bus` with the blob store and limits of `settings` until
+/// `shutdown` fires and in-flight images are finished.
+pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
+    let consumer =
+        bus.queues.consume(queues::METADATA, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
+    let handler = MetadataHandler::new(
+        Arc::new(LocalBlobStore::new(&settings.blob.dir)),
+        StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
+        settings.metadata.clone(),
+        settings.worker.concurrency,
+    );
+    let config = WorkerConfig::from_settings(queues::METADATA, &settings.worker);
+    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+}
+
+/// An error and its sources, `: `-separated.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

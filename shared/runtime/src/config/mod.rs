@@ -45,6 +45,8 @@ pub struct Settings {
     pub telemetry: TelemetryConfig,
     /// Task coordinator (`coordinator.*`).
     pub coordinator: CoordinatorSettings,
+    /// Metadata worker: decoding limits and thumbnails (`metadata.*`).
+    pub metadata: MetadataSettings,
 }
 
 /// Which state store the coordinator uses.
@@ -293,6 +295,37 @@ impl Default for CoordinatorSettings {
             relay_grace: Duration::from_secs(10),
             sweep_interval: Duration::from_secs(1),
             dlq_groups: Vec::new(),
+        }
+    }
+}
+
+/// The `metadata` section: how the metadata worker decodes images and writes thumbnails.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetadataSettings {
+    /// Most pixels (width × height) an image may have; larger ones fail before they are decoded.
+    pub max_pixels: u64,
+    /// Widest image accepted, in pixels.
+    pub max_width: u32,
+    /// Tallest image accepted, in pixels.
+    pub max_height: u32,
+    /// Most bytes a decoder may allocate for one image.
+    pub max_alloc_bytes: u64,
+    /// Long edge of the thumbnail, in pixels.
+    pub thumbnail_size: u32,
+    /// JPEG quality of thumbnails without alpha, 1-100 (thumbnails with alpha are PNG).
+    pub thumbnail_quality: u8,
+}
+
+impl Default for MetadataSettings {
+    fn default() -> Self {
+        Self {
+            max_pixels: 100_000_000,
+            max_width: 65_535,
+            max_height: 65_535,
+            max_alloc_bytes: 1 << 30,
+            thumbnail_size: 256,
+            thumbnail_quality: 85,
         }
     }
 }

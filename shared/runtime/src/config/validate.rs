@@ -66,6 +66,24 @@ impl Settings {
         }
         positive("coordinator.sweep_interval", coordinator.sweep_interval)?;
 
+        let metadata = &self.metadata;
+        for (key, value) in [
+            ("metadata.max_pixels", metadata.max_pixels),
+            ("metadata.max_width", metadata.max_width.into()),
+            ("metadata.max_height", metadata.max_height.into()),
+            ("metadata.max_alloc_bytes", metadata.max_alloc_bytes),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+        }
+        if !(16..=4096).contains(&metadata.thumbnail_size) {
+            return Err(ConfigError::invalid("metadata.thumbnail_size", "must be 16-4096 pixels"));
+        }
+        if !(1..=100).contains(&metadata.thumbnail_quality) {
+            return Err(ConfigError::invalid("metadata.thumbnail_quality", "must be 1-100"));
+        }
+
         if self.telemetry.service_name.as_deref().is_some_and(|name| name.trim().is_empty()) {
             return Err(ConfigError::invalid("telemetry.service_name", "must not be empty when set"));
         }
