@@ -53,7 +53,7 @@ mod nats_harness {
     pub struct Nats {
         name: &'static str,
         url: String,
-        created: Mutex<Vec<String>>,
+        created: Mutex<Vec<NatsBus>>,
     }
 
     impl Nats {
@@ -80,7 +80,7 @@ mod nats_harness {
             let bus = NatsBus::connect(&prefix, &test_config(&self.url)).await.unwrap_or_else(|err| {
                 panic!("{}: connecting to {} failed: {err:?} (scripts/nats.sh starts the servers)", self.name, self.url)
             });
-            self.created.lock().expect("lock").extend(bus.stream_names());
+            self.created.lock().expect("lock").push(bus.clone());
             bus.into_bus()
         }
 
@@ -91,7 +91,10 @@ mod nats_harness {
 
     impl Drop for Nats {
         fn drop(&mut self) {
-            let streams = std::mem::take(&mut *self.created.lock().unwrap_or_else(|e| e.into_inner()));
+            // Closed first, so a task the case left running cannot recreate what is deleted.
+            let buses = std::mem::take(&mut *self.created.lock().unwrap_or_else(|e| e.into_inner()));
+            let streams: Vec<String> =
+                buses.iter().inspect(|bus| bus.close()).flat_map(NatsBus::stream_names).collect();
             if !streams.is_empty() {
                 delete_streams(&self.url, streams);
             }

@@ -58,6 +58,7 @@ impl NatsConsumer {
         selector: Option<Selector>,
         removes_on_ack: bool,
     ) -> Result<Self, BusError> {
+        shared.check_open()?;
         if spec.consumer.max_deliveries == 0 {
             return Err(BusError::Invalid(format!("{source}: max_deliveries must be at least 1")));
         }
@@ -92,6 +93,7 @@ impl NatsConsumer {
     /// After a failed fetch: recreate the streams and the consumer if the server lost them
     /// (a restarted server with memory storage, an operator deleting them).
     async fn recover(&self) -> Result<(), BusError> {
+        self.shared.check_open()?;
         match self.stream.consumer_info(&self.spec.durable).await {
             Ok(_) => Ok(()),
             Err(err) if consumers::is_missing(&err) => {
@@ -201,6 +203,7 @@ impl NatsConsumer {
 #[async_trait]
 impl Consumer for NatsConsumer {
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError> {
+        self.shared.check_open()?;
         if max == 0 {
             return Ok(Vec::new());
         }

@@ -22,6 +22,7 @@ mod queue;
 mod streams;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_nats::connection::State;
 use async_nats::jetstream;
@@ -47,6 +48,8 @@ pub(crate) struct Shared {
     names: Names,
     config: NatsConfig,
     streams: Streams,
+    /// Set by [`NatsBus::close`]: every operation fails with [`BusError::Closed`].
+    closed: AtomicBool,
 }
 
 impl NatsBus {
@@ -59,7 +62,8 @@ impl NatsBus {
             .build(client.clone());
         let names = Names::new(prefix);
         let streams = streams::ensure(&js, &names, config).await?;
-        Ok(Self { shared: Arc::new(Shared { client, js, names, config: config.clone(), streams }) })
+        let closed = AtomicBool::new(false);
+        Ok(Self { shared: Arc::new(Shared { client, js, names, config: config.clone(), streams, closed }) })
     }
 
     /// This backend as a [`Bus`], whose readiness follows the connection state.
@@ -85,14 +89,26 @@ impl NatsBus {
         [names.tasks_stream(), names.events_stream(), names.dlq_stream()]
     }
 
-    /// Deletes the streams of this prefix with everything in them (tests, resetting an
-    /// environment). The bus is unusable afterwards.
+    /// Closes this bus and every clone: later sends, publishes, fetches and consumer setups
+    /// fail with [`BusError::Closed`], and nothing recreates its streams. Unsettled deliveries
+    /// are redelivered by the server after their ack deadline.
+    pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+    }
+
+    /// Closes the bus and deletes the streams of this prefix with everything in them (tests,
+    /// resetting an environment).
     pub async fn delete_streams(&self) -> Result<(), BusError> {
+        self.close();
         streams::delete(&self.shared.js, &self.shared.names).await
     }
 }
 
 impl Shared {
+    fn check_open(&self) -> Result<(), BusError> {
+        if self.closed.load(Ordering::Acquire) { Err(BusError::Closed) } else { Ok(()) }
+    }
+
     /// Publishes `message` on `subject` and waits for JetStream to store it (a duplicate id
     /// within the dedup window counts as stored).
     async fn publish(&self, subject: &str, message: &Message, extra: &[(&str, &str)]) -> Result<(), BusError> {
@@ -107,6 +123,7 @@ impl Shared {
         message: &Message,
         extra: &[(&str, &str)],
     ) -> Result<jetstream::context::PublishAckFuture, BusError> {
+        self.check_open()?;
         let headers = codec::encode(message, extra)?;
         self.js
             .publish_with_headers(subject.to_owned(), headers, message.payload.clone())

@@ -74,6 +74,7 @@ impl TestBus {
 
 impl Drop for TestBus {
     fn drop(&mut self) {
+        self.bus.close();
         delete_streams(&self.url, self.bus.stream_names().to_vec());
     }
 }
