@@ -12,7 +12,7 @@ Pillow. Steps, each checked by sha256 and skipped when its output is already the
    group = channels, ReLU6 as Clip(0, 6), global average pool, Gemm. Input `input` [1,3,224,224],
    output `logits` [1,1000].
 4. Write `labels.json` (1000 names in class-index order) and `tags.json` (per class, its broader
-   WordNet ancestors, nearest first) from WordNet 3.0's noun hypernym pointers.
+   WordNet ancestors, each after all those below it) from WordNet 3.0's noun hypernym pointers.
 5. Verify: a numpy forward pass straight from the .pth weights (batch norm not folded) against
    `model.onnx` run by onnxruntime on the sample photos; top-5 labels agree and every probability
    is within 0.02. The reference probabilities and one exact input tensor are written for the
@@ -89,7 +89,7 @@ PHOTOS = {
 EXPECTED_OUTPUTS = {
     "model.onnx": "a5cf45e07f851aa9d559a864b3bd4feb562551712446f3c0c550ac1e922fe862",
     "labels.json": "2deca651844fdce9da30662cabe59590e6230b5dfafdb78d6666ca0fa761bdf3",
-    "tags.json": "60283c40392a11b71f081a12234034ccfc939deee0c58b77229747a4785bf01e",
+    "tags.json": "39ec9303a680e8f4ae4f8d05e7a15f7958178aa02dfaa9fe53e1b61005cc21f2",
 }
 
 WORDNET_DATA_NOUN = Path("/usr/share/wordnet/data.noun")
@@ -414,29 +414,35 @@ def tag_name(lemma: str) -> str:
 
 
 def ancestor_table(labels: list[str], wnids_raw: bytes, wordnet: dict) -> list[list[str]]:
-    """For each class, its broader synsets' names, nearest first (breadth-first), deduplicated,
-    without the class's own label and the uselessly abstract roots."""
+    """For each class, its broader synsets' names in topological order (each after everything
+    below it: ordered by the longest hypernym path from the class), deduplicated, without the
+    class's own label and the uselessly abstract roots."""
     wnids = json.loads(wnids_raw)
     table = []
     for i in range(1000):
         wnid = wnids[str(i)]
         if not (wnid.startswith("n") and wnid[1:] in wordnet):
             raise PrepareError(f"class {i} ({labels[i]}): WordNet id {wnid!r} is not a noun synset of WordNet 3.0")
-        seen, names, frontier = {wnid[1:]}, [], [wnid[1:]]
-        first = True
+        # Longest distance from the class to each ancestor; WordNet's hypernym graph is acyclic.
+        depth: dict[str, int] = {wnid[1:]: 0}
+        order: list[str] = [wnid[1:]]
+        frontier = [wnid[1:]]
         while frontier:
             next_frontier = []
             for offset in frontier:
-                lemma, hypernyms = wordnet[offset]
-                if not first and lemma.lower() not in ABSTRACT_ROOTS:
-                    name = tag_name(lemma)
-                    if name != labels[i] and name not in names:
-                        names.append(name)
-                for h in hypernyms:
-                    if h not in seen:
-                        seen.add(h)
+                for h in wordnet[offset][1]:
+                    if h not in depth:
+                        order.append(h)
+                    if depth.get(h, -1) < depth[offset] + 1:
+                        depth[h] = depth[offset] + 1
                         next_frontier.append(h)
-            frontier, first = next_frontier, False
+            frontier = next_frontier
+        names: list[str] = []
+        for offset in sorted(order[1:], key=lambda o: (depth[o], order.index(o))):
+            lemma = wordnet[offset][0]
+            name = tag_name(lemma)
+            if lemma.lower() not in ABSTRACT_ROOTS and name != labels[i] and name not in names:
+                names.append(name)
         table.append(names)
     return table
 

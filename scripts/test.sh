@@ -12,6 +12,7 @@ if [[ -f scripts/nats.sh ]]; then
   ensure_nats
   ensure_nats_latest
 fi
+export IMAGEPIPE_TEST_MODEL_DIR; IMAGEPIPE_TEST_MODEL_DIR="$(scripts/prepare-model.sh --print-dir)"
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "==> installing cargo-nextest"

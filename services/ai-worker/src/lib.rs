@@ -1,6 +1,85 @@
-//! imagepipe ai-worker: the AI worker: labels and tags images with a real model.
+//! imagepipe ai-worker: consumes `tasks.ai`, labels each downloaded image with EfficientNet-Lite0
+//! (ImageNet-1k, an ONNX graph run by `tract`, pure Rust, offline), tags it with the labels'
+//! broader WordNet names, publishes `image.analyzed` and reports the step.
 //!
-//! Not built yet: issue #5 builds it. The binary refuses to start until then.
+//! - [`model`]: the prepared model directory (`scripts/prepare-model.sh`), loaded once.
+//! - [`preprocess`]: bytes → decoded image → the model's `[1,3,224,224]` input.
+//! - [`taxonomy`]: class names, tag ancestors, top-k and tag scores.
+//! - [`classifier`]: analysis on a blocking pool of `ai.threads`.
+//! - [`handler`]: the worker's [`Handler`](imagepipe_runtime::Handler): blob store, analysis,
+//!   reporting.
+//! - [`run`]: the worker loop on a connected bus, for the binary, `imagepipe run` and tests.
 
-/// The issue that builds this service.
-pub const BUILT_BY_ISSUE: u32 = 5;
+pub mod classifier;
+pub mod error;
+pub mod handler;
+pub mod model;
+pub mod preprocess;
+pub mod taxonomy;
+
+use std::sync::Arc;
+
+use imagepipe_blob::LocalBlobStore;
+use imagepipe_bus::{Bus, BusError};
+use imagepipe_contracts::names::queues;
+use imagepipe_runtime::clock::SystemClock;
+use imagepipe_runtime::step::StepReporter;
+use imagepipe_runtime::worker::WorkerError;
+use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+
+pub use classifier::{AnalysisSettings, Classifier, analyze};
+pub use error::{AnalyzeError, ModelError, PREPARE_COMMAND};
+pub use handler::AiHandler;
+pub use model::Model;
+
+/// The service's name: the `source` of its events, and its name in logs and traces.
+pub const SERVICE: &str = "ai-worker";
+
+/// Metric names of the AI worker.
+pub mod metrics {
+    /// Seconds decoding, preprocessing and classifying one image took (on the blocking pool,
+    /// waiting for a slot included).
+    pub const ANALYZE_DURATION: &str = "imagepipe_ai_analyze_seconds";
+    /// Images that could not be analysed, by `code`.
+    pub const IMAGES_FAILED: &str = "imagepipe_ai_images_failed_total";
+    /// Label: the error code.
+    pub const CODE: &str = "code";
+}
+
+/// The worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The `tasks.ai` consumer could not be opened.
+    #[error("opening the {} consumer", queues::AI)]
+    Consume(#[source] BusError),
+    /// The worker loop stopped with an error.
+    #[error("running the ai worker")]
+    Worker(#[source] WorkerError),
+}
+
+/// Consumes `tasks.ai` on `bus`, analysing with `classifier` (see [`Classifier::load`]) and
+/// reading images from the blob store of `settings`, until `shutdown` fires and in-flight
+/// images are finished.
+pub async fn run(bus: Bus, settings: &Settings, classifier: Classifier, shutdown: Shutdown) -> Result<(), RunError> {
+    let consumer =
+        bus.queues.consume(queues::AI, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
+    let handler = AiHandler::new(
+        Arc::new(LocalBlobStore::new(&settings.blob.dir)),
+        StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
+        classifier,
+    );
+    let config = WorkerConfig::from_settings(queues::AI, &settings.worker);
+    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+}
+
+/// An error and its sources, `: `-separated.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,11 +1,37 @@
-//! Binary of imagepipe ai-worker.
+//! Binary of the imagepipe AI worker: load settings and the model (a missing model names
+//! `scripts/prepare-model.sh`), start telemetry and the health server, connect the bus,
+//! consume `tasks.ai` until SIGTERM.
 
 use std::process::ExitCode;
 
-fn main() -> ExitCode {
-    eprintln!(
-        "imagepipe-ai-worker: not built yet (issue #{}); nothing was started",
-        imagepipe_ai_worker::BUILT_BY_ISSUE
-    );
-    ExitCode::from(2)
+use clap::Parser;
+use imagepipe_ai_worker::{Classifier, SERVICE, run};
+use imagepipe_runtime::{ConfigArgs, Service};
+
+/// The imagepipe AI worker.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match main_body(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("imagepipe-{SERVICE}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn main_body(args: Args) -> anyhow::Result<()> {
+    let settings = args.config.load()?;
+    let classifier = Classifier::load(&settings.ai).await?;
+    let service = Service::start(SERVICE, settings, axum::Router::new()).await?;
+    let outcome = run(service.bus.clone(), &service.settings, classifier, service.shutdown.clone()).await;
+    service.stop().await?;
+    Ok(outcome?)
 }

@@ -163,13 +163,28 @@ impl HttpConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AiConfig {
-    /// Where the prepared model files are.
+    /// Where the prepared model files are (written by `scripts/prepare-model.sh`).
     pub model_dir: PathBuf,
+    /// How many of the best classes an analysis reports.
+    pub top_k: usize,
+    /// Most inferences running at once, each on its own blocking thread (default: cores).
+    pub threads: usize,
+    /// Least score a tag needs to be reported; a tag's score is the summed probability of the
+    /// classes it covers.
+    pub tag_min_score: f64,
+    /// Most pixels (width × height) an image may have; larger ones fail before they are decoded.
+    pub max_pixels: u64,
 }
 
 impl Default for AiConfig {
     fn default() -> Self {
-        Self { model_dir: PathBuf::from(".imagepipe/models") }
+        Self {
+            model_dir: PathBuf::from(".imagepipe/models"),
+            top_k: 5,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            tag_min_score: 0.05,
+            max_pixels: 100_000_000,
+        }
     }
 }
 

@@ -157,6 +157,10 @@ fn unusable_values_are_rejected_naming_the_key() {
         (&[("IMAGEPIPE_COORDINATOR__MAX_IN_FLIGHT", "0")], "coordinator.max_in_flight"),
         (&[("IMAGEPIPE_COORDINATOR__MAX_ATTEMPTS", "0")], "coordinator.max_attempts"),
         (&[("IMAGEPIPE_COORDINATOR__ANALYZE_DEADLINE", "0s")], "coordinator.analyze_deadline"),
+        (&[("IMAGEPIPE_AI__TOP_K", "0")], "ai.top_k"),
+        (&[("IMAGEPIPE_AI__THREADS", "0")], "ai.threads"),
+        (&[("IMAGEPIPE_AI__TAG_MIN_SCORE", "1.5")], "ai.tag_min_score"),
+        (&[("IMAGEPIPE_AI__MAX_PIXELS", "0")], "ai.max_pixels"),
     ];
     for (vars, key) in cases {
         let err = load(None, vars).unwrap_err();

@@ -34,6 +34,18 @@ impl Settings {
         }
 
         non_empty_path("ai.model_dir", &self.ai.model_dir)?;
+        if !(1..=1000).contains(&self.ai.top_k) {
+            return Err(ConfigError::invalid("ai.top_k", "must be 1-1000 (the model has 1000 classes)"));
+        }
+        if self.ai.threads == 0 {
+            return Err(ConfigError::invalid("ai.threads", "must be at least 1"));
+        }
+        if !(0.0..=1.0).contains(&self.ai.tag_min_score) {
+            return Err(ConfigError::invalid("ai.tag_min_score", "must be 0-1"));
+        }
+        if self.ai.max_pixels == 0 {
+            return Err(ConfigError::invalid("ai.max_pixels", "must be at least 1"));
+        }
 
         tracing_subscriber::EnvFilter::try_new(&self.log.filter).map_err(|e| {
             ConfigError::invalid("log.filter", format!("{:?} is not a tracing filter ({e})", self.log.filter))

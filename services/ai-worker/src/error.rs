@@ -1,0 +1,115 @@
+//! Why an image could not be analysed, with the stable code its step result carries.
+
+use std::path::PathBuf;
+
+/// Stable error codes of the analyze step (the `code` of its step errors).
+pub mod codes {
+    /// The bytes are not an image in a supported format, or it is truncated or corrupt.
+    pub const DECODE_FAILED: &str = "decode_failed";
+    /// The image has more pixels than `ai.max_pixels` allows.
+    pub const PIXEL_LIMIT: &str = "pixel_limit";
+    /// The model failed on a well-formed input, or the analysis crashed (retryable).
+    pub const INFERENCE_FAILED: &str = "inference_failed";
+    /// The command's blob key is not a blob key.
+    pub const INVALID_BLOB_KEY: &str = "invalid_blob_key";
+    /// No blob is stored under the command's key.
+    pub const BLOB_NOT_FOUND: &str = "blob_not_found";
+    /// The stored blob does not hash to its key.
+    pub const BLOB_CORRUPT: &str = "blob_corrupt";
+    /// Reading the blob store failed (retryable).
+    pub const BLOB_IO: &str = "blob_io";
+}
+
+/// The command that writes a model directory; every "model missing" error names it.
+pub const PREPARE_COMMAND: &str = "scripts/prepare-model.sh";
+
+/// The model directory could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file of the prepared model is missing.
+    #[error(
+        "model file {path} is missing: prepare the model with `{PREPARE_COMMAND} --out {dir}` \
+         (the directory is the ai.model_dir setting)",
+        dir = path.parent().map_or_else(|| ".".into(), |d| d.display().to_string())
+    )]
+    Missing {
+        /// The file looked for.
+        path: PathBuf,
+    },
+    /// A model file could not be read.
+    #[error("reading model file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A model file does not hold what the preparation writes.
+    #[error("model file {path} is invalid: {reason}; re-run `{PREPARE_COMMAND} --force`")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// tract could not load or optimise the ONNX graph.
+    #[error("loading the ONNX graph {path}: {reason}")]
+    Graph {
+        /// The graph file.
+        path: PathBuf,
+        /// tract's error chain.
+        reason: String,
+    },
+}
+
+/// Why analysing one image failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AnalyzeError {
+    /// The bytes are in no supported format.
+    #[error("not an image in a supported format (jpeg, png, gif, webp, bmp, tiff)")]
+    UnsupportedFormat,
+    /// The image is truncated or corrupt, or the decoder refused it.
+    #[error("decoding the image failed: {0}")]
+    Decode(String),
+    /// Width × height is over `ai.max_pixels`.
+    #[error("the image is {width}×{height} pixels, over the limit of {max_pixels}")]
+    TooManyPixels {
+        /// Width the header claims.
+        width: u32,
+        /// Height the header claims.
+        height: u32,
+        /// The configured limit.
+        max_pixels: u64,
+    },
+    /// The image decoded to no pixels.
+    #[error("the image has no pixels ({width}×{height})")]
+    Empty {
+        /// Width decoded.
+        width: u32,
+        /// Height decoded.
+        height: u32,
+    },
+    /// The model failed to run.
+    #[error("running the model failed: {0}")]
+    Inference(String),
+    /// The blocking task analysing the image panicked.
+    #[error("the analysis crashed on this image")]
+    Panicked,
+}
+
+impl AnalyzeError {
+    /// The stable code of this error (one of [`codes`]).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::UnsupportedFormat | Self::Decode(_) | Self::Empty { .. } => codes::DECODE_FAILED,
+            Self::TooManyPixels { .. } => codes::PIXEL_LIMIT,
+            Self::Inference(_) | Self::Panicked => codes::INFERENCE_FAILED,
+        }
+    }
+
+    /// Whether another attempt on the same bytes may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Inference(_) | Self::Panicked)
+    }
+}

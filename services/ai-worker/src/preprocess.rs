@@ -1,0 +1,192 @@
+//! From image bytes to the model's input: decode under a pixel limit (EXIF orientation applied),
+//! RGB, centre crop of 87.5 % of the short side, resize to 224×224, `(x − 127) / 128`, NCHW
+//! float32 `[1, 3, 224, 224]`.
+
+use std::io::Cursor;
+
+use image::imageops::{self, FilterType};
+use image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage};
+use tract_onnx::prelude::tract_ndarray::Array4;
+
+use crate::error::AnalyzeError;
+
+/// Side of the square input, in pixels.
+pub const INPUT_SIZE: u32 = 224;
+/// Share of the short side the centre crop keeps.
+pub const CROP_FRACTION: f64 = 0.875;
+/// Subtracted from each 0-255 channel value.
+pub const MEAN: f32 = 127.0;
+/// Each channel value is divided by this after the mean is subtracted.
+pub const SCALE: f32 = 128.0;
+/// Crops larger than this many times the input are first box-reduced to twice the input, so a
+/// large photo does not pay for a bicubic filter over every pixel.
+const PRE_REDUCE_FACTOR: u32 = 4;
+
+/// Decodes `bytes` (format detected from the magic bytes) with at most `max_pixels` pixels,
+/// applying the EXIF orientation.
+pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<DynamicImage, AnalyzeError> {
+    let reader =
+        ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| AnalyzeError::Decode(e.to_string()))?;
+    if reader.format().is_none() {
+        return Err(AnalyzeError::UnsupportedFormat);
+    }
+    let mut decoder = reader.into_decoder().map_err(decode_error)?;
+    let (width, height) = decoder.dimensions();
+    if u64::from(width) * u64::from(height) > max_pixels {
+        return Err(AnalyzeError::TooManyPixels { width, height, max_pixels });
+    }
+    if width == 0 || height == 0 {
+        return Err(AnalyzeError::Empty { width, height });
+    }
+    let mut limits = Limits::default();
+    limits.max_alloc = Some(max_pixels.saturating_mul(16).max(64 << 20));
+    decoder.set_limits(limits).map_err(decode_error)?;
+    let orientation = decoder.orientation().map_err(decode_error)?;
+    let mut image = DynamicImage::from_decoder(decoder).map_err(decode_error)?;
+    image.apply_orientation(orientation);
+    Ok(image)
+}
+
+fn decode_error(error: image::ImageError) -> AnalyzeError {
+    match error {
+        image::ImageError::Unsupported(_) => AnalyzeError::UnsupportedFormat,
+        other => AnalyzeError::Decode(other.to_string()),
+    }
+}
+
+/// The square centre crop (87.5 % of the short side) of `image`, resized to
+/// [`INPUT_SIZE`]×[`INPUT_SIZE`] RGB with a bicubic (Catmull-Rom) filter.
+pub fn crop_and_resize(image: &DynamicImage) -> RgbImage {
+    let rgb = image.to_rgb8();
+    let (width, height) = rgb.dimensions();
+    let side = ((f64::from(width.min(height)) * CROP_FRACTION).round() as u32).max(1);
+    let crop = imageops::crop_imm(&rgb, (width - side) / 2, (height - side) / 2, side, side).to_image();
+    let crop = if side > PRE_REDUCE_FACTOR * INPUT_SIZE {
+        imageops::thumbnail(&crop, 2 * INPUT_SIZE, 2 * INPUT_SIZE)
+    } else {
+        crop
+    };
+    imageops::resize(&crop, INPUT_SIZE, INPUT_SIZE, FilterType::CatmullRom)
+}
+
+/// The model input of a [`INPUT_SIZE`]² RGB image: NCHW, `(x − 127) / 128`.
+///
+/// # Panics
+/// If `image` is not [`INPUT_SIZE`]×[`INPUT_SIZE`] (use [`crop_and_resize`]).
+pub fn to_input(image: &RgbImage) -> Array4<f32> {
+    assert_eq!(image.dimensions(), (INPUT_SIZE, INPUT_SIZE), "the model input is {INPUT_SIZE}×{INPUT_SIZE}");
+    let size = INPUT_SIZE as usize;
+    Array4::from_shape_fn((1, 3, size, size), |(_, c, y, x)| {
+        (f32::from(image.get_pixel(x as u32, y as u32)[c]) - MEAN) / SCALE
+    })
+}
+
+/// [`decode`], [`crop_and_resize`] and [`to_input`] in one.
+pub fn preprocess(bytes: &[u8], max_pixels: u64) -> Result<Array4<f32>, AnalyzeError> {
+    Ok(to_input(&crop_and_resize(&decode(bytes, max_pixels)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use image::{ImageFormat, Rgb, RgbaImage};
+
+    use super::*;
+
+    fn encode(image: &DynamicImage, format: ImageFormat) -> Vec<u8> {
+        let mut bytes = Cursor::new(Vec::new());
+        image.write_to(&mut bytes, format).unwrap();
+        bytes.into_inner()
+    }
+
+    #[test]
+    fn the_input_is_nchw_normalised_rgb() {
+        let mut image = RgbImage::from_pixel(INPUT_SIZE, INPUT_SIZE, Rgb([127, 255, 0]));
+        image.put_pixel(3, 1, Rgb([255, 0, 127]));
+        let input = to_input(&image);
+        assert_eq!(input.shape(), &[1, 3, 224, 224]);
+        assert_eq!([input[[0, 0, 0, 0]], input[[0, 1, 0, 0]], input[[0, 2, 0, 0]]], [0.0, 1.0, -127.0 / 128.0]);
+        // x = 3, y = 1: the row is the third axis, the column the fourth.
+        assert_eq!([input[[0, 0, 1, 3]], input[[0, 1, 1, 3]], input[[0, 2, 1, 3]]], [1.0, -127.0 / 128.0, 0.0]);
+    }
+
+    #[test]
+    fn the_crop_keeps_the_centre_875_per_cent_of_the_short_side() {
+        // 800×400: the crop is the centred 350×350 square, x 225..575, y 25..375. Paint it
+        // white and everything else black: the resized crop is white to its edges.
+        let mut image = RgbImage::from_pixel(800, 400, Rgb([0, 0, 0]));
+        for y in 25..375 {
+            for x in 225..575 {
+                image.put_pixel(x, y, Rgb([255, 255, 255]));
+            }
+        }
+        let resized = crop_and_resize(&DynamicImage::ImageRgb8(image.clone()));
+        assert_eq!(resized.dimensions(), (224, 224));
+        assert!(resized.pixels().all(|p| p.0 == [255, 255, 255]), "only the white square is kept");
+
+        // One pixel less of white on the left: the crop's left column is no longer all white.
+        for y in 25..375 {
+            image.put_pixel(225, y, Rgb([0, 0, 0]));
+        }
+        let resized = crop_and_resize(&DynamicImage::ImageRgb8(image));
+        assert!(resized.get_pixel(0, 112).0[0] < 255);
+        assert_eq!(resized.get_pixel(223, 112).0, [255, 255, 255]);
+    }
+
+    #[test]
+    fn large_and_tiny_images_resize_to_the_input_size() {
+        for (w, h) in [(4000, 3000), (1, 1), (3, 500)] {
+            let image = DynamicImage::ImageRgb8(RgbImage::from_pixel(w, h, Rgb([10, 200, 30])));
+            let resized = crop_and_resize(&image);
+            assert_eq!(resized.dimensions(), (224, 224), "{w}×{h}");
+            assert!(resized.pixels().all(|p| p.0 == [10, 200, 30]), "{w}×{h}: a flat image stays flat");
+        }
+    }
+
+    #[test]
+    fn alpha_and_grey_images_become_rgb() {
+        let rgba = DynamicImage::ImageRgba8(RgbaImage::from_pixel(50, 50, image::Rgba([200, 100, 50, 0])));
+        let png = encode(&rgba, ImageFormat::Png);
+        let input = preprocess(&png, 1_000_000).unwrap();
+        assert_eq!(input[[0, 0, 100, 100]], (200.0 - 127.0) / 128.0);
+        let grey = DynamicImage::ImageLuma8(image::GrayImage::from_pixel(40, 60, image::Luma([255])));
+        let input = preprocess(&encode(&grey, ImageFormat::Jpeg), 1_000_000).unwrap();
+        assert!((0..3).all(|c| (input[[0, c, 50, 50]] - 1.0).abs() < 0.02));
+    }
+
+    #[test]
+    fn every_supported_format_decodes() {
+        let image = DynamicImage::ImageRgb8(RgbImage::from_pixel(30, 20, Rgb([1, 2, 3])));
+        for format in [
+            ImageFormat::Png,
+            ImageFormat::Jpeg,
+            ImageFormat::Gif,
+            ImageFormat::WebP,
+            ImageFormat::Bmp,
+            ImageFormat::Tiff,
+        ] {
+            let decoded = decode(&encode(&image, format), 1_000).unwrap_or_else(|e| panic!("{format:?}: {e}"));
+            assert_eq!((decoded.width(), decoded.height()), (30, 20), "{format:?}");
+        }
+    }
+
+    #[test]
+    fn bad_bytes_are_decode_errors() {
+        assert!(matches!(decode(b"hello, not an image", 1_000), Err(AnalyzeError::UnsupportedFormat)));
+        let image = DynamicImage::ImageRgb8(RgbImage::from_pixel(64, 64, Rgb([90, 20, 30])));
+        let jpeg = encode(&image, ImageFormat::Jpeg);
+        let truncated = &jpeg[..jpeg.len() / 2];
+        let err = decode(truncated, 1_000_000).unwrap_err();
+        assert!(matches!(err, AnalyzeError::Decode(_)), "{err:?}");
+        assert_eq!(err.code(), crate::error::codes::DECODE_FAILED);
+    }
+
+    #[test]
+    fn too_many_pixels_fail_before_decoding() {
+        let image = DynamicImage::ImageRgb8(RgbImage::new(100, 100));
+        let png = encode(&image, ImageFormat::Png);
+        let err = decode(&png, 9_999).unwrap_err();
+        assert!(matches!(err, AnalyzeError::TooManyPixels { width: 100, height: 100, max_pixels: 9_999 }), "{err:?}");
+        assert_eq!(err.code(), crate::error::codes::PIXEL_LIMIT);
+        assert!(decode(&png, 10_000).is_ok());
+    }
+}

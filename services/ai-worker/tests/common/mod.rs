@@ -1,0 +1,53 @@
+//! Finding the prepared model and the sample photos for tests.
+//!
+//! The model directory comes from `IMAGEPIPE_TEST_MODEL_DIR` (scripts/test.sh prepares it and
+//! sets it), else the repository's `.imagepipe/models` when prepared there. Without either, a
+//! test is skipped with a note, except under CI (`CI` set), where that is a failure.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use imagepipe_ai_worker::Model;
+use serde_json::Value;
+
+/// The environment variable naming the prepared model directory.
+pub const MODEL_DIR_ENV: &str = "IMAGEPIPE_TEST_MODEL_DIR";
+
+/// The prepared model directory, or `None` (test skipped) outside CI.
+pub fn model_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os(MODEL_DIR_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.imagepipe/models"));
+    if dir.join("manifest.json").exists() {
+        return Some(dir);
+    }
+    let note = format!("no prepared model in {} (set {MODEL_DIR_ENV}, or run scripts/prepare-model.sh)", dir.display());
+    if std::env::var_os("CI").is_some() {
+        panic!("{note}; CI must run the model tests");
+    }
+    eprintln!("SKIPPED: {note}");
+    None
+}
+
+/// The model, loaded once per test binary.
+pub fn model() -> Option<Arc<Model>> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    let dir = model_dir()?;
+    Some(MODEL.get_or_init(|| Arc::new(Model::load(&dir).expect("the prepared model loads"))).clone())
+}
+
+/// `verification.json`: the numpy reference's results, written by the preparation.
+pub fn verification(dir: &Path) -> Value {
+    let text = std::fs::read(dir.join("verification.json")).expect("verification.json is prepared");
+    serde_json::from_slice(&text).unwrap()
+}
+
+/// The bytes of a sample photo (`chelsea`, `coffee`, `rocket`, `astronaut`).
+pub fn photo(dir: &Path, name: &str) -> Vec<u8> {
+    let report = verification(dir);
+    let file = report["photos"][name]["file"].as_str().unwrap_or_else(|| panic!("no photo {name}"));
+    let path = Path::new(report["photo_dir"].as_str().unwrap()).join(file);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}

@@ -1,0 +1,97 @@
+//! The AI worker end to end on the in-memory bus: commands on `tasks.ai`, images in a local blob
+//! store, `image.analyzed` events and step results out.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use imagepipe_ai_worker::{AnalysisSettings, Classifier, run};
+use imagepipe_blob::{BlobStore, LocalBlobStore};
+use imagepipe_bus::{Bus, BusConfig, ConsumerConfig, Message, Selector, Subscription};
+use imagepipe_contracts::command::AnalyzeCommand;
+use imagepipe_contracts::names::{dead_letter_queue, queues};
+use imagepipe_contracts::payload::ImageAnalyzed;
+use imagepipe_contracts::{Event, EventType, Step, StepOutcome, StepOutput, StepResult, decode, event_id};
+use imagepipe_runtime::{Settings, Shutdown};
+
+const MISSING_BLOB: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+fn command(task_id: &str, blob_key: &str) -> Message {
+    let command = AnalyzeCommand {
+        task_id: task_id.into(),
+        attempt: 1,
+        blob_key: blob_key.into(),
+        labels: [("album".to_owned(), "pets".to_owned())].into(),
+    };
+    Message::new(serde_json::to_vec(&command).unwrap()).with_key(task_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_analyses_stored_images_and_reports_failures() {
+    let (Some(dir), Some(model)) = (common::model_dir(), common::model()) else { return };
+    let blob_dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings::default();
+    settings.blob.dir = blob_dir.path().to_owned();
+    settings.worker.concurrency = 4;
+    let blobs = LocalBlobStore::new(blob_dir.path());
+    let cat = blobs.put(Bytes::from(common::photo(&dir, "chelsea"))).await.unwrap().to_string();
+    let text = blobs.put(Bytes::from_static(b"a text file, not an image")).await.unwrap().to_string();
+
+    let bus = Bus::connect(&BusConfig::default()).await.unwrap();
+    let events = bus.events.subscribe(Subscription::new("ai-test", Selector::all())).await.unwrap();
+    let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
+    let dead = bus.queues.consume(&dead_letter_queue(queues::AI), ConsumerConfig::default()).await.unwrap();
+    let classifier = Classifier::new(model, AnalysisSettings { top_k: 3, tag_min_score: 0.05, max_pixels: 1 << 26 }, 2);
+    let shutdown = Shutdown::new();
+    let worker = tokio::spawn({
+        let (bus, shutdown) = (bus.clone(), shutdown.clone());
+        async move { run(bus, &settings, classifier, shutdown).await }
+    });
+
+    for (task, key) in [("tsk_cat", cat.as_str()), ("tsk_text", text.as_str()), ("tsk_gone", MISSING_BLOB)] {
+        bus.queues.send(queues::AI, command(task, key)).await.unwrap();
+    }
+    bus.queues.send(queues::AI, Message::new(&b"{\"taskId\": 7}"[..])).await.unwrap();
+
+    let mut outcomes = HashMap::new();
+    while outcomes.len() < 3 {
+        let batch = results.fetch(3, Duration::from_secs(60)).await.unwrap();
+        assert!(!batch.is_empty(), "no step result within 60 s; have {outcomes:?}");
+        for delivery in batch {
+            let result: StepResult = decode(&delivery.message.payload).unwrap();
+            assert_eq!((result.step, result.attempt), (Step::Analyze, 1));
+            outcomes.insert(result.task_id.clone(), result.outcome);
+            delivery.ack().await.unwrap();
+        }
+    }
+
+    let StepOutcome::Ok { output: StepOutput::Analyze(analysis) } = &outcomes["tsk_cat"] else {
+        panic!("the cat: {:?}", outcomes["tsk_cat"]);
+    };
+    assert_eq!(analysis.predictions.len(), 3);
+    assert!(analysis.tags.iter().any(|t| t.label == "cat"), "{:?}", analysis.tags);
+    let code = |task: &str| match &outcomes[task] {
+        StepOutcome::Permanent { error } => error.code.clone(),
+        other => panic!("{task}: {other:?}"),
+    };
+    assert_eq!(code("tsk_text"), "decode_failed");
+    assert_eq!(code("tsk_gone"), "blob_not_found");
+
+    let delivered = events.fetch(5, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(delivered.len(), 1, "only the success publishes an event");
+    let event: Event<ImageAnalyzed> = decode(&delivered[0].message.payload).unwrap();
+    assert_eq!(event.event_id, event_id("tsk_cat", EventType::ImageAnalyzed, 1));
+    assert_eq!(event.source, "ai-worker");
+    assert_eq!(event.payload.blob_key, cat);
+    assert_eq!(&event.payload.analysis, analysis);
+    assert_eq!(event.payload.labels.get("album").map(String::as_str), Some("pets"));
+
+    let rejected = dead.fetch(1, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(rejected.len(), 1, "the malformed command is dead-lettered");
+    assert_eq!(&rejected[0].message.payload[..], b"{\"taskId\": 7}");
+
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(30), worker).await.unwrap().unwrap().unwrap();
+}
