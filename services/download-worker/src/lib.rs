@@ -1,6 +1,119 @@
-//! imagepipe download-worker: the download worker: fetches a task's source image into the blob store.
+//! imagepipe download-worker: consumes `tasks.download`, fetches each task's image over HTTP(S)
+//! through the SSRF-guarded client of `imagepipe-net` (or validates an already uploaded blob),
+//! checks by its magic bytes that it is an image, stores it in the blob store under its sha256,
+//! publishes `image.downloaded` and reports the step.
 //!
-//! Not built yet: issue #5 builds it. The binary refuses to start until then.
+//! - [`sniff`]: what the bytes are (JPEG, PNG, GIF, WebP, BMP, TIFF, AVIF, HEIC, ICO), never
+//!   trusting `Content-Type`.
+//! - [`error`]: failures, their stable codes, and which are retryable.
+//! - [`handler`]: the worker's [`Handler`](imagepipe_runtime::Handler).
+//! - [`run`]: the worker loop on a connected bus, for the binary, `imagepipe run` and tests.
 
-/// The issue that builds this service.
-pub const BUILT_BY_ISSUE: u32 = 5;
+pub mod error;
+pub mod handler;
+pub mod sniff;
+
+use std::sync::Arc;
+
+use imagepipe_blob::LocalBlobStore;
+use imagepipe_bus::{Bus, BusError};
+use imagepipe_contracts::names::queues;
+use imagepipe_net::{BuildError, ClientBuilder, GuardedClient, Limits};
+use imagepipe_runtime::clock::SystemClock;
+use imagepipe_runtime::config::ConfigError;
+use imagepipe_runtime::step::StepReporter;
+use imagepipe_runtime::worker::WorkerError;
+use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+
+pub use error::DownloadError;
+pub use handler::DownloadHandler;
+pub use sniff::{ImageFormat, Sniffed, sniff};
+
+/// The service's name: the `source` of its events, and its name in logs and traces.
+pub const SERVICE: &str = "download-worker";
+
+/// Metric names of the download worker.
+pub mod metrics {
+    /// Seconds one download or blob validation took, by `source`.
+    pub const DOWNLOAD_DURATION: &str = "imagepipe_download_seconds";
+    /// Bytes of images stored, by `source`.
+    pub const DOWNLOADED_BYTES: &str = "imagepipe_download_bytes_total";
+    /// Downloads that failed, by `code`.
+    pub const FAILURES: &str = "imagepipe_download_failures_total";
+    /// Label: where the image came from ([`SOURCE_URL`] or [`SOURCE_BLOB`]).
+    pub const SOURCE: &str = "source";
+    /// Label: the error code.
+    pub const CODE: &str = "code";
+    /// `source` of an image fetched from a URL.
+    pub const SOURCE_URL: &str = "url";
+    /// `source` of an uploaded blob.
+    pub const SOURCE_BLOB: &str = "blob";
+}
+
+/// The worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `net.allow_cidrs` does not parse.
+    #[error("reading the network allowlist")]
+    Allowlist(#[source] Box<ConfigError>),
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Client(#[from] BuildError),
+    /// The `tasks.download` consumer could not be opened.
+    #[error("opening the {} consumer", queues::DOWNLOAD)]
+    Consume(#[source] BusError),
+    /// The worker loop stopped with an error.
+    #[error("running the download worker")]
+    Worker(#[source] WorkerError),
+}
+
+/// The HTTP client `settings` describe (`download.*` limits, `net.allow_cidrs`), with the system
+/// resolver; tests replace the resolver and add a dial check before building it.
+pub fn client_builder(settings: &Settings) -> Result<ClientBuilder, RunError> {
+    let allow = settings.net.allowed_networks().map_err(|e| RunError::Allowlist(Box::new(e)))?;
+    let download = &settings.download;
+    let limits = Limits {
+        max_bytes: download.max_bytes,
+        connect_timeout: download.connect_timeout,
+        total_timeout: download.total_timeout,
+        max_redirects: download.max_redirects,
+    };
+    Ok(GuardedClient::builder().allow(allow).limits(limits).user_agent(download.user_agent.clone()))
+}
+
+/// Consumes `tasks.download` on `bus` with the client, blob store and limits of `settings`
+/// until `shutdown` fires and in-flight downloads are finished.
+pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
+    let client = client_builder(settings)?.build()?;
+    run_with_client(bus, settings, client, shutdown).await
+}
+
+/// [`run`] with a client built by the caller.
+pub async fn run_with_client(
+    bus: Bus,
+    settings: &Settings,
+    client: GuardedClient,
+    shutdown: Shutdown,
+) -> Result<(), RunError> {
+    let consumer =
+        bus.queues.consume(queues::DOWNLOAD, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
+    let handler = DownloadHandler::new(
+        client,
+        Arc::new(LocalBlobStore::new(&settings.blob.dir)),
+        StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
+    );
+    let config = WorkerConfig::from_settings(queues::DOWNLOAD, &settings.worker);
+    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+}
+
+/// An error and its sources, `: `-separated.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

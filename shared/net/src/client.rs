@@ -330,8 +330,8 @@ fn find_in_chain<'a, E: StdError + 'static>(error: &'a (dyn StdError + 'static))
     None
 }
 
-/// The URL without its password, for errors and logs.
-pub(crate) fn shown(url: &Url) -> String {
+/// The URL without its password, for errors, logs and reports.
+pub fn shown(url: &Url) -> String {
     if url.password().is_none() {
         return url.to_string();
     }

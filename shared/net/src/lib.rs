@@ -22,7 +22,7 @@ pub mod retry_after;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use client::{ClientBuilder, GuardedClient, Limits, Request, Response};
+pub use client::{ClientBuilder, GuardedClient, Limits, Request, Response, shown as redacted_url};
 pub use error::{BuildError, FetchError, TimeoutKind};
 pub use guard::DialCheck;
 pub use policy::Blocked;

@@ -31,6 +31,8 @@ pub struct Settings {
     pub store: StoreConfig,
     /// Local blob store (`blob.*`).
     pub blob: BlobConfig,
+    /// Download worker: HTTP limits (`download.*`).
+    pub download: DownloadSettings,
     /// Outbound network policy (`net.*`).
     pub net: NetConfig,
     /// The service's HTTP server (`http.*`).
@@ -104,6 +106,41 @@ pub struct BlobConfig {
 impl Default for BlobConfig {
     fn default() -> Self {
         Self { dir: PathBuf::from(".imagepipe/blobs") }
+    }
+}
+
+/// The `download` section: limits of the download worker's HTTP client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DownloadSettings {
+    /// Largest image accepted, in bytes; a body passing it is cut off while it streams.
+    pub max_bytes: u64,
+    /// Longest time to resolve and connect to one server.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Longest time for a whole download, redirects and body included.
+    #[serde(with = "humantime_serde")]
+    pub total_timeout: Duration,
+    /// Most redirects followed, each one checked by the SSRF guard like the first request.
+    pub max_redirects: u32,
+    /// The `User-Agent` header of downloads.
+    pub user_agent: String,
+}
+
+impl DownloadSettings {
+    /// Most redirects `max_redirects` may allow.
+    pub const MAX_REDIRECTS_LIMIT: u32 = 20;
+}
+
+impl Default for DownloadSettings {
+    fn default() -> Self {
+        Self {
+            max_bytes: 25 * 1024 * 1024,
+            connect_timeout: Duration::from_secs(10),
+            total_timeout: Duration::from_secs(60),
+            max_redirects: 5,
+            user_agent: concat!("imagepipe-download-worker/", env!("CARGO_PKG_VERSION")).into(),
+        }
     }
 }
 

@@ -22,6 +22,7 @@ impl Settings {
         }
         non_empty_path("blob.dir", &self.blob.dir)?;
         self.net.allowed_networks()?;
+        download(&self.download)?;
 
         if self.http.port == 0 {
             return Err(ConfigError::invalid("http.port", "must be 1-65535 (a server needs a fixed port)"));
@@ -101,6 +102,26 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+fn download(download: &super::DownloadSettings) -> Result<(), ConfigError> {
+    if download.max_bytes == 0 {
+        return Err(ConfigError::invalid("download.max_bytes", "must be at least 1"));
+    }
+    positive("download.connect_timeout", download.connect_timeout)?;
+    positive("download.total_timeout", download.total_timeout)?;
+    if download.connect_timeout > download.total_timeout {
+        return Err(ConfigError::invalid("download.connect_timeout", "must not be longer than download.total_timeout"));
+    }
+    let limit = super::DownloadSettings::MAX_REDIRECTS_LIMIT;
+    if download.max_redirects > limit {
+        return Err(ConfigError::invalid("download.max_redirects", format!("must be at most {limit}")));
+    }
+    let agent = &download.user_agent;
+    if agent.trim().is_empty() || !agent.bytes().all(|b| b == b' ' || b.is_ascii_graphic()) {
+        return Err(ConfigError::invalid("download.user_agent", "must be non-empty printable ASCII"));
+    }
+    Ok(())
 }
 
 fn non_empty_path(key: &str, path: &Path) -> Result<(), ConfigError> {

@@ -1,0 +1,130 @@
+//! The download step's [`Handler`]: fetch the image (or read the uploaded blob), check by its
+//! magic bytes that it is an image, store it under its content address, then report (event,
+//! then step result).
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use imagepipe_blob::{BlobKey, BlobStore};
+use imagepipe_bus::Delivery;
+use imagepipe_contracts::command::{DownloadCommand, ImageSource};
+use imagepipe_contracts::payload::ImageDownloaded;
+use imagepipe_contracts::step::DownloadOutput;
+use imagepipe_contracts::{Step, StepOutput, decode};
+use imagepipe_net::{GuardedClient, redacted_url};
+use imagepipe_runtime::step::{Attempt, StepReporter};
+use imagepipe_runtime::{Handler, Outcome};
+
+use crate::error::{DownloadError, MAX_RETRY_AFTER};
+use crate::metrics;
+use crate::sniff::{ImageFormat, Sniffed, sniff};
+
+/// Handles `tasks.download` commands (see the module docs).
+pub struct DownloadHandler {
+    client: GuardedClient,
+    blobs: Arc<dyn BlobStore>,
+    reporter: StepReporter,
+}
+
+impl DownloadHandler {
+    /// A handler fetching with `client` (whose limits apply to uploaded blobs too), storing into
+    /// `blobs` and reporting through `reporter`.
+    pub fn new(client: GuardedClient, blobs: Arc<dyn BlobStore>, reporter: StepReporter) -> Self {
+        Self { client, blobs, reporter }
+    }
+
+    /// Brings the image of `source` into the blob store and describes it.
+    pub async fn download(&self, source: &ImageSource) -> Result<DownloadOutput, DownloadError> {
+        let started = Instant::now();
+        let (kind, result) = match source {
+            ImageSource::Url(url) => (metrics::SOURCE_URL, self.fetch(url).await),
+            ImageSource::Blob(key) => (metrics::SOURCE_BLOB, self.validate_blob(key).await),
+        };
+        ::metrics::histogram!(metrics::DOWNLOAD_DURATION, metrics::SOURCE => kind)
+            .record(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(output) => {
+                ::metrics::counter!(metrics::DOWNLOADED_BYTES, metrics::SOURCE => kind).increment(output.size)
+            }
+            Err(error) => ::metrics::counter!(metrics::FAILURES, metrics::CODE => error.code()).increment(1),
+        }
+        result
+    }
+
+    async fn fetch(&self, url: &str) -> Result<DownloadOutput, DownloadError> {
+        let response = self.client.get(url).await?;
+        let final_url = redacted_url(&response.final_url);
+        if !response.status.is_success() {
+            let retry_after = response.retry_after(SystemTime::now()).map(|d| d.min(MAX_RETRY_AFTER));
+            return Err(DownloadError::Status { url: final_url, status: response.status, retry_after });
+        }
+        let format = image_format(&response.body)?;
+        let size = response.body.len() as u64;
+        let key = self.blobs.put(response.body).await?;
+        Ok(output(key, size, format, Some(final_url)))
+    }
+
+    async fn validate_blob(&self, key: &str) -> Result<DownloadOutput, DownloadError> {
+        let key: BlobKey = key.parse()?;
+        let bytes: Bytes = self.blobs.get(&key).await?;
+        let (size, limit) = (bytes.len() as u64, self.client.limits().max_bytes);
+        if size > limit {
+            return Err(DownloadError::BlobTooLarge { size, limit });
+        }
+        let format = image_format(&bytes)?;
+        Ok(output(key, size, format, None))
+    }
+}
+
+fn image_format(bytes: &[u8]) -> Result<ImageFormat, DownloadError> {
+    match sniff(bytes) {
+        Sniffed::Image(format) => Ok(format),
+        Sniffed::Other(detected) => Err(DownloadError::NotAnImage { detected }),
+    }
+}
+
+fn output(key: BlobKey, size: u64, format: ImageFormat, final_url: Option<String>) -> DownloadOutput {
+    DownloadOutput {
+        sha256: key.hex().to_owned(),
+        blob_key: key.to_string(),
+        size,
+        format: format.as_str().to_owned(),
+        final_url,
+    }
+}
+
+#[async_trait]
+impl Handler for DownloadHandler {
+    async fn handle(&self, delivery: &Delivery) -> Outcome {
+        let command: DownloadCommand = match decode(&delivery.message.payload) {
+            Ok(command) => command,
+            Err(error) => return Outcome::reject(error),
+        };
+        let attempt = Attempt { task_id: command.task_id.clone(), step: Step::Download, attempt: command.attempt };
+        let reported = match self.download(&command.source).await {
+            Ok(image) => {
+                tracing::info!(task_id = %attempt.task_id, blob_key = %image.blob_key, size = image.size,
+                    format = %image.format, "image downloaded");
+                let payload = ImageDownloaded { image: image.clone(), labels: command.labels.clone() };
+                self.reporter.succeeded(&attempt, payload, StepOutput::Download(image)).await
+            }
+            Err(error) if error.is_retryable() => {
+                let retry_after = error.retry_after();
+                tracing::warn!(task_id = %attempt.task_id, error = %crate::error_chain(&error), ?retry_after,
+                    "download failed; the coordinator retries it");
+                self.reporter.retryable(&attempt, error.to_step_error(), retry_after).await
+            }
+            Err(error) => {
+                tracing::info!(task_id = %attempt.task_id, error = %crate::error_chain(&error),
+                    "download failed permanently");
+                self.reporter.permanent(&attempt, error.to_step_error()).await
+            }
+        };
+        match reported {
+            Ok(()) => Outcome::Ack,
+            Err(error) => Outcome::retry(format!("reporting the download step: {}", crate::error_chain(&error))),
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The download worker end to end on the memory bus: commands in on `tasks.download`, the
+//! `image.downloaded` event and the step results out, a malformed command dead-lettered.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use common::*;
+use imagepipe_blob::{BlobKey, BlobStore, LocalBlobStore};
+use imagepipe_bus::{Bus, BusConfig, Consumer, ConsumerConfig, Message, Selector, Subscription};
+use imagepipe_contracts::names::{self, headers, queues};
+use imagepipe_contracts::payload::ImageDownloaded;
+use imagepipe_contracts::{
+    DownloadCommand, Event, EventType, ImageSource, Step, StepOutcome, StepOutput, StepResult, decode, event_id,
+};
+use imagepipe_download_worker::{client_builder, run_with_client};
+use imagepipe_net::StaticResolver;
+use imagepipe_net::testing::{FixtureServer, LoopbackOnly, Route};
+use imagepipe_runtime::step::outgoing;
+use imagepipe_runtime::{Settings, Shutdown};
+
+async fn fetch_all(consumer: &dyn Consumer, want: usize) -> Vec<Message> {
+    let mut messages = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while messages.len() < want && tokio::time::Instant::now() < deadline {
+        for delivery in consumer.fetch(want - messages.len(), Duration::from_millis(200)).await.unwrap() {
+            messages.push(delivery.message.clone());
+            delivery.ack().await.unwrap();
+        }
+    }
+    messages
+}
+
+fn command(task_id: &str, attempt: u32, source: ImageSource) -> Message {
+    let labels = BTreeMap::from([("album".to_owned(), "summer".to_owned())]);
+    let command = DownloadCommand { task_id: task_id.into(), attempt, source, labels };
+    outgoing(&command, task_id, format!("{task_id}:download:{attempt}"))
+}
+
+#[tokio::test]
+async fn commands_become_events_and_step_results() {
+    let jpeg = jpeg_with_exif_and_gps();
+    let server = FixtureServer::start([
+        ("/cat.jpg", Route::ok("application/octet-stream", jpeg.clone())),
+        ("/busy.jpg", Route::with_headers(503, &[("Retry-After", "30")])),
+        ("/fake.jpg", Route::ok("image/jpeg", "not a picture")),
+        ("/jump", Route::redirect("http://cloud-metadata.test/latest/meta-data/")),
+    ])
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let uploaded = LocalBlobStore::new(dir.path()).put(png_with_alpha().into()).await.unwrap();
+
+    let mut settings = Settings::default();
+    settings.blob.dir = dir.path().to_owned();
+    settings.net.allow_cidrs = vec![LOOPBACK.into()];
+    settings.worker.concurrency = 4;
+    settings.validate().unwrap();
+    let dial = LoopbackOnly::new();
+    let resolver = StaticResolver::new()
+        .with("images.test", [IpAddr::V4(Ipv4Addr::LOCALHOST)])
+        .with("cloud-metadata.test", [IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254))]);
+    let client = client_builder(&settings).unwrap().resolver(resolver).dial_check(dial.clone()).build().unwrap();
+
+    let bus = Bus::connect(&BusConfig::default()).await.unwrap();
+    let events = bus.events.subscribe(Subscription::new("watch", Selector::all())).await.unwrap();
+    let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
+    let dead =
+        bus.queues.consume(&names::dead_letter_queue(queues::DOWNLOAD), ConsumerConfig::default()).await.unwrap();
+    let shutdown = Shutdown::new();
+    let worker = tokio::spawn({
+        let (bus, settings, shutdown) = (bus.clone(), settings.clone(), shutdown.clone());
+        async move { run_with_client(bus, &settings, client, shutdown).await }
+    });
+
+    let port = server.addr().port();
+    let commands = [
+        command("tsk_ok", 2, ImageSource::Url(format!("http://images.test:{port}/cat.jpg"))),
+        command("tsk_missing", 1, ImageSource::Url(server.url("/missing.jpg"))),
+        command("tsk_busy", 1, ImageSource::Url(server.url("/busy.jpg"))),
+        command("tsk_text", 1, ImageSource::Url(server.url("/fake.jpg"))),
+        command("tsk_ssrf", 1, ImageSource::Url(server.url("/jump"))),
+        command("tsk_blob", 1, ImageSource::Blob(uploaded.to_string())),
+    ];
+    for message in commands {
+        bus.queues.send(queues::DOWNLOAD, message).await.unwrap();
+    }
+    bus.queues.send(queues::DOWNLOAD, Message::new(&b"{\"taskId\": 7}"[..])).await.unwrap();
+
+    let results: BTreeMap<String, StepResult> = fetch_all(&*results, 6)
+        .await
+        .iter()
+        .map(|m| decode::<StepResult>(&m.payload).unwrap())
+        .map(|r| (r.task_id.clone(), r))
+        .collect();
+    assert_eq!(results.len(), 6, "{results:?}");
+    assert!(results.values().all(|r| r.step == Step::Download));
+
+    let StepOutcome::Ok { output: StepOutput::Download(image) } = &results["tsk_ok"].outcome else {
+        panic!("tsk_ok: {:?}", results["tsk_ok"]);
+    };
+    assert_eq!(results["tsk_ok"].attempt, 2);
+    assert_eq!((image.blob_key.as_str(), image.format.as_str()), (BlobKey::of(&jpeg).as_str(), "jpeg"));
+    assert_eq!(image.final_url.as_deref(), Some(format!("http://images.test:{port}/cat.jpg").as_str()));
+    let stored = LocalBlobStore::new(dir.path()).get(&BlobKey::of(&jpeg)).await.unwrap();
+    assert_eq!(&stored[..], &jpeg[..], "the image is durable before it is reported");
+
+    let permanent = |task: &str| match &results[task].outcome {
+        StepOutcome::Permanent { error } => (error.code.clone(), error.message.clone()),
+        other => panic!("{task}: {other:?}"),
+    };
+    assert_eq!(permanent("tsk_missing").0, "http_404");
+    assert_eq!(permanent("tsk_text"), ("not_an_image".into(), "not an image (detected: text)".into()));
+    assert_eq!(permanent("tsk_ssrf").0, "address_refused");
+    match &results["tsk_busy"].outcome {
+        StepOutcome::Retryable { error, retry_after_ms } => {
+            assert_eq!((error.code.as_str(), *retry_after_ms), ("http_503", Some(30_000)));
+        }
+        other => panic!("tsk_busy: {other:?}"),
+    }
+    assert!(matches!(&results["tsk_blob"].outcome,
+        StepOutcome::Ok { output: StepOutput::Download(out) } if out.blob_key == uploaded.as_str() && out.final_url.is_none()));
+
+    let mut events: Vec<Event<ImageDownloaded>> =
+        fetch_all(&*events, 2).await.iter().map(|m| decode(&m.payload).unwrap()).collect();
+    events.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    assert_eq!(events.len(), 2, "one event per success, none for failures");
+    let ok = &events[1];
+    assert_eq!(ok.task_id.as_deref(), Some("tsk_ok"));
+    assert_eq!(ok.event_id, event_id("tsk_ok", EventType::ImageDownloaded, 2));
+    assert_eq!((ok.source.as_str(), ok.payload.image.clone()), ("download-worker", image.clone()));
+    assert_eq!(ok.payload.labels["album"], "summer");
+    assert_eq!(events[0].payload.image.format, "png");
+
+    let dead = fetch_all(&*dead, 1).await;
+    assert_eq!(dead.len(), 1);
+    let reason = dead[0].headers.get(headers::DLQ_REASON).unwrap();
+    assert!(reason.contains("taskId"), "{reason}");
+
+    assert!(dial.violations().is_empty(), "{:?}", dial.violations());
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(30), worker).await.unwrap().unwrap().unwrap();
+}
+
+/// A change to default settings.
+type Change = fn(&mut Settings);
+
+#[test]
+fn download_settings_are_validated_by_key() {
+    let cases: [(Change, &str); 5] = [
+        (|s| s.download.max_bytes = 0, "download.max_bytes"),
+        (|s| s.download.connect_timeout = Duration::ZERO, "download.connect_timeout"),
+        (|s| s.download.connect_timeout = s.download.total_timeout * 2, "download.connect_timeout"),
+        (|s| s.download.max_redirects = 21, "download.max_redirects"),
+        (|s| s.download.user_agent = "bad\nagent".into(), "download.user_agent"),
+    ];
+    for (change, key) in cases {
+        let mut settings = Settings::default();
+        change(&mut settings);
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(error.contains(key), "{key}: {error}");
+    }
+    let defaults = Settings::default().download;
+    assert_eq!((defaults.max_bytes, defaults.max_redirects), (25 * 1024 * 1024, 5));
+}
+
+#[test]
+fn a_bad_allowlist_stops_the_worker_before_it_starts() {
+    let mut settings = Settings::default();
+    settings.net.allow_cidrs = vec!["10.0.0.0/33".into()];
+    let error = client_builder(&settings).unwrap_err();
+    assert!(format!("{error:?}").contains("net.allow_cidrs[0]"), "{error:?}");
+}
