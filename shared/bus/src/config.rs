@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use crate::secret::{Secret, mask_url_credentials};
 use crate::selector::Selector;
 
 /// Which backend carries the messages.
@@ -120,9 +121,9 @@ pub struct NatsConfig {
     /// User name, with `password`.
     pub user: Option<String>,
     /// Password of `user`.
-    pub password: Option<Secret>,
+    pub password: Option<Secret<String>>,
     /// Authentication token.
-    pub token: Option<Secret>,
+    pub token: Option<Secret<String>>,
     /// TLS settings.
     pub tls: NatsTlsConfig,
     /// Replicas of every stream (1 on a single server; 3 in a production cluster).
@@ -180,7 +181,7 @@ impl Default for NatsConfig {
 impl std::fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsConfig")
-            .field("url", &redact_urls(&self.url))
+            .field("url", &mask_url_credentials(&self.url))
             .field("name", &self.name)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
@@ -200,20 +201,6 @@ impl std::fmt::Debug for NatsConfig {
             .field("max_msgs", &self.max_msgs)
             .field("redelivery_backoff", &self.redelivery_backoff)
             .finish()
-    }
-}
-
-/// `urls` (comma-separated) with the user info of each replaced by `***`, for logs and errors.
-pub(crate) fn redact_urls(urls: &str) -> String {
-    urls.split(',').map(|url| redact_url(url.trim())).collect::<Vec<_>>().join(",")
-}
-
-fn redact_url(url: &str) -> String {
-    let after_scheme = url.find("://").map_or(0, |i| i + 3);
-    let authority_end = url[after_scheme..].find(['/', '?', '#']).map_or(url.len(), |i| after_scheme + i);
-    match url[after_scheme..authority_end].rfind('@') {
-        Some(at) => format!("{}***{}", &url[..after_scheme], &url[after_scheme + at..]),
-        None => url.to_owned(),
     }
 }
 
@@ -242,36 +229,6 @@ pub struct NatsTlsConfig {
     pub key_file: Option<PathBuf>,
     /// Start TLS before the server's INFO (servers configured with `handshake_first`).
     pub handshake_first: bool,
-}
-
-/// A credential from config. `Debug` and `Serialize` print `<redacted>`, so it never reaches a
-/// log line or a dumped config.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// A secret holding `value`.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The secret itself, for handing to a client library.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str("<redacted>")
-    }
 }
 
 /// The `bus.kafka` section.

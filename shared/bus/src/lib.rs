@@ -22,6 +22,7 @@ mod config;
 mod delivery;
 mod error;
 mod message;
+pub mod secret;
 mod selector;
 mod traits;
 
@@ -34,11 +35,12 @@ pub mod nats;
 
 pub use bus::Bus;
 pub use config::{
-    BusConfig, BusKind, ConsumerConfig, KafkaConfig, NatsConfig, NatsStorage, NatsTlsConfig, Secret, StartPosition,
+    BusConfig, BusKind, ConsumerConfig, KafkaConfig, NatsConfig, NatsStorage, NatsTlsConfig, StartPosition,
     Subscription,
 };
 pub use delivery::{AckHandle, Delivery};
 pub use error::{BoxError, BusError};
 pub use message::{Headers, Message};
+pub use secret::{Secret, SecretUrl};
 pub use selector::{InvalidSelector, Selector};
 pub use traits::{Consumer, EventBus, TaskQueue};

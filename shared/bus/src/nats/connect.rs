@@ -6,14 +6,15 @@ use std::time::Duration;
 use async_nats::{ConnectOptions, Event, ServerAddr};
 use rand::Rng;
 
-use crate::config::{NatsConfig, redact_urls};
+use crate::config::NatsConfig;
 use crate::error::BusError;
+use crate::secret::mask_url_credentials;
 
 /// Connects to the servers of `config`. The client then reconnects by itself, forever, with
 /// exponential backoff and jitter between attempts.
 pub(crate) async fn connect(config: &NatsConfig) -> Result<async_nats::Client, BusError> {
     validate(config).map_err(BusError::Invalid)?;
-    let shown = redact_urls(&config.url);
+    let shown = mask_url_credentials(&config.url);
     let servers = parse_servers(&config.url)?;
     let options = options(config).await.map_err(|source| BusError::Connect { url: shown.clone(), source })?;
     // async-nats bounds each attempt by `connection_timeout`; this bounds the whole list.
@@ -75,7 +76,10 @@ fn parse_servers(urls: &str) -> Result<Vec<ServerAddr>, BusError> {
         .filter(|url| !url.is_empty())
         .map(|url| {
             ServerAddr::from_str(url).map_err(|err| {
-                BusError::Invalid(format!("bus.nats.url: {} is not a NATS server URL: {err}", redact_urls(url)))
+                BusError::Invalid(format!(
+                    "bus.nats.url: {} is not a NATS server URL: {err}",
+                    mask_url_credentials(url)
+                ))
             })
         })
         .collect()
@@ -172,18 +176,18 @@ mod tests {
 
     #[test]
     fn urls_are_redacted() {
-        assert_eq!(redact_urls("nats://u:secret@h:4222, tls://tok@h2"), "nats://***@h:4222,tls://***@h2");
-        assert_eq!(redact_urls("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
-        assert_eq!(redact_urls("127.0.0.1:4222"), "127.0.0.1:4222");
+        assert_eq!(mask_url_credentials("nats://u:secret@h:4222, tls://tok@h2"), "nats://***@h:4222, tls://***@h2");
+        assert_eq!(mask_url_credentials("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(mask_url_credentials("127.0.0.1:4222"), "127.0.0.1:4222");
     }
 
     #[test]
     fn contradictory_settings_are_rejected() {
         let mut config = NatsConfig { user: Some("u".into()), ..NatsConfig::default() };
         assert!(validate(&config).unwrap_err().contains("password"));
-        config.password = Some(crate::config::Secret::new("p"));
+        config.password = Some(crate::secret::Secret::new("p".to_owned()));
         assert!(validate(&config).is_ok());
-        config.token = Some(crate::config::Secret::new("t"));
+        config.token = Some(crate::secret::Secret::new("t".to_owned()));
         assert!(validate(&config).unwrap_err().contains("only one"));
         let config = NatsConfig { replicas: 0, ..NatsConfig::default() };
         assert!(validate(&config).is_err());
@@ -194,8 +198,8 @@ mod tests {
     fn secrets_never_show_in_debug_output() {
         let config = NatsConfig {
             user: Some("u".into()),
-            password: Some(crate::config::Secret::new("hunter2")),
-            token: Some(crate::config::Secret::new("tok3n")),
+            password: Some(crate::secret::Secret::new("hunter2".to_owned())),
+            token: Some(crate::secret::Secret::new("tok3n".to_owned())),
             ..NatsConfig::default()
         };
         let shown = format!("{config:?}");
