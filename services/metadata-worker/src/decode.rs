@@ -63,6 +63,13 @@ pub fn decode(bytes: &[u8], settings: &MetadataSettings) -> Result<Decoded, Extr
     let format = reader.format().filter(|f| format_name(*f) != "unsupported").ok_or(ExtractError::UnsupportedFormat)?;
     let name = format_name(format);
     let failed = |error: ImageError| classify(name, error);
+    // The JPEG decoder fills a truncated scan with grey instead of failing.
+    if format == ImageFormat::Jpeg && !jpeg_has_end(bytes) {
+        return Err(ExtractError::Decode {
+            format: name,
+            reason: "truncated: no end-of-image marker after the scan".into(),
+        });
+    }
 
     let mut reader = reader;
     let limits = limits(settings);
@@ -101,6 +108,30 @@ pub fn decode(bytes: &[u8], settings: &MetadataSettings) -> Result<Decoded, Extr
     Ok(Decoded { image, format, has_icc_profile, exif })
 }
 
+/// Whether a JPEG's first scan is followed by an end-of-image marker. The segments before the
+/// scan are skipped by their lengths, so an EXIF thumbnail's marker does not count; inside
+/// entropy-coded data `FF D9` cannot occur (a data `FF` is followed by `00`).
+fn jpeg_has_end(bytes: &[u8]) -> bool {
+    const SOS: u8 = 0xDA;
+    const EOI: [u8; 2] = [0xFF, 0xD9];
+    let mut pos = 2; // after SOI
+    loop {
+        if bytes.get(pos) != Some(&0xFF) {
+            return false;
+        }
+        let Some(&marker) = bytes.get(pos + 1) else { return false };
+        match marker {
+            0xFF => pos += 1, // fill byte
+            0x01 | 0xD0..=0xD7 => pos += 2,
+            SOS => return bytes[pos + 2..].windows(2).any(|w| w == EOI),
+            _ => {
+                let Some(len) = bytes.get(pos + 2..pos + 4) else { return false };
+                pos += 2 + usize::from(u16::from_be_bytes([len[0], len[1]]));
+            }
+        }
+    }
+}
+
 fn limits(settings: &MetadataSettings) -> Limits {
     let mut limits = Limits::no_limits();
     limits.max_image_width = Some(settings.max_width);
@@ -113,5 +144,24 @@ fn classify(format: &'static str, error: ImageError) -> ExtractError {
     match error {
         ImageError::Limits(limit) => ExtractError::DecoderLimit { format, limit: limit.to_string() },
         other => ExtractError::Decode { format, reason: other.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jpeg_ends_with_an_end_marker_after_its_scan() {
+        let app1_with_thumbnail_end = [0xFF, 0xE1, 0x00, 0x06, 0xFF, 0xD9, 0x00, 0x00];
+        let sos = [0xFF, 0xDA, 0x00, 0x02, 0x12, 0xFF, 0x00, 0x34];
+        let jpeg = |parts: &[&[u8]]| {
+            [&[0xFF, 0xD8][..]].iter().chain(parts).flat_map(|p| p.iter().copied()).collect::<Vec<u8>>()
+        };
+        assert!(jpeg_has_end(&jpeg(&[&app1_with_thumbnail_end, &sos, &[0xFF, 0xD9]])));
+        assert!(jpeg_has_end(&jpeg(&[&sos, &[0xFF, 0xD9, 0x00, 0x00]])), "trailing bytes after the end are fine");
+        assert!(!jpeg_has_end(&jpeg(&[&app1_with_thumbnail_end, &sos])), "an EXIF thumbnail's end does not count");
+        assert!(!jpeg_has_end(&jpeg(&[&app1_with_thumbnail_end])));
+        assert!(!jpeg_has_end(&[0xFF, 0xD8]));
     }
 }

@@ -92,3 +92,43 @@ fn apng_frames(bytes: &[u8]) -> u32 {
     }
     0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png_chunk(kind: &[u8], data: &[u8]) -> Vec<u8> {
+        let mut chunk = (data.len() as u32).to_be_bytes().to_vec();
+        chunk.extend_from_slice(kind);
+        chunk.extend_from_slice(data);
+        chunk.extend_from_slice(&[0; 4]); // CRC, not checked here
+        chunk
+    }
+
+    #[test]
+    fn apng_frames_come_from_the_animation_control_chunk() {
+        let ihdr = png_chunk(b"IHDR", &[0; 13]);
+        let actl = png_chunk(b"acTL", &[0, 0, 0, 12, 0, 0, 0, 0]);
+        let idat = png_chunk(b"IDAT", &[1, 2, 3]);
+        let png = |chunks: &[&[u8]]| {
+            [&b"\x89PNG\r\n\x1a\n"[..]].iter().chain(chunks).flat_map(|c| c.to_vec()).collect::<Vec<u8>>()
+        };
+        assert_eq!(frame_count(ImageFormat::Png, &png(&[&ihdr, &actl, &idat])), 12);
+        assert_eq!(frame_count(ImageFormat::Png, &png(&[&ihdr, &idat, &actl])), 1, "acTL after IDAT is ignored");
+        assert_eq!(frame_count(ImageFormat::Png, &png(&[&ihdr, &idat])), 1);
+    }
+
+    #[test]
+    fn truncated_or_foreign_containers_count_what_is_there() {
+        assert_eq!(frame_count(ImageFormat::Gif, b"GIF89a"), 1);
+        assert_eq!(frame_count(ImageFormat::WebP, b"RIFF\0\0\0\0WAVE"), 1);
+        assert_eq!(frame_count(ImageFormat::Jpeg, b"\xFF\xD8"), 1);
+        // Two complete frames and a third cut off in its image data.
+        let frame = [0x2C, 0, 0, 0, 0, 1, 0, 1, 0, 0x00, 0x02, 0x02, 0x4C, 0x01, 0x00];
+        let mut gif = b"GIF89a\x01\x00\x01\x00\x00\x00\x00".to_vec();
+        gif.extend_from_slice(&frame);
+        gif.extend_from_slice(&frame);
+        gif.extend_from_slice(&frame[..12]);
+        assert_eq!(frame_count(ImageFormat::Gif, &gif), 2);
+    }
+}
