@@ -268,5 +268,8 @@ async fn the_dial_check_is_the_last_word() {
     let (client, dial) = client(&[], resolver, Limits::default());
     let err = client.get("http://remote.test/").await.unwrap_err();
     assert!(matches!(err, FetchError::DialRefused { .. }), "{err:?}");
-    assert_eq!(dial.violations(), vec!["93.184.216.34".parse::<IpAddr>().unwrap()]);
+    let err = client.get("https://93.184.216.35/").await.unwrap_err();
+    assert!(matches!(err, FetchError::DialRefused { .. }), "an IP literal passes the dial check too: {err:?}");
+    let expected: Vec<IpAddr> = ["93.184.216.34".parse().unwrap(), "93.184.216.35".parse().unwrap()].into();
+    assert_eq!(dial.violations(), expected);
 }
