@@ -2,16 +2,21 @@
 //! under a content-addressed key `sha256:<hex>`, and every later message carries only the key.
 //!
 //! [`BlobStore`] is the seam; [`LocalBlobStore`] keeps blobs in a directory (one host, or a volume
-//! shared by the containers).
+//! shared by the containers), [`ObjectBlobStore`] in S3 or an S3-compatible service (several
+//! hosts). [`BlobConfig::open`] picks one from the `blob` config section.
 
+mod config;
 mod key;
 mod local;
+mod object;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use config::{BlobConfig, BlobConfigError, BlobKind, S3Config};
 pub use key::{BlobKey, InvalidBlobKey};
 pub use local::LocalBlobStore;
+pub use object::ObjectBlobStore;
 
 /// A blob operation that failed, naming the key or path involved.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,146 @@
+//! The `blob` section of the config and the store it opens.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use imagepipe_bus::Secret;
+use object_store::aws::AmazonS3Builder;
+use serde::{Deserialize, Serialize};
+
+use crate::{BlobStore, LocalBlobStore, ObjectBlobStore};
+
+/// Which blob store to use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlobKind {
+    /// A local directory, `blob.dir` (one host, or a volume shared by the containers).
+    #[default]
+    Local,
+    /// An S3-compatible object store, `blob.s3.*`.
+    S3,
+}
+
+/// The `blob` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BlobConfig {
+    /// Backend.
+    pub kind: BlobKind,
+    /// Directory of the local blob store.
+    pub dir: PathBuf,
+    /// S3 settings.
+    pub s3: S3Config,
+}
+
+impl Default for BlobConfig {
+    fn default() -> Self {
+        Self { kind: BlobKind::Local, dir: PathBuf::from(".imagepipe/blobs"), s3: S3Config::default() }
+    }
+}
+
+/// The `blob.s3` section. Credentials left empty come from the usual AWS environment
+/// (`AWS_ACCESS_KEY_ID`, instance metadata, ...).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct S3Config {
+    /// Bucket name.
+    pub bucket: String,
+    /// Key prefix inside the bucket.
+    pub prefix: String,
+    /// Region, e.g. `eu-west-1`.
+    pub region: Option<String>,
+    /// Endpoint of an S3-compatible service, e.g. `http://minio:9000`.
+    pub endpoint: Option<String>,
+    /// Access key id.
+    pub access_key_id: Option<String>,
+    /// Secret access key (masked whenever printed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<Secret<String>>,
+    /// Allow plain-HTTP endpoints (local MinIO).
+    pub allow_http: bool,
+}
+
+/// A blob config that cannot open a store; names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum BlobConfigError {
+    /// A required key is missing or a value is unusable.
+    #[error("{key}: {reason}")]
+    Invalid {
+        /// The config key.
+        key: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl BlobConfig {
+    /// Checks the values the chosen backend needs.
+    pub fn validate(&self) -> Result<(), BlobConfigError> {
+        match self.kind {
+            BlobKind::Local if self.dir.as_os_str().is_empty() => {
+                Err(BlobConfigError::Invalid { key: "blob.dir", reason: "must not be empty".into() })
+            }
+            BlobKind::S3 if self.s3.bucket.is_empty() => Err(BlobConfigError::Invalid {
+                key: "blob.s3.bucket",
+                reason: "required when blob.kind = \"s3\"".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Opens the configured store.
+    pub fn open(&self) -> Result<Arc<dyn BlobStore>, BlobConfigError> {
+        self.validate()?;
+        match self.kind {
+            BlobKind::Local => Ok(Arc::new(LocalBlobStore::new(&self.dir))),
+            BlobKind::S3 => {
+                let s3 = &self.s3;
+                let mut builder =
+                    AmazonS3Builder::from_env().with_bucket_name(&s3.bucket).with_allow_http(s3.allow_http);
+                if let Some(region) = &s3.region {
+                    builder = builder.with_region(region);
+                }
+                if let Some(endpoint) = &s3.endpoint {
+                    builder = builder.with_endpoint(endpoint);
+                }
+                if let Some(id) = &s3.access_key_id {
+                    builder = builder.with_access_key_id(id);
+                }
+                if let Some(secret) = &s3.secret_access_key {
+                    builder = builder.with_secret_access_key(secret.expose());
+                }
+                let store =
+                    builder.build().map_err(|e| BlobConfigError::Invalid { key: "blob.s3", reason: e.to_string() })?;
+                Ok(Arc::new(ObjectBlobStore::new(Arc::new(store), s3.prefix.clone())))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s3_needs_a_bucket_and_says_so() {
+        let config = BlobConfig { kind: BlobKind::S3, ..BlobConfig::default() };
+        let err = config.open().err().unwrap();
+        assert!(err.to_string().starts_with("blob.s3.bucket"), "{err}");
+    }
+
+    #[test]
+    fn an_s3_store_opens_without_contacting_the_service() {
+        let s3 = S3Config {
+            bucket: "images".into(),
+            endpoint: Some("http://127.0.0.1:9".into()),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("id".into()),
+            secret_access_key: Some(Secret::new("secret".into())),
+            allow_http: true,
+            prefix: "blobs".into(),
+        };
+        let config = BlobConfig { kind: BlobKind::S3, s3, ..BlobConfig::default() };
+        assert!(config.open().is_ok());
+        assert!(!format!("{config:?}").contains("secret\""), "secret printed: {config:?}");
+    }
+}
