@@ -6,6 +6,7 @@
 pub mod backoff;
 pub mod clock;
 pub mod config;
+pub mod dedup;
 pub mod http;
 pub mod metrics;
 pub mod service;

@@ -8,6 +8,7 @@
 mod error;
 mod load;
 mod secret;
+mod subscribers;
 mod validate;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -20,6 +21,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 pub use error::ConfigError;
 pub use load::{CONFIG_PATH_ENV, ConfigArgs, ENV_PREFIX};
 pub use secret::{MASK, Secret, SecretUrl, mask_url_credentials};
+pub use subscribers::{DedupSettings, NotificationSettings};
 
 /// Every service's configuration. Sections a service does not use are ignored by it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -49,6 +51,11 @@ pub struct Settings {
     pub coordinator: CoordinatorSettings,
     /// Metadata worker: decoding limits and thumbnails (`metadata.*`).
     pub metadata: MetadataSettings,
+    /// Notification worker: webhook targets, signing secret, timeouts and retries
+    /// (`notification.*`).
+    pub notification: NotificationSettings,
+    /// Event subscribers: how handled event ids are remembered (`dedup.*`).
+    pub dedup: DedupSettings,
 }
 
 /// Which state store the coordinator uses.

@@ -100,6 +100,8 @@ impl Settings {
         if self.telemetry.service_name.as_deref().is_some_and(|name| name.trim().is_empty()) {
             return Err(ConfigError::invalid("telemetry.service_name", "must not be empty when set"));
         }
+        self.notification.validate()?;
+        self.dedup.validate()?;
         Ok(())
     }
 }

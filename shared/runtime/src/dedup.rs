@@ -1,0 +1,222 @@
+//! Remembering which events a subscriber has handled, so a redelivered event (same `eventId`)
+//! has its effect once: check [`Dedup::is_done`] before the effect, [`Dedup::mark_done`] after
+//! it. A crash in between repeats the effect on redelivery (at-least-once), never loses it.
+//!
+//! Two backends: [`RedisDedup`] (`SET NX` with a TTL, shared by every replica of a subscriber
+//! group) for `store.kind = redis`, and [`MemoryDedup`] (a bounded in-process set with a TTL)
+//! for one process. [`connect`] picks one from [`Settings`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+
+use crate::config::{Settings, StoreKind};
+
+/// The dedup store could not be reached or answered nonsense.
+#[derive(Debug, thiserror::Error)]
+pub enum DedupError {
+    /// Connecting to Redis failed.
+    #[error("connecting to Redis for deduplication")]
+    Connect(#[source] redis::RedisError),
+    /// A Redis command failed.
+    #[error("Redis {command} on {key:?}")]
+    Redis {
+        /// The command.
+        command: &'static str,
+        /// The key it was about.
+        key: String,
+        /// What Redis said.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+/// Handled keys (event ids, or event id + target) of one subscriber group.
+#[async_trait]
+pub trait Dedup: Send + Sync + 'static {
+    /// Whether `key` was marked done and is still remembered.
+    async fn is_done(&self, key: &str) -> Result<bool, DedupError>;
+
+    /// Marks `key` done; `false` when it already was.
+    async fn mark_done(&self, key: &str) -> Result<bool, DedupError>;
+}
+
+/// The dedup store `settings` call for, namespaced by subscriber `group`: Redis keys
+/// `<bus.prefix>:dedup:<group>:<key>` when `store.kind = redis`, an in-process set otherwise.
+pub async fn connect(settings: &Settings, group: &str) -> Result<Box<dyn Dedup>, DedupError> {
+    let ttl = settings.dedup.ttl;
+    match settings.store.kind {
+        StoreKind::Redis => {
+            let client = redis::Client::open(settings.store.redis.url.expose()).map_err(DedupError::Connect)?;
+            let connection = ConnectionManager::new(client).await.map_err(DedupError::Connect)?;
+            let prefix = format!("{}:dedup:{group}", settings.bus.prefix);
+            Ok(Box::new(RedisDedup::new(connection, prefix, ttl)))
+        }
+        StoreKind::Embedded => Ok(Box::new(MemoryDedup::new(ttl, settings.dedup.capacity))),
+    }
+}
+
+/// Keys in Redis, `<prefix>:<key>`, each set with `SET NX PX <ttl>`.
+#[derive(Clone)]
+pub struct RedisDedup {
+    connection: ConnectionManager,
+    prefix: String,
+    ttl: Duration,
+}
+
+impl RedisDedup {
+    /// Keys under `prefix`, each forgotten `ttl` after it was marked.
+    pub fn new(connection: ConnectionManager, prefix: impl Into<String>, ttl: Duration) -> Self {
+        Self { connection, prefix: prefix.into(), ttl }
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}:{key}", self.prefix)
+    }
+}
+
+#[async_trait]
+impl Dedup for RedisDedup {
+    async fn is_done(&self, key: &str) -> Result<bool, DedupError> {
+        let key = self.key(key);
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|source| DedupError::Redis { command: "EXISTS", key, source })?;
+        Ok(exists)
+    }
+
+    async fn mark_done(&self, key: &str) -> Result<bool, DedupError> {
+        let key = self.key(key);
+        let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|source| DedupError::Redis { command: "SET", key, source })?;
+        Ok(set.is_some())
+    }
+}
+
+/// Keys in process memory: at most `capacity` (the oldest marked are forgotten first), each
+/// forgotten `ttl` after it was marked.
+#[derive(Debug)]
+pub struct MemoryDedup {
+    ttl: Duration,
+    capacity: usize,
+    inner: Mutex<Marked>,
+}
+
+#[derive(Debug, Default)]
+struct Marked {
+    at: HashMap<String, Instant>,
+    order: VecDeque<(String, Instant)>,
+}
+
+impl Marked {
+    /// Drops expired entries and, beyond `capacity`, the oldest.
+    fn evict(&mut self, now: Instant, ttl: Duration, capacity: usize) {
+        while let Some((key, marked)) = self.order.front() {
+            if self.order.len() <= capacity && now.duration_since(*marked) < ttl {
+                break;
+            }
+            if self.at.get(key) == Some(marked) {
+                self.at.remove(key);
+            }
+            self.order.pop_front();
+        }
+    }
+}
+
+impl MemoryDedup {
+    /// An empty set.
+    pub fn new(ttl: Duration, capacity: usize) -> Self {
+        Self { ttl, capacity: capacity.max(1), inner: Mutex::default() }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Marked, Instant) -> T) -> T {
+        let mut marked = self.inner.lock().expect("dedup lock");
+        let now = Instant::now();
+        marked.evict(now, self.ttl, self.capacity);
+        f(&mut marked, now)
+    }
+}
+
+#[async_trait]
+impl Dedup for MemoryDedup {
+    async fn is_done(&self, key: &str) -> Result<bool, DedupError> {
+        Ok(self.with(|marked, _| marked.at.contains_key(key)))
+    }
+
+    async fn mark_done(&self, key: &str) -> Result<bool, DedupError> {
+        let (capacity, ttl) = (self.capacity, self.ttl);
+        Ok(self.with(|marked, now| {
+            if marked.at.contains_key(key) {
+                return false;
+            }
+            marked.at.insert(key.to_owned(), now);
+            marked.order.push_back((key.to_owned(), now));
+            marked.evict(now, ttl, capacity);
+            true
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_marks_once_and_forgets_after_the_ttl() {
+        let dedup = MemoryDedup::new(Duration::from_secs(60), 10);
+        assert!(!dedup.is_done("a").await.unwrap());
+        assert!(dedup.mark_done("a").await.unwrap());
+        assert!(!dedup.mark_done("a").await.unwrap());
+        assert!(dedup.is_done("a").await.unwrap());
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(dedup.is_done("a").await.unwrap());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!dedup.is_done("a").await.unwrap());
+        assert!(dedup.mark_done("a").await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_forgets_the_oldest_beyond_capacity() {
+        let dedup = MemoryDedup::new(Duration::from_secs(60), 2);
+        for key in ["a", "b", "c"] {
+            assert!(dedup.mark_done(key).await.unwrap());
+        }
+        assert!(!dedup.is_done("a").await.unwrap());
+        assert!(dedup.is_done("b").await.unwrap());
+        assert!(dedup.is_done("c").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn redis_marks_once_with_a_ttl() {
+        let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+        let mut connection = ConnectionManager::new(client).await.expect("Redis on 127.0.0.1:6379");
+        let prefix = format!("imagepipe-test:dedup:{}", uuid_like());
+        let dedup = RedisDedup::new(connection.clone(), prefix.clone(), Duration::from_secs(30));
+        assert!(!dedup.is_done("evt").await.unwrap());
+        assert!(dedup.mark_done("evt").await.unwrap());
+        assert!(!dedup.mark_done("evt").await.unwrap());
+        assert!(dedup.is_done("evt").await.unwrap());
+        let ttl: i64 = redis::cmd("PTTL").arg(format!("{prefix}:evt")).query_async(&mut connection).await.unwrap();
+        assert!((1..=30_000).contains(&ttl), "ttl {ttl}");
+        let _: () = redis::cmd("DEL").arg(format!("{prefix}:evt")).query_async(&mut connection).await.unwrap();
+    }
+
+    fn uuid_like() -> String {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        format!("{}-{nanos}", std::process::id())
+    }
+}
