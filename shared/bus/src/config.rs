@@ -322,6 +322,7 @@ impl Subscription {
 }
 
 /// Whether `name` is a valid group or queue token sequence (`[A-Za-z0-9_-]`, dot-separated).
+#[cfg(any(feature = "memory", feature = "nats"))]
 pub(crate) fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name
