@@ -1,10 +1,13 @@
 //! The `imagepipe` command line: every operator action, and `imagepipe run` (every service in
 //! one process).
 
+mod cmd;
+
 use std::process::ExitCode;
 
-use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use imagepipe::ApiClient;
+use imagepipe::client::DEFAULT_API;
 use imagepipe_runtime::ConfigArgs;
 
 /// Event-driven image-processing pipeline.
@@ -17,60 +20,55 @@ struct Cli {
     command: Command,
 }
 
+/// Where the HTTP API is, for the commands that talk to it.
+#[derive(Debug, Clone, Args)]
+pub struct ApiArgs {
+    /// Base URL of the imagepipe API.
+    #[arg(long, global = true, default_value = DEFAULT_API)]
+    api: String,
+    /// Bearer token the API requires (its `http.auth_token`).
+    #[arg(long, global = true)]
+    token: Option<String>,
+}
+
+impl ApiArgs {
+    fn client(&self) -> anyhow::Result<ApiClient> {
+        Ok(ApiClient::new(&self.api, self.token.clone())?)
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run every service in one process (in-memory bus, embedded store).
+    /// Run every service in one process (in-memory bus, embedded store) with the API on http.port.
     Run,
     /// Run the pipeline over the bundled sample photos and print a table.
-    Demo,
-    /// Submit URLs or files as tasks.
-    Submit,
+    Demo(cmd::demo::DemoArgs),
+    /// Submit URLs or image files as tasks.
+    Submit(cmd::submit::SubmitArgs),
     /// Show a task's state.
-    Status,
-    /// Tail events.
-    Watch,
+    Status(cmd::status::StatusArgs),
+    /// Tail events (Server-Sent Events of `/v1/events`).
+    Watch(cmd::watch::WatchArgs),
     /// Find tasks by tag.
-    Search,
+    Search(cmd::search::SearchArgs),
     /// Show pipeline statistics.
-    Stats,
+    Stats(cmd::stats::StatsArgs),
     /// Inspect, replay or purge dead letters.
-    Dlq,
+    Dlq(cmd::dlq::DlqArgs),
     /// Measure the pipeline's throughput and latency.
     Bench,
     /// Show the effective configuration.
     Config {
         #[command(subcommand)]
-        action: ConfigAction,
+        action: cmd::config::ConfigAction,
     },
 }
 
-#[derive(Debug, Subcommand)]
-enum ConfigAction {
-    /// Print the effective configuration (defaults < file < environment) as TOML, secrets masked.
-    Print,
-}
-
-impl Command {
-    /// The issue that builds the command, for commands not built yet.
-    fn built_by_issue(&self) -> Option<u32> {
-        match self {
-            Command::Run | Command::Demo | Command::Submit | Command::Status => Some(6),
-            Command::Watch | Command::Search | Command::Stats | Command::Dlq => Some(6),
-            Command::Bench => Some(9),
-            Command::Config { .. } => None,
-        }
-    }
-}
-
-fn main() -> ExitCode {
+#[tokio::main]
+async fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(issue) = cli.command.built_by_issue() {
-        let name = format!("{:?}", cli.command).to_lowercase();
-        eprintln!("imagepipe {name}: not built yet (issue #{issue}); the services it needs are still being built");
-        return ExitCode::from(2);
-    }
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+    match run(cli).await {
+        Ok(code) => code,
         Err(err) => {
             eprintln!("imagepipe: {err:#}");
             ExitCode::FAILURE
@@ -78,14 +76,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Config { action: ConfigAction::Print } => {
-            let settings = cli.config.load().context("loading the configuration")?;
-            print!("{}", settings.to_masked_toml().context("printing the configuration")?);
-            Ok(())
+        Command::Run => cmd::run::run(&cli.config).await,
+        Command::Demo(args) => cmd::demo::run(&cli.config, args).await,
+        Command::Submit(args) => cmd::submit::run(args).await,
+        Command::Status(args) => cmd::status::run(args).await,
+        Command::Watch(args) => cmd::watch::run(args).await,
+        Command::Search(args) => cmd::search::run(args).await,
+        Command::Stats(args) => cmd::stats::run(args).await,
+        Command::Dlq(args) => cmd::dlq::run(args).await,
+        Command::Bench => {
+            eprintln!("imagepipe bench: not built yet (issue #9)");
+            Ok(ExitCode::from(2))
         }
-        other => unreachable!("{other:?} has no implementation yet and was refused above"),
+        Command::Config { action } => cmd::config::run(&cli.config, action),
     }
 }
 

@@ -1,0 +1,213 @@
+//! The HTTP API client behind `imagepipe submit`, `status`, `watch`, `search`, `stats` and `dlq`.
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use imagepipe_contracts::SubmitTask;
+use imagepipe_coordinator::api::{Accepted, ApiError, Replayed, TaskView};
+use imagepipe_coordinator::store::DeadLetterPage;
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::de::DeserializeOwned;
+
+use crate::blob_api::Uploaded;
+use crate::sse::{SseEvent, SseParser};
+
+/// The default API address.
+pub const DEFAULT_API: &str = "http://127.0.0.1:8080";
+
+/// A request to the API failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// `--api` is not an http(s) URL.
+    #[error("--api {0:?} is not an http:// or https:// URL")]
+    BadUrl(String),
+    /// The API could not be reached.
+    #[error("cannot reach the imagepipe API at {url} (is `imagepipe run` running? set --api): {source}")]
+    Unreachable {
+        /// The URL.
+        url: String,
+        /// Transport error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The API answered with an error.
+    #[error("{method} {path}: {status} {code}: {message}")]
+    Api {
+        /// Request method.
+        method: Method,
+        /// Request path.
+        path: String,
+        /// HTTP status.
+        status: StatusCode,
+        /// Stable error code (`not_found`, ...).
+        code: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The answer was not what the API promises.
+    #[error("{method} {path}: unexpected answer: {reason}")]
+    Unexpected {
+        /// Request method.
+        method: Method,
+        /// Request path.
+        path: String,
+        /// What was wrong with it.
+        reason: String,
+    },
+}
+
+impl ClientError {
+    /// The HTTP status of an API error.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A client of one imagepipe API.
+#[derive(Debug, Clone)]
+pub struct ApiClient {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl ApiClient {
+    /// A client of the API at `base` (`http://host:port`), sending `token` as a bearer token.
+    pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
+        let url = url::Url::parse(base).map_err(|_| ClientError::BadUrl(base.to_owned()))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(ClientError::BadUrl(base.to_owned()));
+        }
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("imagepipe-cli/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|source| ClientError::Unreachable { url: base.to_owned(), source })?;
+        Ok(Self { base: base.trim_end_matches('/').to_owned(), token, http })
+    }
+
+    /// The API's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    async fn send(&self, method: Method, path: &str, request: RequestBuilder) -> Result<Response, ClientError> {
+        let response =
+            request.send().await.map_err(|source| ClientError::Unreachable { url: self.base.clone(), source })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = response.bytes().await.unwrap_or_default();
+        let (code, message) = match serde_json::from_slice::<ApiError>(&body) {
+            Ok(e) => (e.error, e.message),
+            Err(_) if status == StatusCode::NOT_FOUND && body.is_empty() => {
+                ("not_found".to_owned(), format!("this server has no {path} (an older or partial imagepipe?)"))
+            }
+            Err(_) => (
+                status.canonical_reason().unwrap_or("error").to_lowercase().replace(' ', "_"),
+                String::from_utf8_lossy(&body).trim().chars().take(200).collect(),
+            ),
+        };
+        Err(ClientError::Api { method, path: path.to_owned(), status, code, message })
+    }
+
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        request: RequestBuilder,
+    ) -> Result<T, ClientError> {
+        let response = self.send(method.clone(), path, request).await?;
+        let unexpected =
+            |reason: String| ClientError::Unexpected { method: method.clone(), path: path.to_owned(), reason };
+        let body = response.bytes().await.map_err(|e| unexpected(e.to_string()))?;
+        serde_json::from_slice(&body).map_err(|e| unexpected(e.to_string()))
+    }
+
+    /// `GET path?query` as JSON.
+    pub async fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> Result<T, ClientError> {
+        self.json(Method::GET, path, self.request(Method::GET, path).query(query)).await
+    }
+
+    /// `POST /v1/tasks`.
+    pub async fn submit(&self, submit: &SubmitTask) -> Result<Accepted, ClientError> {
+        let path = "/v1/tasks";
+        self.json(Method::POST, path, self.request(Method::POST, path).json(submit)).await
+    }
+
+    /// `POST /v1/blobs`: uploads an image and returns its key.
+    pub async fn upload(&self, bytes: Bytes) -> Result<Uploaded, ClientError> {
+        let path = "/v1/blobs";
+        let request = self.request(Method::POST, path).header("content-type", "application/octet-stream").body(bytes);
+        self.json(Method::POST, path, request).await
+    }
+
+    /// `GET /v1/tasks/{id}`.
+    pub async fn task(&self, id: &str) -> Result<TaskView, ClientError> {
+        self.get(&format!("/v1/tasks/{}", encode(id)), &[]).await
+    }
+
+    /// `GET /v1/dlq`: one page of dead letters.
+    pub async fn dead_letters(&self, limit: usize, cursor: Option<&str>) -> Result<DeadLetterPage, ClientError> {
+        let mut query = vec![("limit", limit.to_string())];
+        if let Some(cursor) = cursor {
+            query.push(("cursor", cursor.to_owned()));
+        }
+        self.get("/v1/dlq", &query).await
+    }
+
+    /// `POST /v1/dlq/{id}/replay`.
+    pub async fn replay(&self, id: &str) -> Result<Replayed, ClientError> {
+        let path = format!("/v1/dlq/{}/replay", encode(id));
+        self.json(Method::POST, &path, self.request(Method::POST, &path)).await
+    }
+
+    /// `DELETE /v1/dlq/{id}`.
+    pub async fn purge(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/dlq/{}", encode(id));
+        self.send(Method::DELETE, &path, self.request(Method::DELETE, &path)).await.map(drop)
+    }
+
+    /// `GET /v1/events`: the event stream, optionally of one task and of the event types
+    /// `selector` matches.
+    pub async fn events(
+        &self,
+        task_id: Option<&str>,
+        selector: Option<&str>,
+    ) -> Result<impl Stream<Item = Result<SseEvent, ClientError>> + use<>, ClientError> {
+        let path = "/v1/events";
+        let mut query = Vec::new();
+        if let Some(id) = task_id {
+            query.push(("taskId", id.to_owned()));
+        }
+        if let Some(selector) = selector {
+            query.push(("type", selector.to_owned()));
+        }
+        let request = self.request(Method::GET, path).query(&query).header("accept", "text/event-stream");
+        let response = self.send(Method::GET, path, request).await?;
+        let base = self.base.clone();
+        let mut parser = SseParser::new();
+        Ok(response.bytes_stream().flat_map(move |chunk| {
+            let items: Vec<Result<SseEvent, ClientError>> = match chunk {
+                Ok(chunk) => parser.push(&chunk).into_iter().map(Ok).collect(),
+                Err(source) => vec![Err(ClientError::Unreachable { url: base.clone(), source })],
+            };
+            futures::stream::iter(items)
+        }))
+    }
+}
+
+/// `s` as one URL path segment.
+fn encode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>().replace('+', "%20")
+}

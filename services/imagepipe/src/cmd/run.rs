@@ -1,0 +1,20 @@
+//! `imagepipe run`: every service in one process until SIGTERM or Ctrl-C.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use imagepipe::Pipeline;
+use imagepipe_runtime::{ConfigArgs, Shutdown};
+
+/// Runs the pipeline with the loaded configuration until a signal.
+pub async fn run(config: &ConfigArgs) -> anyhow::Result<ExitCode> {
+    let settings = config.load().context("loading the configuration")?;
+    let telemetry = imagepipe_runtime::telemetry::init("imagepipe", &settings.log, &settings.telemetry)?;
+    let stop = Shutdown::on_signals().context("installing signal handlers")?;
+    let pipeline = Pipeline::start(settings).await.context("starting the pipeline")?;
+    eprintln!("imagepipe: every service running; API on {} (Ctrl-C stops)", pipeline.api_url());
+    let outcome = pipeline.run_until(stop).await;
+    telemetry.shutdown();
+    outcome?;
+    Ok(ExitCode::SUCCESS)
+}

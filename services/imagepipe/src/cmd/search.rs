@@ -1,0 +1,67 @@
+//! `imagepipe search TAGS`: tasks by tag (`GET /v1/search`, the tag indexer).
+
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use serde_json::Value;
+
+use super::print_json;
+use crate::ApiArgs;
+
+/// How tags combine.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Mode {
+    /// Tasks with every tag.
+    All,
+    /// Tasks with any of the tags.
+    Any,
+}
+
+/// Options of `imagepipe search`.
+#[derive(Debug, Args)]
+pub struct SearchArgs {
+    /// Tags, comma- or space-separated (`cat,animal`).
+    #[arg(required = true)]
+    tags: Vec<String>,
+    /// Whether a task needs all tags or any.
+    #[arg(long, value_enum, default_value = "all")]
+    mode: Mode,
+    /// Most results.
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+    /// Print the answer as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+/// Prints the matching tasks, best first.
+pub async fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
+    let tags: Vec<&str> =
+        args.tags.iter().flat_map(|t| t.split(',')).map(str::trim).filter(|t| !t.is_empty()).collect();
+    anyhow::ensure!(!tags.is_empty(), "no tags given");
+    let mode = match args.mode {
+        Mode::All => "all",
+        Mode::Any => "any",
+    };
+    let query = [("tags", tags.join(",")), ("mode", mode.to_owned()), ("limit", args.limit.to_string())];
+    let answer: Value = args.api.client()?.get("/v1/search", &query).await?;
+    if args.json {
+        print_json(&answer)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let hits = answer.get("results").or_else(|| answer.get("tasks")).unwrap_or(&answer);
+    let Some(hits) = hits.as_array() else {
+        anyhow::bail!("unexpected answer from /v1/search (use --json to see it)");
+    };
+    if hits.is_empty() {
+        println!("no task has {}", tags.join(if mode == "all" { " and " } else { " or " }));
+    }
+    for hit in hits {
+        let text = |name: &str| hit[name].as_str().unwrap_or("-").to_owned();
+        let score = hit["score"].as_f64().map_or_else(|| "-".into(), |s| format!("{s:.3}"));
+        println!("{:<40} {score:>7}  {}", text("taskId"), text("thumbnailKey"));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,264 @@
+//! Every service in one process: coordinator, download, metadata and AI workers on one bus, the
+//! coordinator's store, a local blob directory, and one HTTP server for all of their APIs.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use imagepipe_ai_worker::{Classifier, ModelError};
+use imagepipe_blob::LocalBlobStore;
+use imagepipe_bus::{Bus, BusError, Message};
+use imagepipe_contracts::SubmitTask;
+use imagepipe_contracts::names::queues;
+use imagepipe_coordinator::Task;
+use imagepipe_coordinator::app::{Coordinator, open_store};
+use imagepipe_coordinator::engine::Engine;
+use imagepipe_coordinator::store::StoreError;
+use imagepipe_runtime::clock::SystemClock;
+use imagepipe_runtime::http::{HealthServer, HttpError, Readiness};
+use imagepipe_runtime::metrics::MetricsError;
+use imagepipe_runtime::{Settings, Shutdown};
+use tokio::task::JoinSet;
+
+use crate::blob_api;
+
+/// How often [`Pipeline::wait_for`] looks at the store.
+const WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// How long open HTTP connections (SSE watchers) may keep the server up after a stop.
+const HTTP_DRAIN: Duration = Duration::from_secs(5);
+
+/// The in-process pipeline could not start, or one of its services failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The AI model could not be loaded.
+    #[error("loading the AI model")]
+    Model(#[source] ModelError),
+    /// The bus could not be connected.
+    #[error("connecting the bus")]
+    Bus(#[source] BusError),
+    /// The coordinator's store could not be opened.
+    #[error("opening the task store")]
+    Store(#[source] StoreError),
+    /// The metrics recorder could not be installed.
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    /// The HTTP server could not bind or serve.
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    /// A submit command could not be sent.
+    #[error("sending the submit command of task {task_id}")]
+    Submit {
+        /// The task.
+        task_id: String,
+        /// Bus error.
+        #[source]
+        source: BusError,
+    },
+    /// A service stopped with an error.
+    #[error("the {service} stopped")]
+    Service {
+        /// Which service.
+        service: &'static str,
+        /// Its error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Tasks did not finish in time.
+    #[error("tasks not finished after {waited:?}: {}", pending.join(", "))]
+    Timeout {
+        /// How long it waited.
+        waited: Duration,
+        /// The unfinished tasks.
+        pending: Vec<String>,
+    },
+    /// A service panicked.
+    #[error("the {service} panicked")]
+    Panicked {
+        /// Which service (when known).
+        service: &'static str,
+    },
+}
+
+type ServiceResult = (&'static str, Result<(), Box<dyn std::error::Error + Send + Sync>>);
+
+/// The running pipeline. Stop it with [`Pipeline::stop`] (or [`Pipeline::run_until`]).
+pub struct Pipeline {
+    addr: SocketAddr,
+    bus: Bus,
+    engine: Engine,
+    blobs: Arc<LocalBlobStore>,
+    settings: Arc<Settings>,
+    services: JoinSet<ServiceResult>,
+    stop_services: Shutdown,
+    stop_http: Shutdown,
+    http: tokio::task::JoinHandle<Result<(), HttpError>>,
+}
+
+impl Pipeline {
+    /// Loads the model, connects the bus of `settings.bus` (the in-memory bus by default) and
+    /// the store of `settings.store`, binds `http.bind:http.port` (port 0 picks one) and starts
+    /// every service. Tasks the store holds unfinished are resumed by the coordinator's sweeper.
+    pub async fn start(settings: Settings) -> Result<Self, PipelineError> {
+        let classifier = Classifier::load(&settings.ai).await.map_err(PipelineError::Model)?;
+        let bus = Bus::connect(&settings.bus).await.map_err(PipelineError::Bus)?;
+        let store = open_store(&settings).await.map_err(PipelineError::Store)?;
+        let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock));
+        let engine = coordinator.engine.clone();
+        let blobs = Arc::new(LocalBlobStore::new(&settings.blob.dir));
+
+        let readiness = Readiness::new();
+        let bus_check = bus.clone();
+        readiness.add("bus", move || bus_check.is_connected());
+        let token = settings.http.auth_token.as_ref().map(|t| t.expose().clone());
+        let routes = coordinator.routes().merge(blob_api::router(blobs.clone(), token, settings.download.max_bytes));
+        let server = HealthServer::new(readiness, imagepipe_runtime::metrics::install()?)
+            .merge(routes)
+            .bind(settings.http.socket_addr())
+            .await?;
+        let addr = server.local_addr();
+
+        let settings = Arc::new(settings);
+        let stop_services = Shutdown::new();
+        let mut services = JoinSet::new();
+        let stop = stop_services.clone();
+        services.spawn(async move { ("coordinator", coordinator.run(stop).await.map_err(boxed)) });
+        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
+        services.spawn(
+            async move { ("download worker", imagepipe_download_worker::run(b, &s, stop).await.map_err(boxed)) },
+        );
+        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
+        services.spawn(
+            async move { ("metadata worker", imagepipe_metadata_worker::run(b, &s, stop).await.map_err(boxed)) },
+        );
+        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
+        services.spawn(
+            async move { ("ai worker", imagepipe_ai_worker::run(b, &s, classifier, stop).await.map_err(boxed)) },
+        );
+        let stop_http = Shutdown::new();
+        let http = tokio::spawn(server.serve(stop_http.clone()));
+        tracing::info!(%addr, "pipeline running");
+        Ok(Self { addr, bus, engine, blobs, settings, services, stop_services, stop_http, http })
+    }
+
+    /// The address the HTTP API listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The API's base URL, e.g. `http://127.0.0.1:8080` (an unspecified bind address becomes
+    /// loopback).
+    pub fn api_url(&self) -> String {
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        format!("http://{addr}")
+    }
+
+    /// The bus every service runs on.
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    /// The coordinator's engine (its store holds every task).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The blob store the workers read and write.
+    pub fn blobs(&self) -> &Arc<LocalBlobStore> {
+        &self.blobs
+    }
+
+    /// The settings the pipeline runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Publishes `submit` on the submit queue (the durable path); `submit.task_id` must be set
+    /// to follow the task.
+    pub async fn submit(&self, submit: &SubmitTask) -> Result<(), PipelineError> {
+        let task_id = submit.task_id.clone().unwrap_or_default();
+        let body = serde_json::to_vec(submit).expect("a submit command serializes");
+        let message = Message::new(body).with_key(task_id.clone());
+        self.bus.queues.send(queues::SUBMIT, message).await.map_err(|source| PipelineError::Submit { task_id, source })
+    }
+
+    /// Waits until every task of `ids` reached a terminal state (completed, failed, cancelled)
+    /// and returns them in the order of `ids`.
+    pub async fn wait_for(&self, ids: &[String], timeout: Duration) -> Result<Vec<Task>, PipelineError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let mut done = Vec::with_capacity(ids.len());
+            let mut pending = Vec::new();
+            for id in ids {
+                match self.engine.store().get(id).await.map_err(PipelineError::Store)? {
+                    Some(task) if task.state.is_terminal() => done.push(task),
+                    // Not stored yet: the coordinator has not taken its submit command.
+                    Some(_) | None => pending.push(id.clone()),
+                }
+            }
+            if pending.is_empty() {
+                return Ok(done);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(PipelineError::Timeout { waited: timeout, pending });
+            }
+            tokio::time::sleep(WAIT_POLL).await;
+        }
+    }
+
+    /// Runs until `stop` fires or a service stops on its own, then stops everything. A service
+    /// that stopped on its own is an error.
+    pub async fn run_until(mut self, stop: Shutdown) -> Result<(), PipelineError> {
+        let early = tokio::select! {
+            () = stop.wait() => None,
+            Some(joined) = self.services.join_next() => Some(joined),
+        };
+        let first = early.map(|joined| match service_outcome(joined) {
+            Ok(service) => Err(PipelineError::Service { service, source: "stopped unexpectedly".into() }),
+            Err(e) => Err(e),
+        });
+        let rest = self.stop().await;
+        first.unwrap_or(Ok(())).and(rest)
+    }
+
+    /// Stops every service (in-flight work finishes within `worker.shutdown_grace`), then the
+    /// HTTP server; returns the first error of any of them.
+    pub async fn stop(mut self) -> Result<(), PipelineError> {
+        self.stop_services.trigger();
+        let mut outcome = Ok(());
+        while let Some(joined) = self.services.join_next().await {
+            if let Err(e) = service_outcome(joined)
+                && outcome.is_ok()
+            {
+                outcome = Err(e);
+            }
+        }
+        self.stop_http.trigger();
+        match tokio::time::timeout(HTTP_DRAIN, &mut self.http).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => outcome = outcome.and(Err(e.into())),
+            Ok(Err(_)) => outcome = outcome.and(Err(PipelineError::Panicked { service: "HTTP server" })),
+            Err(_) => {
+                tracing::info!("closing HTTP connections still open after {HTTP_DRAIN:?}");
+                self.http.abort();
+            }
+        }
+        outcome
+    }
+}
+
+fn boxed(e: impl std::error::Error + Send + Sync + 'static) -> Box<dyn std::error::Error + Send + Sync> {
+    Box::new(e)
+}
+
+/// The service's name when it returned `Ok`, else its error.
+fn service_outcome(joined: Result<ServiceResult, tokio::task::JoinError>) -> Result<&'static str, PipelineError> {
+    match joined {
+        Ok((service, Ok(()))) => Ok(service),
+        Ok((service, Err(source))) => Err(PipelineError::Service { service, source }),
+        Err(_) => Err(PipelineError::Panicked { service: "a service" }),
+    }
+}
