@@ -1,6 +1,130 @@
-//! imagepipe notification-worker: the notification worker: posts signed webhooks for finished tasks.
+//! imagepipe notification-worker: an event subscriber that posts every finished task's event
+//! (`task.completed`, `task.failed`, `task.cancelled`) as a signed webhook to the task's
+//! `callbackUrl` and to the subscribers of `notification.subscribers`.
 //!
-//! Not built yet: issue #6 builds it. The binary refuses to start until then.
+//! It is also the model of a subscriber of your own: join a durable group with a
+//! [`Selector`], deduplicate by `eventId` through [`imagepipe_runtime::dedup`], do the side
+//! effect, and let the runtime's [`Worker`] settle each delivery (retry with backoff, dead
+//! letter after the last attempt). It never changes task state.
+//!
+//! - [`sign`]: the `X-Imagepipe-Signature` HMAC, and its check for receivers.
+//! - [`handler`]: the [`Handler`](imagepipe_runtime::Handler).
+//! - [`run`]: the subscriber on a connected bus, for the binary, `imagepipe run` and tests.
 
-/// The issue that builds this service.
-pub const BUILT_BY_ISSUE: u32 = 6;
+pub mod handler;
+pub mod sign;
+
+use imagepipe_bus::{Bus, BusError, ConsumerConfig, Selector, Subscription};
+use imagepipe_net::{BuildError, ClientBuilder, GuardedClient, Limits};
+use imagepipe_runtime::backoff::{ExponentialBackoff, InvalidBackoff, Jitter};
+use imagepipe_runtime::config::ConfigError;
+use imagepipe_runtime::dedup::{self, DedupError};
+use imagepipe_runtime::worker::WorkerError;
+use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+
+pub use handler::NotifyHandler;
+
+/// The service's name in logs and traces.
+pub const SERVICE: &str = "notification-worker";
+/// The durable subscriber group; its dead letters are `dlq.events.notification`.
+pub const GROUP: &str = "notification";
+/// The events it notifies.
+pub const SELECTOR: &str = "task.completed || task.failed || task.cancelled";
+/// Largest webhook response body read.
+const MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
+
+/// Metric names of the notification worker.
+pub mod metrics {
+    /// Webhook requests, by `result`.
+    pub const WEBHOOKS: &str = "imagepipe_notification_webhooks_total";
+    /// Events skipped because their `eventId` was already notified.
+    pub const DUPLICATES: &str = "imagepipe_notification_duplicates_total";
+    /// Label: how a request went.
+    pub const RESULT: &str = "result";
+    /// `result`: a 2xx answer.
+    pub const RESULT_DELIVERED: &str = "delivered";
+    /// `result`: failed for now (non-2xx, timeout, connection); the event is retried.
+    pub const RESULT_RETRY: &str = "retry";
+    /// `result`: the target can never be reached (SSRF guard, bad URL); dead-lettered.
+    pub const RESULT_REFUSED: &str = "refused";
+}
+
+/// The worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `net.allow_cidrs` does not parse.
+    #[error("reading the network allowlist")]
+    Allowlist(#[source] Box<ConfigError>),
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Client(#[from] BuildError),
+    /// `notification.retry_min`/`retry_max` make no backoff.
+    #[error("notification retry backoff")]
+    Backoff(#[source] InvalidBackoff),
+    /// The dedup store could not be opened.
+    #[error("opening the dedup store")]
+    Dedup(#[source] DedupError),
+    /// The subscription could not be opened.
+    #[error("subscribing the {GROUP} group")]
+    Subscribe(#[source] BusError),
+    /// The worker loop stopped with an error.
+    #[error("running the notification worker")]
+    Worker(#[source] WorkerError),
+}
+
+/// The webhook client `settings` describe (`notification.*` timeouts, `net.allow_cidrs`), with
+/// the system resolver; tests replace the resolver and add a dial check before building it.
+pub fn client_builder(settings: &Settings) -> Result<ClientBuilder, RunError> {
+    let allow = settings.net.allowed_networks().map_err(|e| RunError::Allowlist(Box::new(e)))?;
+    let notification = &settings.notification;
+    let limits = Limits {
+        max_bytes: MAX_RESPONSE_BYTES,
+        connect_timeout: notification.connect_timeout,
+        total_timeout: notification.total_timeout,
+        max_redirects: 0,
+    };
+    Ok(GuardedClient::builder()
+        .allow(allow)
+        .limits(limits)
+        .user_agent(concat!("imagepipe-notification-worker/", env!("CARGO_PKG_VERSION"))))
+}
+
+/// The subscription: group [`GROUP`], selector [`SELECTOR`], `notification.max_attempts`
+/// deliveries per event.
+pub fn subscription(settings: &Settings) -> Subscription {
+    let selector = Selector::parse(SELECTOR).expect("the selector is valid");
+    let consumer =
+        ConsumerConfig { ack_wait: settings.worker.ack_wait, max_deliveries: settings.notification.max_attempts };
+    Subscription::new(GROUP, selector).with_consumer(consumer)
+}
+
+/// Posts webhooks for the events on `bus` until `shutdown` fires and in-flight posts are done.
+pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
+    let client = client_builder(settings)?.build()?;
+    run_with_client(bus, settings, client, shutdown).await
+}
+
+/// [`run`] with a client built by the caller.
+pub async fn run_with_client(
+    bus: Bus,
+    settings: &Settings,
+    client: GuardedClient,
+    shutdown: Shutdown,
+) -> Result<(), RunError> {
+    let notification = &settings.notification;
+    let backoff = ExponentialBackoff::new(notification.retry_min, notification.retry_max, Jitter::Proportional(0.5))
+        .map_err(RunError::Backoff)?;
+    let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
+    let subscription = subscription(settings);
+    let handler = NotifyHandler::new(
+        client,
+        notification.subscribers.clone(),
+        notification.secret.clone(),
+        subscription.selector.clone(),
+        dedup,
+    );
+    let consumer = bus.events.subscribe(subscription).await.map_err(RunError::Subscribe)?;
+    let mut config = WorkerConfig::from_settings(GROUP, &settings.worker);
+    config.retry_backoff = backoff;
+    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+}

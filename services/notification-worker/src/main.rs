@@ -1,11 +1,35 @@
-//! Binary of imagepipe notification-worker.
+//! Binary of the imagepipe notification worker: load settings, start telemetry and the health
+//! server, connect the bus, post webhooks until SIGTERM.
 
 use std::process::ExitCode;
 
-fn main() -> ExitCode {
-    eprintln!(
-        "imagepipe-notification-worker: not built yet (issue #{}); nothing was started",
-        imagepipe_notification_worker::BUILT_BY_ISSUE
-    );
-    ExitCode::from(2)
+use clap::Parser;
+use imagepipe_notification_worker::{SERVICE, run};
+use imagepipe_runtime::{ConfigArgs, Service};
+
+/// The imagepipe notification worker.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match main_body(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("imagepipe-{SERVICE}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn main_body(args: Args) -> anyhow::Result<()> {
+    let settings = args.config.load()?;
+    let service = Service::start(SERVICE, settings, axum::Router::new()).await?;
+    let outcome = run(service.bus.clone(), &service.settings, service.shutdown.clone()).await;
+    service.stop().await?;
+    Ok(outcome?)
 }

@@ -1,0 +1,254 @@
+//! The notification worker end to end on the memory bus: finished-task events in, signed
+//! webhooks out to loopback fixture servers; retries, dead letters and the SSRF guard.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use imagepipe_bus::{Bus, BusConfig, Consumer, ConsumerConfig, Message};
+use imagepipe_contracts::names::{self, headers};
+use imagepipe_contracts::payload::{TaskCompleted, TaskFailed};
+use imagepipe_contracts::step::{AnalysisOutput, DownloadOutput, StepError};
+use imagepipe_contracts::{Event, Step, TraceId};
+use imagepipe_net::StaticResolver;
+use imagepipe_net::testing::{FixtureServer, LoopbackOnly, Recorded, Route};
+use imagepipe_notification_worker::sign::verify;
+use imagepipe_notification_worker::{GROUP, client_builder, run_with_client, subscription};
+use imagepipe_runtime::config::Secret;
+use imagepipe_runtime::{Settings, Shutdown};
+use tokio::task::JoinHandle;
+
+const SECRET: &str = "webhook-test-secret";
+
+struct Running {
+    bus: Bus,
+    dial: LoopbackOnly,
+    shutdown: Shutdown,
+    worker: JoinHandle<()>,
+}
+
+impl Running {
+    async fn start(settings: Settings) -> Self {
+        settings.validate().unwrap();
+        let dial = LoopbackOnly::new();
+        let resolver = StaticResolver::new()
+            .with("hooks.test", [IpAddr::V4(Ipv4Addr::LOCALHOST)])
+            .with("metadata.test", [IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254))]);
+        let client = client_builder(&settings).unwrap().resolver(resolver).dial_check(dial.clone()).build().unwrap();
+        let bus = Bus::connect(&BusConfig::default()).await.unwrap();
+        // Create the durable group now, so events published before the worker joins reach it.
+        drop(bus.events.subscribe(subscription(&settings)).await.unwrap());
+        let shutdown = Shutdown::new();
+        let worker = tokio::spawn({
+            let (bus, shutdown) = (bus.clone(), shutdown.clone());
+            async move { run_with_client(bus, &settings, client, shutdown).await.unwrap() }
+        });
+        Self { bus, dial, shutdown, worker }
+    }
+
+    async fn publish(&self, event_type: &str, body: Vec<u8>) {
+        self.bus.events.publish(event_type, Message::new(body)).await.unwrap();
+    }
+
+    async fn dead_letters(&self) -> Box<dyn Consumer> {
+        let queue = names::dead_letter_queue_of_group(GROUP);
+        self.bus.queues.consume(&queue, ConsumerConfig::default()).await.unwrap()
+    }
+
+    async fn stop(self) {
+        assert!(self.dial.violations().is_empty(), "dialled beyond loopback: {:?}", self.dial.violations());
+        self.shutdown.trigger();
+        tokio::time::timeout(Duration::from_secs(10), self.worker).await.unwrap().unwrap();
+    }
+}
+
+fn settings(subscribers: Vec<String>) -> Settings {
+    let mut settings = Settings::default();
+    settings.net.allow_cidrs = vec!["127.0.0.1/32".into()];
+    settings.notification.subscribers = subscribers;
+    settings.notification.secret = Some(Secret::new(SECRET.into()));
+    settings.notification.retry_min = Duration::from_millis(10);
+    settings.notification.retry_max = Duration::from_millis(20);
+    settings.worker.ack_wait = Duration::from_secs(5);
+    settings
+}
+
+fn completed(task_id: &str, callback_url: Option<String>) -> Vec<u8> {
+    let payload = TaskCompleted {
+        duration_ms: 1234,
+        download: DownloadOutput {
+            sha256: "ab".repeat(32),
+            blob_key: format!("sha256:{}", "ab".repeat(32)),
+            size: 1000,
+            format: "jpeg".into(),
+            final_url: None,
+        },
+        metadata: serde_json::from_value(serde_json::json!({
+            "format": "jpeg", "width": 4, "height": 3, "colorType": "rgb8", "bitDepth": 8, "hasAlpha": false,
+            "frameCount": 1, "hasIccProfile": false, "dominantColors": [], "meanBrightness": 0.5,
+            "phash": "00", "blurhash": "LEHV6nWB2yk8", "thumbnailKey": "sha256:00"
+        }))
+        .unwrap(),
+        analysis: AnalysisOutput { model: "m".into(), predictions: vec![], tags: vec![] },
+        callback_url,
+        labels: Default::default(),
+    };
+    Event::for_task(task_id, 1, TraceId::random(), 1_763_800_000_000, "coordinator", payload).to_json()
+}
+
+fn failed(task_id: &str, callback_url: &str) -> Vec<u8> {
+    let payload = TaskFailed {
+        step: Step::Download,
+        attempt: 1,
+        error: StepError { code: "http_404".into(), message: "not found".into() },
+        callback_url: Some(callback_url.into()),
+        labels: Default::default(),
+    };
+    Event::for_task(task_id, 1, TraceId::random(), 1_763_800_000_000, "coordinator", payload).to_json()
+}
+
+fn header<'a>(request: &'a Recorded, name: &str) -> Option<&'a str> {
+    request.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn one_dead_letter(dlq: &dyn Consumer) -> Message {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(delivery) = dlq.fetch(1, Duration::from_millis(200)).await.unwrap().pop() {
+            let message = delivery.message.clone();
+            delivery.ack().await.unwrap();
+            return message;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no dead letter");
+    }
+}
+
+#[tokio::test]
+async fn a_completed_task_is_posted_signed_to_its_callback_and_subscribers_once() {
+    let server = FixtureServer::start([("/callback", Route::status(204)), ("/all", Route::status(200))]).await.unwrap();
+    let port = server.addr().port();
+    let running = Running::start(settings(vec![format!("http://hooks.test:{port}/all")])).await;
+
+    let body = completed("tsk_notify_ok", Some(server.url("/callback")));
+    running.publish("task.completed", body.clone()).await;
+    wait_for("two webhooks", || server.requests().len() == 2).await;
+
+    let event_id = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["eventId"].as_str().unwrap().to_owned();
+    let mut targets: Vec<String> = server.requests().iter().map(|r| r.target.clone()).collect();
+    targets.sort();
+    assert_eq!(targets, ["/all", "/callback"]);
+    for request in server.requests() {
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.body.as_ref(), body.as_slice(), "the body is the event JSON as published");
+        assert_eq!(header(&request, "content-type"), Some("application/json"));
+        assert_eq!(header(&request, "x-imagepipe-event-id"), Some(event_id.as_str()));
+        assert_eq!(header(&request, "x-imagepipe-event-type"), Some("task.completed"));
+        let signature = header(&request, "x-imagepipe-signature").expect("signed");
+        assert!(verify(SECRET.as_bytes(), &request.body, signature), "signature {signature} verifies");
+        assert!(!verify(b"another secret", &request.body, signature));
+    }
+
+    running.publish("task.completed", body).await;
+    running.publish("task.created", b"{\"not\": \"selected\"}".to_vec()).await;
+    let other = failed("tsk_notify_other", &server.url("/callback"));
+    running.publish("task.failed", other).await;
+    wait_for("the next event's webhooks", || server.requests().len() == 4).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.requests().len(), 4, "the redelivered event was not posted again");
+    running.stop().await;
+}
+
+/// A receiver answering 500 to its first `failures` requests and 200 after.
+async fn flaky_receiver(failures: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let counter = counter.clone();
+            async move {
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                if n < failures { axum::http::StatusCode::INTERNAL_SERVER_ERROR } else { axum::http::StatusCode::OK }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, calls)
+}
+
+#[tokio::test]
+async fn a_500_is_retried_with_backoff_until_the_receiver_accepts() {
+    let (addr, calls) = flaky_receiver(2).await;
+    let subscriber = format!("http://{addr}/hook");
+    let delivered = FixtureServer::start([("/ok", Route::status(200))]).await.unwrap();
+    let running = Running::start(settings(vec![subscriber])).await;
+    let dlq = running.dead_letters().await;
+
+    running.publish("task.failed", failed("tsk_notify_flaky", &delivered.url("/ok"))).await;
+    wait_for("the third call", || calls.load(Ordering::SeqCst) >= 3).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "no call after the 200");
+    assert_eq!(delivered.requests().len(), 1, "the target that answered at once was not posted again");
+    assert!(dlq.fetch(1, Duration::from_millis(100)).await.unwrap().is_empty());
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn after_max_attempts_the_event_is_dead_lettered_with_the_reason() {
+    let server = FixtureServer::start([("/down", Route::status(503))]).await.unwrap();
+    let mut settings = settings(vec![]);
+    settings.notification.max_attempts = 3;
+    let running = Running::start(settings).await;
+    let dlq = running.dead_letters().await;
+
+    running.publish("task.failed", failed("tsk_notify_down", &server.url("/down"))).await;
+    let dead = one_dead_letter(&*dlq).await;
+    assert_eq!(server.requests().len(), 3);
+    let reason = dead.headers.get(headers::DLQ_REASON).unwrap();
+    assert!(reason.contains("max deliveries (3)") && reason.contains("503"), "{reason}");
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn private_targets_are_refused_without_connecting() {
+    let server = FixtureServer::start_on(Ipv4Addr::new(127, 0, 0, 2), [("/hook", Route::status(200))]).await.unwrap();
+    let mut settings = settings(vec![]);
+    settings.net.allow_cidrs.clear();
+    let running = Running::start(settings).await;
+    let dlq = running.dead_letters().await;
+
+    for (task, url) in [
+        ("tsk_private_loopback", server.url("/hook")),
+        ("tsk_private_ten", "http://10.1.2.3/hook".to_owned()),
+        ("tsk_private_metadata", "http://metadata.test/latest".to_owned()),
+    ] {
+        running.publish("task.failed", failed(task, &url)).await;
+        let dead = one_dead_letter(&*dlq).await;
+        let reason = dead.headers.get(headers::DLQ_REASON).unwrap();
+        assert!(reason.contains("webhook target refused") && reason.contains("not allowed"), "{reason}");
+    }
+    assert!(server.requests().is_empty(), "nothing reached the private server");
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_event_is_dead_lettered_at_once() {
+    let running = Running::start(settings(vec![])).await;
+    let dlq = running.dead_letters().await;
+    running.publish("task.completed", b"{\"eventType\": \"task.completed\"}".to_vec()).await;
+    let dead = one_dead_letter(&*dlq).await;
+    assert_eq!(dead.headers.get(headers::DLQ_DELIVERY_COUNT), Some("1"));
+    assert!(dead.headers.get(headers::DLQ_REASON).unwrap().contains("eventId"));
+    running.stop().await;
+}
