@@ -15,22 +15,25 @@ pub struct Decoded {
     pub image: DynamicImage,
     /// The container format.
     pub format: ImageFormat,
+    /// Its wire name ([`format_name`]).
+    pub format_name: &'static str,
     /// Whether an ICC profile is embedded.
     pub has_icc_profile: bool,
     /// The raw EXIF block (a TIFF structure), if any.
     pub exif: Option<Vec<u8>>,
 }
 
-/// The wire name of a format: `jpeg`, `png`, `gif`, `webp`, `bmp`, `tiff`.
-pub fn format_name(format: ImageFormat) -> &'static str {
+/// The wire name of a supported format (`jpeg`, `png`, `gif`, `webp`, `bmp`, `tiff`); `None`
+/// for formats the worker does not decode.
+pub fn format_name(format: ImageFormat) -> Option<&'static str> {
     match format {
-        ImageFormat::Jpeg => "jpeg",
-        ImageFormat::Png => "png",
-        ImageFormat::Gif => "gif",
-        ImageFormat::WebP => "webp",
-        ImageFormat::Bmp => "bmp",
-        ImageFormat::Tiff => "tiff",
-        _ => "unsupported",
+        ImageFormat::Jpeg => Some("jpeg"),
+        ImageFormat::Png => Some("png"),
+        ImageFormat::Gif => Some("gif"),
+        ImageFormat::WebP => Some("webp"),
+        ImageFormat::Bmp => Some("bmp"),
+        ImageFormat::Tiff => Some("tiff"),
+        _ => None,
     }
 }
 
@@ -60,8 +63,8 @@ pub fn bit_depth(color: ColorType) -> u8 {
 /// Detects the format by magic bytes and decodes `bytes` within `settings`' limits.
 pub fn decode(bytes: &[u8], settings: &MetadataSettings) -> Result<Decoded, ExtractError> {
     let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().expect("reading from memory cannot fail");
-    let format = reader.format().filter(|f| format_name(*f) != "unsupported").ok_or(ExtractError::UnsupportedFormat)?;
-    let name = format_name(format);
+    let (format, name) =
+        reader.format().and_then(|f| Some((f, format_name(f)?))).ok_or(ExtractError::UnsupportedFormat)?;
     let failed = |error: ImageError| classify(name, error);
     // The JPEG decoder fills a truncated scan with grey instead of failing.
     if format == ImageFormat::Jpeg && !jpeg_has_end(bytes) {
@@ -105,7 +108,7 @@ pub fn decode(bytes: &[u8], settings: &MetadataSettings) -> Result<Decoded, Extr
     if image.width() == 0 || image.height() == 0 {
         return Err(ExtractError::Empty { format: name, width: image.width(), height: image.height() });
     }
-    Ok(Decoded { image, format, has_icc_profile, exif })
+    Ok(Decoded { image, format, format_name: name, has_icc_profile, exif })
 }
 
 /// Whether a JPEG's first scan is followed by an end-of-image marker. The segments before the

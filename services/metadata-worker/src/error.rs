@@ -20,6 +20,8 @@ pub mod codes {
     pub const BLOB_CORRUPT: &str = "blob_corrupt";
     /// Reading or writing the blob store failed (retryable).
     pub const BLOB_IO: &str = "blob_io";
+    /// The decoding task was cancelled (the runtime is shutting down; retryable).
+    pub const INTERRUPTED: &str = "interrupted";
 }
 
 /// Why extracting metadata from an image's bytes failed. Every variant is permanent: the same

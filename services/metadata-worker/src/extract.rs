@@ -30,7 +30,7 @@ pub struct Extracted {
 /// Colours, brightness, hashes and the thumbnail are computed from the upright image scaled to
 /// `thumbnail_size`; dimensions are those of the stored image (before orientation).
 pub fn extract(bytes: &[u8], settings: &MetadataSettings) -> Result<Extracted, ExtractError> {
-    let Decoded { image, format, has_icc_profile, exif } = decode::decode(bytes, settings)?;
+    let Decoded { image, format, format_name, has_icc_profile, exif } = decode::decode(bytes, settings)?;
     let color = image.color();
     let exif = exif.and_then(|raw| match exif::parse(raw) {
         Ok(found) => found,
@@ -53,7 +53,7 @@ pub fn extract(bytes: &[u8], settings: &MetadataSettings) -> Result<Extracted, E
     let thumbnail = thumbnail::encode(upright, settings.thumbnail_quality)?;
 
     let metadata = MetadataOutput {
-        format: decode::format_name(format).to_owned(),
+        format: format_name.to_owned(),
         width,
         height,
         color_type: decode::color_type_name(color).to_owned(),

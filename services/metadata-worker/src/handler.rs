@@ -53,16 +53,13 @@ impl MetadataHandler {
             Failure::Permanent(StepError::new(codes::INVALID_BLOB_KEY, format!("the command's blob key: {e}")))
         })?;
         let bytes = self.blobs.get(&key).await.map_err(blob_failure)?;
-        let Extracted { mut metadata, thumbnail } = self.extract(bytes).await.map_err(|error| {
-            ::metrics::counter!(metrics::IMAGES_FAILED, metrics::CODE => error.code()).increment(1);
-            Failure::Permanent(error.to_step_error())
-        })?;
+        let Extracted { mut metadata, thumbnail } = self.extract(bytes).await?;
         metadata.thumbnail_key = self.blobs.put(thumbnail).await.map_err(blob_failure)?.to_string();
         Ok(metadata)
     }
 
     /// Runs [`extract`] on the blocking pool, holding a decoder slot.
-    async fn extract(&self, bytes: Bytes) -> Result<Extracted, ExtractError> {
+    async fn extract(&self, bytes: Bytes) -> Result<Extracted, Failure> {
         let slot = self.decoders.clone().acquire_owned().await.expect("the decoder semaphore is never closed");
         let settings = self.settings.clone();
         let started = Instant::now();
@@ -72,14 +69,22 @@ impl MetadataHandler {
         })
         .await;
         ::metrics::histogram!(metrics::EXTRACT_DURATION).record(started.elapsed().as_secs_f64());
-        match extracted {
-            Ok(result) => result,
+        let failed = match extracted {
+            Ok(Ok(extracted)) => return Ok(extracted),
+            Ok(Err(error)) => error,
             Err(join) if join.is_panic() => {
                 tracing::error!("the decoder panicked; the image is reported as undecodable");
-                Err(ExtractError::DecoderPanicked)
+                ExtractError::DecoderPanicked
             }
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
+            Err(join) => {
+                return Err(Failure::Retryable(StepError::new(
+                    codes::INTERRUPTED,
+                    format!("decoding was cancelled: {join}"),
+                )));
+            }
+        };
+        ::metrics::counter!(metrics::IMAGES_FAILED, metrics::CODE => failed.code()).increment(1);
+        Err(Failure::Permanent(failed.to_step_error()))
     }
 }
 

@@ -38,7 +38,7 @@ pub const SERVICE: &str = "metadata-worker";
 
 /// Metric names of the metadata worker.
 pub mod metrics {
-    /// Seconds decoding and extracting one image took (on the blocking pool, queueing included).
+    /// Seconds decoding and extracting one image took on the blocking pool.
     pub const EXTRACT_DURATION: &str = "imagepipe_metadata_extract_seconds";
     /// Images that could not be processed, by `code`.
     pub const IMAGES_FAILED: &str = "imagepipe_metadata_images_failed_total";

@@ -77,6 +77,17 @@ fn a_plain_jpeg_has_no_exif_and_no_icc() {
 }
 
 #[test]
+fn exif_is_read_from_png_and_webp_too() {
+    let png = run(&png_with_exif(60, 40, Some(camera_exif(8)))).metadata;
+    let still = RgbaImage::from_pixel(60, 40, Rgba([10, 20, 30, 255]));
+    let webp = run(&webp_with_exif(&still, Some(camera_exif(8)))).metadata;
+    for (format, m) in [("png", png), ("webp", webp)] {
+        let exif = m.exif.unwrap_or_else(|| panic!("{format}: EXIF found"));
+        assert_eq!((exif.model.as_deref(), exif.orientation, exif.iso), (Some("IP-1 Mark II"), Some(8), Some(400)));
+    }
+}
+
+#[test]
 fn orientation_six_swaps_the_thumbnail_dimensions() {
     let out = run(&jpeg(&scene(400, 200), Some(camera_exif(6)), None));
     assert_eq!((out.metadata.width, out.metadata.height), (400, 200), "dimensions as stored");

@@ -83,6 +83,11 @@ pub fn jpeg(image: &RgbImage, exif: Option<Vec<u8>>, icc: Option<Vec<u8>>) -> Ve
 
 /// An RGBA PNG: opaque red on the left half, fully transparent on the right.
 pub fn png_with_alpha(width: u32, height: u32) -> Vec<u8> {
+    png_with_exif(width, height, None)
+}
+
+/// [`png_with_alpha`] with an optional `eXIf` chunk.
+pub fn png_with_exif(width: u32, height: u32, exif: Option<Vec<u8>>) -> Vec<u8> {
     let image =
         RgbaImage::from_fn(
             width,
@@ -92,9 +97,11 @@ pub fn png_with_alpha(width: u32, height: u32) -> Vec<u8> {
             },
         );
     let mut bytes = Vec::new();
-    PngEncoder::new(Cursor::new(&mut bytes))
-        .write_image(&image, width, height, image::ExtendedColorType::Rgba8)
-        .expect("encoding a PNG");
+    let mut encoder = PngEncoder::new(Cursor::new(&mut bytes));
+    if let Some(exif) = exif {
+        encoder.set_exif_metadata(exif).expect("PNG takes EXIF");
+    }
+    encoder.write_image(&image, width, height, image::ExtendedColorType::Rgba8).expect("encoding a PNG");
     bytes
 }
 
@@ -115,8 +122,17 @@ pub fn animated_gif(frames: usize) -> Vec<u8> {
 
 /// A still lossless WebP.
 pub fn webp(image: &RgbaImage) -> Vec<u8> {
+    webp_with_exif(image, None)
+}
+
+/// [`webp`] with an optional `EXIF` chunk.
+pub fn webp_with_exif(image: &RgbaImage, exif: Option<Vec<u8>>) -> Vec<u8> {
     let mut bytes = Vec::new();
-    WebPEncoder::new_lossless(Cursor::new(&mut bytes))
+    let mut encoder = WebPEncoder::new_lossless(Cursor::new(&mut bytes));
+    if let Some(exif) = exif {
+        encoder.set_exif_metadata(exif).expect("WebP takes EXIF");
+    }
+    encoder
         .write_image(image, image.width(), image.height(), image::ExtendedColorType::Rgba8)
         .expect("encoding a WebP");
     bytes
