@@ -1,0 +1,46 @@
+//! The prepared model and pipeline settings for tests.
+//!
+//! The model directory comes from `IMAGEPIPE_TEST_MODEL_DIR` (scripts/test.sh prepares it and
+//! sets it), else the repository's `.imagepipe/models` when prepared there. Without either, a
+//! test is skipped with a note, except under CI (`CI` set), where that is a failure.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use imagepipe_runtime::Settings;
+use tempfile::TempDir;
+
+/// The environment variable naming the prepared model directory.
+pub const MODEL_DIR_ENV: &str = "IMAGEPIPE_TEST_MODEL_DIR";
+
+/// The prepared model directory, or `None` (test skipped) outside CI.
+pub fn model_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os(MODEL_DIR_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.imagepipe/models"));
+    if imagepipe::model::is_prepared(&dir) {
+        return Some(dir);
+    }
+    let note = format!("no prepared model in {} (set {MODEL_DIR_ENV}, or run scripts/prepare-model.sh)", dir.display());
+    if std::env::var_os("CI").is_some() {
+        panic!("{note}; CI must run the model tests");
+    }
+    eprintln!("SKIPPED: {note}");
+    None
+}
+
+/// Settings of a pipeline on the memory bus with its store and blobs in `work`, the API on a
+/// free loopback port, and loopback reachable by the download client.
+pub fn settings(model_dir: &Path, work: &TempDir) -> Settings {
+    let mut settings = Settings::default();
+    settings.ai.model_dir = model_dir.to_owned();
+    settings.ai.threads = 2;
+    settings.store.path = work.path().join("store");
+    settings.blob.dir = work.path().join("blobs");
+    settings.http.bind = std::net::Ipv4Addr::LOCALHOST.into();
+    settings.http.port = 0;
+    settings.net.allow_cidrs = vec!["127.0.0.1/32".into()];
+    settings.worker.concurrency = 4;
+    settings
+}

@@ -1,0 +1,96 @@
+//! The whole pipeline in one process on the memory bus: the sample photos complete with every
+//! event; a URL answering 404 fails the task with its reason.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use bytes::Bytes;
+use imagepipe::Pipeline;
+use imagepipe::samples::SAMPLES;
+use imagepipe_blob::BlobStore;
+use imagepipe_bus::{Selector, Subscription};
+use imagepipe_contracts::payload::TaskFailed;
+use imagepipe_contracts::{Event, EventType, Step, SubmitTask, decode};
+use imagepipe_coordinator::TaskState;
+use imagepipe_net::testing::FixtureServer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sample_photos_complete_with_every_event_and_a_404_url_fails_with_its_reason() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(common::settings(&model_dir, &work)).await.unwrap();
+    let events = pipeline.bus().events.subscribe(Subscription::new("e2e-test", Selector::all())).await.unwrap();
+    let fixtures = FixtureServer::start([]).await.unwrap();
+
+    let mut ids = Vec::new();
+    for sample in SAMPLES {
+        let key = pipeline.blobs().put(Bytes::from_static(sample.bytes)).await.unwrap();
+        let id = format!("tsk_e2e_{}", sample.name.trim_end_matches(".jpg"));
+        let submit = SubmitTask { task_id: Some(id.clone()), blob: Some(key.to_string()), ..SubmitTask::default() };
+        pipeline.submit(&submit).await.unwrap();
+        ids.push(id);
+    }
+    let missing_url = fixtures.url("/missing.jpg");
+    let missing =
+        SubmitTask { task_id: Some("tsk_e2e_missing".into()), url: Some(missing_url.clone()), ..SubmitTask::default() };
+    pipeline.submit(&missing).await.unwrap();
+    ids.push("tsk_e2e_missing".into());
+
+    let tasks = pipeline.wait_for(&ids, Duration::from_secs(120)).await.unwrap();
+    let (photos, failed) = tasks.split_at(SAMPLES.len());
+    for task in photos {
+        assert_eq!(task.state, TaskState::Completed, "{}: {:?}", task.id, task.failure);
+        let analysis = task.outputs.analysis.as_ref().unwrap();
+        assert!(!analysis.predictions.is_empty() && !analysis.tags.is_empty(), "{analysis:?}");
+        let metadata = task.outputs.metadata.as_ref().unwrap();
+        assert!(pipeline.blobs().exists(&metadata.thumbnail_key.parse().unwrap()).await.unwrap(), "thumbnail stored");
+    }
+    let cat = &photos[0].outputs.analysis.as_ref().unwrap().tags;
+    assert!(cat.iter().any(|t| t.label == "cat"), "chelsea is tagged cat: {cat:?}");
+    let failure = failed[0].failure.as_ref().expect("the 404 task failed");
+    assert_eq!((failure.step, failure.error.code.as_str()), (Step::Download, "http_404"));
+    assert_eq!(fixtures.requests().len(), 1, "a 404 is permanent: no retry");
+
+    let expected: HashMap<&str, BTreeSet<EventType>> = ids
+        .iter()
+        .map(|id| {
+            let types = if id == "tsk_e2e_missing" {
+                BTreeSet::from([EventType::TaskCreated, EventType::TaskFailed])
+            } else {
+                BTreeSet::from([
+                    EventType::TaskCreated,
+                    EventType::ImageDownloaded,
+                    EventType::ImageMetadataExtracted,
+                    EventType::ImageAnalyzed,
+                    EventType::TaskCompleted,
+                ])
+            };
+            (id.as_str(), types)
+        })
+        .collect();
+    let mut seen: HashMap<String, BTreeSet<EventType>> = HashMap::new();
+    let mut failed_event = None;
+    while seen.iter().map(|(_, t)| t.len()).sum::<usize>() < expected.values().map(BTreeSet::len).sum::<usize>() {
+        let batch = events.fetch(32, Duration::from_secs(10)).await.unwrap();
+        assert!(!batch.is_empty(), "events missing; have {seen:?}");
+        for delivery in batch {
+            let event: Event<serde_json::Value> = decode(&delivery.message.payload).unwrap();
+            let task_id = event.task_id.clone().unwrap();
+            if event.event_type == EventType::TaskFailed {
+                failed_event = Some(decode::<Event<TaskFailed>>(&delivery.message.payload).unwrap());
+            }
+            seen.entry(task_id).or_default().insert(event.event_type);
+            delivery.ack().await.unwrap();
+        }
+    }
+    for (id, types) in &expected {
+        assert_eq!(seen.get(*id), Some(types), "{id}");
+    }
+    let failed_event = failed_event.unwrap();
+    assert_eq!(failed_event.payload.error.code, "http_404");
+    assert!(failed_event.payload.error.message.contains("404"), "{:?}", failed_event.payload.error);
+
+    pipeline.stop().await.unwrap();
+}
