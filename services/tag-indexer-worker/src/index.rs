@@ -1,0 +1,217 @@
+//! The tag index: tag → task ids with the tag's score, and each task's thumbnail key.
+//!
+//! [`RedisIndex`] keeps one sorted set per tag (`<prefix>:tags:tag:<tag>`, member task id,
+//! score the tag's score) and one hash of thumbnail keys (`<prefix>:tags:thumbnails`);
+//! [`MemoryIndex`] holds the same in process. Writing the same tag, task and score again
+//! changes nothing, so re-indexing an event is harmless.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+
+/// How several query tags combine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Tasks having every tag; score: the sum of their scores.
+    #[default]
+    All,
+    /// Tasks having at least one tag; score: the sum of the scores of the tags they have.
+    Any,
+}
+
+/// One search result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hit {
+    /// The task.
+    pub task_id: String,
+    /// Summed score of the matched tags.
+    pub score: f64,
+    /// Blob key of the task's thumbnail, once the metadata step has reported it.
+    pub thumbnail_key: Option<String>,
+}
+
+/// The index could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// Connecting to Redis failed.
+    #[error("connecting to Redis for the tag index")]
+    Connect(#[source] redis::RedisError),
+    /// A Redis command failed.
+    #[error("tag index: {action}")]
+    Redis {
+        /// What was being done.
+        action: &'static str,
+        /// What Redis said.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+/// Where tags and thumbnails are indexed.
+#[async_trait]
+pub trait TagIndex: Send + Sync + 'static {
+    /// Records that `task_id` has each of `tags` with its score.
+    async fn index(&self, task_id: &str, tags: &[(String, f64)]) -> Result<(), IndexError>;
+    /// Records the thumbnail of `task_id`.
+    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str) -> Result<(), IndexError>;
+    /// The best `limit` tasks matching `tags` by `mode`, best first (ties by task id).
+    async fn search(&self, tags: &[String], mode: Mode, limit: usize) -> Result<Vec<Hit>, IndexError>;
+}
+
+/// The index in Redis, keys under `<prefix>:tags:`.
+#[derive(Clone)]
+pub struct RedisIndex {
+    connection: ConnectionManager,
+    prefix: String,
+}
+
+impl RedisIndex {
+    /// Connects to `url`, keys under `<prefix>:tags:`.
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, IndexError> {
+        let client = redis::Client::open(url).map_err(IndexError::Connect)?;
+        let connection = ConnectionManager::new(client).await.map_err(IndexError::Connect)?;
+        Ok(Self { connection, prefix: format!("{prefix}:tags") })
+    }
+
+    fn tag_key(&self, tag: &str) -> String {
+        format!("{}:tag:{tag}", self.prefix)
+    }
+
+    fn thumbnails_key(&self) -> String {
+        format!("{}:thumbnails", self.prefix)
+    }
+}
+
+fn redis_err(action: &'static str) -> impl FnOnce(redis::RedisError) -> IndexError {
+    move |source| IndexError::Redis { action, source }
+}
+
+#[async_trait]
+impl TagIndex for RedisIndex {
+    async fn index(&self, task_id: &str, tags: &[(String, f64)]) -> Result<(), IndexError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (tag, score) in tags {
+            pipe.cmd("ZADD").arg(self.tag_key(tag)).arg(*score).arg(task_id).ignore();
+        }
+        pipe.query_async::<()>(&mut self.connection.clone()).await.map_err(redis_err("indexing tags"))
+    }
+
+    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str) -> Result<(), IndexError> {
+        redis::cmd("HSET")
+            .arg(self.thumbnails_key())
+            .arg(task_id)
+            .arg(thumbnail_key)
+            .query_async::<()>(&mut self.connection.clone())
+            .await
+            .map_err(redis_err("storing a thumbnail key"))
+    }
+
+    async fn search(&self, tags: &[String], mode: Mode, limit: usize) -> Result<Vec<Hit>, IndexError> {
+        if tags.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = tags.iter().map(|t| self.tag_key(t)).collect();
+        let command = match mode {
+            Mode::All => "ZINTER",
+            Mode::Any => "ZUNION",
+        };
+        let scored: Vec<(String, f64)> = redis::cmd(command)
+            .arg(keys.len())
+            .arg(&keys)
+            .arg("AGGREGATE")
+            .arg("SUM")
+            .arg("WITHSCORES")
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(redis_err("searching tags"))?;
+        let best = best_first(scored, limit);
+        if best.is_empty() {
+            return Ok(Vec::new());
+        }
+        let task_ids: Vec<&str> = best.iter().map(|(id, _)| id.as_str()).collect();
+        let thumbnails: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.thumbnails_key())
+            .arg(&task_ids)
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(redis_err("reading thumbnail keys"))?;
+        Ok(best
+            .into_iter()
+            .zip(thumbnails)
+            .map(|((task_id, score), thumbnail_key)| Hit { task_id, score, thumbnail_key })
+            .collect())
+    }
+}
+
+/// Sorts by score descending, then task id, and keeps `limit`.
+fn best_first(mut scored: Vec<(String, f64)>, limit: usize) -> Vec<(String, f64)> {
+    scored.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    scored.truncate(limit);
+    scored
+}
+
+/// The index in process memory, for one process (`imagepipe run`).
+#[derive(Debug, Default)]
+pub struct MemoryIndex {
+    inner: Mutex<Tables>,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    tags: HashMap<String, HashMap<String, f64>>,
+    thumbnails: HashMap<String, String>,
+}
+
+impl MemoryIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl TagIndex for MemoryIndex {
+    async fn index(&self, task_id: &str, tags: &[(String, f64)]) -> Result<(), IndexError> {
+        let mut tables = self.inner.lock().expect("tag index lock");
+        for (tag, score) in tags {
+            tables.tags.entry(tag.clone()).or_default().insert(task_id.to_owned(), *score);
+        }
+        Ok(())
+    }
+
+    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str) -> Result<(), IndexError> {
+        let mut tables = self.inner.lock().expect("tag index lock");
+        tables.thumbnails.insert(task_id.to_owned(), thumbnail_key.to_owned());
+        Ok(())
+    }
+
+    async fn search(&self, tags: &[String], mode: Mode, limit: usize) -> Result<Vec<Hit>, IndexError> {
+        let tables = self.inner.lock().expect("tag index lock");
+        let mut scores: HashMap<&str, (f64, usize)> = HashMap::new();
+        for tag in tags {
+            for (task_id, score) in tables.tags.get(tag).into_iter().flatten() {
+                let entry = scores.entry(task_id).or_default();
+                entry.0 += score;
+                entry.1 += 1;
+            }
+        }
+        let scored = scores
+            .into_iter()
+            .filter(|(_, (_, matched))| mode == Mode::Any || *matched == tags.len())
+            .map(|(task_id, (score, _))| (task_id.to_owned(), score))
+            .collect();
+        Ok(best_first(scored, limit)
+            .into_iter()
+            .map(|(task_id, score)| {
+                let thumbnail_key = tables.thumbnails.get(&task_id).cloned();
+                Hit { task_id, score, thumbnail_key }
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,161 @@
+//! The tag index on both backends, and the indexer end to end on the memory bus with the
+//! search API over real HTTP.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use imagepipe_bus::{Bus, BusConfig, ConsumerConfig, Message};
+use imagepipe_contracts::names::{self, headers};
+use imagepipe_contracts::payload::{ImageAnalyzed, ImageMetadataExtracted};
+use imagepipe_contracts::step::{AnalysisOutput, MetadataOutput, Prediction};
+use imagepipe_contracts::{Event, TraceId};
+use imagepipe_runtime::{Settings, Shutdown};
+use imagepipe_tag_indexer_worker::{GROUP, Hit, MemoryIndex, Mode, RedisIndex, TagIndex, api, run, subscription};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn tags(pairs: &[(&str, f64)]) -> Vec<(String, f64)> {
+    pairs.iter().map(|(t, s)| ((*t).to_owned(), *s)).collect()
+}
+
+fn ids(hits: &[Hit]) -> Vec<&str> {
+    hits.iter().map(|h| h.task_id.as_str()).collect()
+}
+
+async fn suite(index: &dyn TagIndex) {
+    index.index("t1", &tags(&[("cat", 0.9), ("animal", 0.95)])).await.unwrap();
+    index.index("t2", &tags(&[("cat", 0.4), ("indoor", 0.7)])).await.unwrap();
+    index.index("t3", &tags(&[("dog", 0.8), ("animal", 0.85)])).await.unwrap();
+    index.set_thumbnail("t1", "sha256:aa").await.unwrap();
+
+    let q = |t: &[&str]| t.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let all = index.search(&q(&["cat", "animal"]), Mode::All, 10).await.unwrap();
+    assert_eq!(ids(&all), ["t1"]);
+    assert!((all[0].score - 1.85).abs() < 1e-9);
+    assert_eq!(all[0].thumbnail_key.as_deref(), Some("sha256:aa"));
+
+    let any = index.search(&q(&["cat", "animal"]), Mode::Any, 10).await.unwrap();
+    assert_eq!(ids(&any), ["t1", "t3", "t2"], "best first");
+    assert_eq!(any[1].thumbnail_key, None);
+    assert_eq!(ids(&index.search(&q(&["cat", "animal"]), Mode::Any, 2).await.unwrap()), ["t1", "t3"]);
+    assert!(index.search(&q(&["unicorn"]), Mode::Any, 10).await.unwrap().is_empty());
+    assert!(index.search(&q(&["cat", "unicorn"]), Mode::All, 10).await.unwrap().is_empty());
+
+    index.index("t1", &tags(&[("cat", 0.9), ("animal", 0.95)])).await.unwrap();
+    assert_eq!(index.search(&q(&["cat", "animal"]), Mode::Any, 10).await.unwrap(), any, "re-indexing changes nothing");
+}
+
+#[tokio::test]
+async fn the_memory_index_searches_best_first() {
+    suite(&MemoryIndex::new()).await;
+}
+
+#[tokio::test]
+async fn the_redis_index_searches_best_first() {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("imagepipe-test-tags-{}-{nanos}", std::process::id());
+    let index = RedisIndex::connect("redis://127.0.0.1:6379", &prefix).await.expect("Redis on 127.0.0.1:6379");
+    suite(&index).await;
+
+    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut connection).await.unwrap();
+    assert!(!keys.is_empty());
+    let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
+}
+
+fn analyzed(task_id: &str, tags: &[(&str, f64)]) -> Vec<u8> {
+    let tags = tags.iter().map(|(label, score)| Prediction { label: (*label).into(), score: *score }).collect();
+    let payload = ImageAnalyzed {
+        blob_key: "sha256:00".into(),
+        analysis: AnalysisOutput { model: "m".into(), predictions: vec![], tags },
+        labels: Default::default(),
+    };
+    Event::for_task(task_id, 1, TraceId::random(), 1_763_800_000_000, "ai-worker", payload).to_json()
+}
+
+fn extracted(task_id: &str, thumbnail_key: &str) -> Vec<u8> {
+    let metadata: MetadataOutput = serde_json::from_value(serde_json::json!({
+        "format": "jpeg", "width": 4, "height": 3, "colorType": "rgb8", "bitDepth": 8, "hasAlpha": false,
+        "frameCount": 1, "hasIccProfile": false, "dominantColors": [], "meanBrightness": 0.5,
+        "phash": "00", "blurhash": "LEHV6nWB2yk8", "thumbnailKey": thumbnail_key
+    }))
+    .unwrap();
+    let payload = ImageMetadataExtracted { blob_key: "sha256:00".into(), metadata, labels: Default::default() };
+    Event::for_task(task_id, 1, TraceId::random(), 1_763_800_000_000, "metadata-worker", payload).to_json()
+}
+
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.split(' ').nth(1).unwrap().parse().unwrap(), serde_json::from_str(body).unwrap())
+}
+
+#[tokio::test]
+async fn events_become_searchable_with_thumbnails() {
+    let settings = Settings::default();
+    let bus = Bus::connect(&BusConfig::default()).await.unwrap();
+    drop(bus.events.subscribe(subscription(&settings)).await.unwrap());
+    let index: Arc<dyn TagIndex> = Arc::new(MemoryIndex::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(axum::serve(listener, api::routes(index.clone())).into_future());
+    let shutdown = Shutdown::new();
+    let worker = tokio::spawn({
+        let (bus, settings, shutdown, index) = (bus.clone(), settings.clone(), shutdown.clone(), index.clone());
+        async move { run(bus, &settings, index, shutdown).await.unwrap() }
+    });
+
+    let publish = |event_type: &'static str, body: Vec<u8>| {
+        let bus = bus.clone();
+        async move { bus.events.publish(event_type, Message::new(body)).await.unwrap() }
+    };
+    publish("image.metadata_extracted", extracted("tsk_cat", "sha256:thumb-cat")).await;
+    publish("image.analyzed", analyzed("tsk_cat", &[("Cat", 0.9), ("animal", 0.95)])).await;
+    publish("image.analyzed", analyzed("tsk_dog", &[("dog", 0.8), ("animal", 0.6)])).await;
+    publish("image.analyzed", analyzed("tsk_cat", &[("Cat", 0.9), ("animal", 0.95)])).await;
+    publish("image.analyzed", b"{\"eventType\": \"image.analyzed\"}".to_vec()).await;
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (status, body) = get(addr, "/v1/search?tags=animal&mode=any").await;
+        assert_eq!(status, 200);
+        if body["results"].as_array().unwrap().len() == 2 {
+            break body;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not indexed: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(body["results"][0]["taskId"], "tsk_cat");
+    assert_eq!(body["results"][0]["thumbnailKey"], "sha256:thumb-cat");
+    assert_eq!(body["results"][1]["taskId"], "tsk_dog");
+    assert_eq!(body["results"][1]["thumbnailKey"], serde_json::Value::Null);
+
+    let (status, body) = get(addr, "/v1/search?tags=CAT,%20animal&limit=5").await;
+    assert_eq!((status, body["mode"].as_str()), (200, Some("all")));
+    assert_eq!(body["results"].as_array().unwrap().len(), 1);
+    assert!((body["results"][0]["score"].as_f64().unwrap() - 1.85).abs() < 1e-9);
+
+    for bad in [
+        "/v1/search",
+        "/v1/search?tags=,",
+        "/v1/search?tags=cat&mode=some",
+        "/v1/search?tags=cat&limit=0",
+        "/v1/search?tags=cat&limit=x",
+    ] {
+        let (status, body) = get(addr, bad).await;
+        assert_eq!(status, 400, "{bad}");
+        assert!(body["error"].is_string(), "{bad}: {body}");
+    }
+
+    let dlq = bus.queues.consume(&names::dead_letter_queue_of_group(GROUP), ConsumerConfig::default()).await.unwrap();
+    let dead = dlq.fetch(1, Duration::from_secs(5)).await.unwrap().pop().expect("the malformed event");
+    assert!(dead.message.headers.get(headers::DLQ_REASON).unwrap().contains("eventId"));
+    dead.ack().await.unwrap();
+
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(10), worker).await.unwrap().unwrap();
+}
