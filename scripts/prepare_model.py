@@ -570,7 +570,8 @@ def up_to_date(out: Path, cache: Path) -> bool:
         path = out / name
         if not path.exists() or files.get(name) != expected or (expected is not None and sha256_of(path) != expected):
             return False
-    return (out / "verification.json").exists() and all((cache / "photos" / Path(p[1]).name).exists() for p in PHOTOS.values())
+    photos = [cache / "photos" / Path(spec[1]).name for spec in PHOTOS.values()]
+    return all(p.exists() for p in [out / "verification.json", cache / "reference-input.f32", *photos])
 
 
 def prepare(out: Path, cache: Path, force: bool) -> None:

@@ -31,6 +31,7 @@ async fn main_body(args: Args) -> anyhow::Result<()> {
     let settings = args.config.load()?;
     let classifier = Classifier::load(&settings.ai).await?;
     let service = Service::start(SERVICE, settings, axum::Router::new()).await?;
+    tracing::info!(model = classifier.model().name(), dir = %service.settings.ai.model_dir.display(), "model ready");
     let outcome = run(service.bus.clone(), &service.settings, classifier, service.shutdown.clone()).await;
     service.stop().await?;
     Ok(outcome?)
