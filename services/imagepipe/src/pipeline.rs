@@ -1,5 +1,6 @@
-//! Every service in one process: coordinator, download, metadata and AI workers on one bus, the
-//! coordinator's store, a local blob directory, and one HTTP server for all of their APIs.
+//! Every service in one process: the coordinator, the download, metadata and AI workers and the
+//! notification and tag-indexer subscribers on one bus, the coordinator's store, a local blob
+//! directory, and one HTTP server for all of their APIs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +38,18 @@ pub enum PipelineError {
     /// The bus could not be connected.
     #[error("connecting the bus")]
     Bus(#[source] BusError),
+    /// A subscriber's group could not be created.
+    #[error("creating the subscriber group {group}")]
+    Subscribe {
+        /// The group.
+        group: String,
+        /// Bus error.
+        #[source]
+        source: BusError,
+    },
+    /// The tag index could not be opened.
+    #[error("opening the tag index")]
+    TagIndex(#[source] imagepipe_tag_indexer_worker::RunError),
     /// The coordinator's store could not be opened.
     #[error("opening the task store")]
     Store(#[source] StoreError),
@@ -106,12 +119,24 @@ impl Pipeline {
         let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock));
         let engine = coordinator.engine.clone();
         let blobs = Arc::new(LocalBlobStore::new(&settings.blob.dir));
+        let tag_index = imagepipe_tag_indexer_worker::open_index(&settings).await.map_err(PipelineError::TagIndex)?;
+        // Subscriber groups start at new events: create them before the coordinator publishes.
+        for subscription in [
+            imagepipe_notification_worker::subscription(&settings),
+            imagepipe_tag_indexer_worker::subscription(&settings),
+        ] {
+            let group = subscription.group.clone();
+            bus.events.subscribe(subscription).await.map_err(|source| PipelineError::Subscribe { group, source })?;
+        }
 
         let readiness = Readiness::new();
         let bus_check = bus.clone();
         readiness.add("bus", move || bus_check.is_connected());
         let token = settings.http.auth_token.as_ref().map(|t| t.expose().clone());
-        let routes = coordinator.routes().merge(blob_api::router(blobs.clone(), token, settings.download.max_bytes));
+        let routes = coordinator
+            .routes()
+            .merge(blob_api::router(blobs.clone(), token, settings.download.max_bytes))
+            .merge(imagepipe_tag_indexer_worker::api::routes(tag_index.clone()));
         let server = HealthServer::new(readiness, imagepipe_runtime::metrics::install()?)
             .merge(routes)
             .bind(settings.http.socket_addr())
@@ -135,6 +160,14 @@ impl Pipeline {
         services.spawn(
             async move { ("ai worker", imagepipe_ai_worker::run(b, &s, classifier, stop).await.map_err(boxed)) },
         );
+        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
+        services.spawn(async move {
+            ("notification worker", imagepipe_notification_worker::run(b, &s, stop).await.map_err(boxed))
+        });
+        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
+        services.spawn(async move {
+            ("tag indexer", imagepipe_tag_indexer_worker::run(b, &s, tag_index, stop).await.map_err(boxed))
+        });
         let stop_http = Shutdown::new();
         let http = tokio::spawn(server.serve(stop_http.clone()));
         tracing::info!(%addr, "pipeline running");

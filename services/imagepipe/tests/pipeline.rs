@@ -94,5 +94,21 @@ async fn sample_photos_complete_with_every_event_and_a_404_url_fails_with_its_re
     assert_eq!(failed_event.payload.error.code, "http_404");
     assert!(failed_event.payload.error.message.contains("404"), "{:?}", failed_event.payload.error);
 
+    // The tag indexer, a subscriber in the same process, makes the cat searchable.
+    let api = imagepipe::ApiClient::new(&pipeline.api_url(), None).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let found: serde_json::Value = api.get("/v1/search", &[("tags", "cat,animal".into())]).await.unwrap();
+        let hits = found["results"].as_array().unwrap();
+        if hits.iter().any(|hit| hit["taskId"] == "tsk_e2e_chelsea") {
+            let chelsea = hits.iter().find(|hit| hit["taskId"] == "tsk_e2e_chelsea").unwrap();
+            let thumbnail = photos[0].outputs.metadata.as_ref().unwrap().thumbnail_key.as_str();
+            assert_eq!(chelsea["thumbnailKey"], thumbnail, "{found}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "chelsea not searchable by cat and animal: {found}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     pipeline.stop().await.unwrap();
 }
