@@ -1,6 +1,126 @@
-//! imagepipe analytics-worker: the analytics worker: counters and stage latencies from events.
+//! imagepipe analytics-worker: an event subscriber that counts every event (tasks by outcome,
+//! events by type, image formats, bytes downloaded) and measures stage latencies from event
+//! timestamps (`task.created` → `image.downloaded` → `image.metadata_extracted` →
+//! `image.analyzed` → `task.completed`, and end to end) as histograms; serves `GET /v1/stats`
+//! and exports the same as Prometheus metrics.
 //!
-//! Not built yet: issue #6 builds it. The binary refuses to start until then.
+//! - [`update`]: what one event adds.
+//! - [`histogram`]: fixed-bucket latency histograms and quantile estimates.
+//! - [`store`]: the [`StatsStore`] seam, in Redis (`store.kind = redis`) or in process.
+//! - [`handler`]: the [`Handler`](imagepipe_runtime::Handler) recording events.
+//! - [`api`]: the stats route.
+//! - [`open_store`] then [`run`]: the subscriber on a connected bus; serve [`api::routes`] of
+//!   the same store.
 
-/// The issue that builds this service.
-pub const BUILT_BY_ISSUE: u32 = 6;
+pub mod api;
+pub mod handler;
+pub mod histogram;
+pub mod store;
+pub mod update;
+
+use std::sync::Arc;
+
+use imagepipe_bus::{Bus, BusError, Selector, Subscription};
+use imagepipe_runtime::config::StoreKind;
+use imagepipe_runtime::dedup::{self, DedupError};
+use imagepipe_runtime::worker::WorkerError;
+use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+
+pub use handler::StatsHandler;
+pub use histogram::{BUCKETS_MS, Histogram};
+pub use store::{DEFAULT_TASK_TTL, MemoryStore, RedisStore, Stats, StatsStore, StoreError};
+pub use update::{Span, Stage, TaskOutcome, Update};
+
+/// The service's name in logs and traces.
+pub const SERVICE: &str = "analytics-worker";
+/// The durable subscriber group; its dead letters are `dlq.events.analytics`.
+pub const GROUP: &str = "analytics";
+
+/// Metric names of the analytics worker. They count what this replica handled; `/v1/stats`
+/// is the total of every replica.
+pub mod metrics {
+    /// Events counted, by `event_type`.
+    pub const EVENTS: &str = "imagepipe_analytics_events_total";
+    /// Finished tasks, by `outcome`.
+    pub const TASKS: &str = "imagepipe_analytics_tasks_total";
+    /// Downloaded images, by `format`.
+    pub const IMAGES: &str = "imagepipe_analytics_images_total";
+    /// Bytes downloaded.
+    pub const BYTES_DOWNLOADED: &str = "imagepipe_analytics_downloaded_bytes_total";
+    /// Seconds between two task stages, by `span`.
+    pub const STAGE_LATENCY: &str = "imagepipe_analytics_stage_latency_seconds";
+    /// Events skipped because their `eventId` was already counted.
+    pub const DUPLICATES: &str = "imagepipe_analytics_duplicates_total";
+    /// Label: the event type.
+    pub const EVENT_TYPE: &str = "event_type";
+    /// Label: how a task ended.
+    pub const OUTCOME: &str = "outcome";
+    /// Label: the image format.
+    pub const FORMAT: &str = "format";
+    /// Label: the latency span (`download`, `metadata`, `analysis`, `completion`, `end_to_end`).
+    pub const SPAN: &str = "span";
+}
+
+/// The worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The statistics store could not be opened.
+    #[error("opening the analytics store")]
+    Store(#[source] StoreError),
+    /// The dedup store could not be opened.
+    #[error("opening the dedup store")]
+    Dedup(#[source] DedupError),
+    /// The subscription could not be opened.
+    #[error("subscribing the {GROUP} group")]
+    Subscribe(#[source] BusError),
+    /// The worker loop stopped with an error.
+    #[error("running the analytics worker")]
+    Worker(#[source] WorkerError),
+}
+
+/// The store `settings` call for: Redis at `store.redis.url` (keys under
+/// `<bus.prefix>:analytics:`) when `store.kind = redis`, in process otherwise.
+pub async fn open_store(settings: &Settings) -> Result<Arc<dyn StatsStore>, RunError> {
+    Ok(match settings.store.kind {
+        StoreKind::Redis => Arc::new(
+            RedisStore::connect(settings.store.redis.url.expose(), &settings.bus.prefix, DEFAULT_TASK_TTL)
+                .await
+                .map_err(RunError::Store)?,
+        ),
+        StoreKind::Embedded => Arc::new(MemoryStore::new(DEFAULT_TASK_TTL)),
+    })
+}
+
+/// The subscription: group [`GROUP`], every event.
+pub fn subscription(settings: &Settings) -> Subscription {
+    Subscription::new(GROUP, Selector::all()).with_consumer(settings.worker.consumer_config())
+}
+
+/// Counts the events on `bus` into `store` until `shutdown` fires and in-flight events are done.
+///
+/// Orderly: one event per task (message key) at a time, so a redelivered event never races its
+/// twin past the dedup check and counts twice; different tasks run in parallel.
+pub async fn run(
+    bus: Bus,
+    settings: &Settings,
+    store: Arc<dyn StatsStore>,
+    shutdown: Shutdown,
+) -> Result<(), RunError> {
+    let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
+    let consumer = bus.events.subscribe(subscription(settings)).await.map_err(RunError::Subscribe)?;
+    let handler = StatsHandler::new(store, dedup);
+    let config = WorkerConfig::from_settings(GROUP, &settings.worker).orderly();
+    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+}
+
+/// An error and its sources, `: `-separated.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,358 @@
+//! Where the statistics live: the [`StatsStore`] seam, in Redis ([`RedisStore`],
+//! `store.kind = redis`) or in process ([`MemoryStore`], `imagepipe run`).
+//!
+//! Recording an event is one atomic step: bump its counters, keep the time of the stage it
+//! reports unless the task already has one (the first time wins), and for every [`Span`] whose
+//! other end is already known, add the latency to that span's histogram. So each latency is
+//! measured once, when the later of its two events arrives, whatever their order. A task's
+//! stage times are forgotten when it fails or is cancelled, once all of them are known, or
+//! `task_ttl` after its last event.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+
+use crate::histogram::{BUCKETS_MS, Histogram};
+use crate::update::{Span, Stage, Update};
+
+/// How long a task's stage times are kept after its last event by default.
+pub const DEFAULT_TASK_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Counter field of the bytes downloaded.
+const BYTES_DOWNLOADED: &str = "bytes_downloaded";
+
+/// Everything counted so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Finished tasks by outcome (`completed`, `failed`, `cancelled`).
+    pub tasks: BTreeMap<String, u64>,
+    /// Events by type.
+    pub events: BTreeMap<String, u64>,
+    /// Downloaded images by format.
+    pub formats: BTreeMap<String, u64>,
+    /// Bytes downloaded.
+    pub bytes_downloaded: u64,
+    /// Latency histograms of the spans measured at least once.
+    pub latencies: BTreeMap<Span, Histogram>,
+}
+
+/// The store could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Connecting to Redis failed.
+    #[error("connecting to Redis for the analytics store")]
+    Connect(#[source] redis::RedisError),
+    /// A Redis command failed.
+    #[error("analytics store: {action}")]
+    Redis {
+        /// What was being done.
+        action: &'static str,
+        /// What Redis said.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Redis held something this code did not write.
+    #[error("analytics store: unexpected {what} {value:?}")]
+    Corrupt {
+        /// What was read.
+        what: &'static str,
+        /// The value.
+        value: String,
+    },
+}
+
+/// Where the statistics are kept.
+#[async_trait]
+pub trait StatsStore: Send + Sync + 'static {
+    /// Records `update` atomically; returns the latencies (ms) it completed.
+    async fn record(&self, update: &Update) -> Result<Vec<(Span, u64)>, StoreError>;
+    /// Everything counted so far.
+    async fn snapshot(&self) -> Result<Stats, StoreError>;
+}
+
+/// The statistics in Redis, under `<prefix>:analytics:`: a hash of counters, a hash of
+/// histogram fields (`<span>:count`, `<span>:sum`, `<span>:<bucket>`), and a hash of stage
+/// times per task (`task:<id>`, with a TTL). One Lua script records an event.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: ConnectionManager,
+    prefix: String,
+    task_ttl: Duration,
+    script: redis::Script,
+}
+
+/// KEYS: counters, latencies, task. ARGV: event type, outcome, format, bytes, stage, timestamp,
+/// task TTL ms, forget ('1' drops the task's times), then counted lists: every stage name; the
+/// spans touching the stage as (name, from, to); the bucket bounds.
+const RECORD_SCRIPT: &str = r"
+local counters, latencies, task = KEYS[1], KEYS[2], KEYS[3]
+local event_type, outcome, format, bytes = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local stage, timestamp, ttl, forget = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local i = 9
+local stages = {}
+for _ = 1, tonumber(ARGV[i]) do i = i + 1; stages[#stages + 1] = ARGV[i] end
+i = i + 1
+local spans = {}
+for _ = 1, tonumber(ARGV[i]) do spans[#spans + 1] = {ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]}; i = i + 3 end
+i = i + 1
+local bounds = {}
+for _ = 1, tonumber(ARGV[i]) do i = i + 1; bounds[#bounds + 1] = tonumber(ARGV[i]) end
+
+redis.call('HINCRBY', counters, 'events:' .. event_type, 1)
+if outcome ~= '' then redis.call('HINCRBY', counters, 'tasks:' .. outcome, 1) end
+if format ~= '' then redis.call('HINCRBY', counters, 'formats:' .. format, 1) end
+if bytes ~= '0' then redis.call('HINCRBY', counters, 'bytes_downloaded', bytes) end
+
+local recorded = {}
+if stage ~= '' and redis.call('HSETNX', task, stage, timestamp) == 1 then
+  for _, span in ipairs(spans) do
+    local from = redis.call('HGET', task, span[2])
+    local to = redis.call('HGET', task, span[3])
+    if from and to then
+      local ms = math.max(0, tonumber(to) - tonumber(from))
+      local bucket = #bounds
+      for b, bound in ipairs(bounds) do
+        if ms <= bound then bucket = b - 1; break end
+      end
+      redis.call('HINCRBY', latencies, span[1] .. ':count', 1)
+      redis.call('HINCRBY', latencies, span[1] .. ':sum', ms)
+      redis.call('HINCRBY', latencies, span[1] .. ':' .. bucket, 1)
+      recorded[#recorded + 1] = span[1]
+      recorded[#recorded + 1] = tostring(ms)
+    end
+  end
+end
+
+local known = 0
+for _, name in ipairs(stages) do
+  if redis.call('HEXISTS', task, name) == 1 then known = known + 1 end
+end
+if forget == '1' or known == #stages then
+  redis.call('DEL', task)
+elseif stage ~= '' then
+  redis.call('PEXPIRE', task, ttl)
+end
+return recorded
+";
+
+impl RedisStore {
+    /// Connects to `url`, keys under `<prefix>:analytics:`, task times kept `task_ttl`.
+    pub async fn connect(url: &str, prefix: &str, task_ttl: Duration) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(StoreError::Connect)?;
+        let connection = ConnectionManager::new(client).await.map_err(StoreError::Connect)?;
+        Ok(Self {
+            connection,
+            prefix: format!("{prefix}:analytics"),
+            task_ttl,
+            script: redis::Script::new(RECORD_SCRIPT),
+        })
+    }
+
+    fn counters_key(&self) -> String {
+        format!("{}:counters", self.prefix)
+    }
+
+    fn latencies_key(&self) -> String {
+        format!("{}:latencies", self.prefix)
+    }
+
+    fn task_key(&self, task_id: &str) -> String {
+        format!("{}:task:{task_id}", self.prefix)
+    }
+}
+
+fn redis_err(action: &'static str) -> impl FnOnce(redis::RedisError) -> StoreError {
+    move |source| StoreError::Redis { action, source }
+}
+
+fn parse_u64(what: &'static str, value: &str) -> Result<u64, StoreError> {
+    value.parse().map_err(|_| StoreError::Corrupt { what, value: value.to_owned() })
+}
+
+#[async_trait]
+impl StatsStore for RedisStore {
+    async fn record(&self, update: &Update) -> Result<Vec<(Span, u64)>, StoreError> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation
+            .key(self.counters_key())
+            .key(self.latencies_key())
+            .key(self.task_key(&update.task_id))
+            .arg(update.event_type.as_str())
+            .arg(update.outcome.map_or("", |o| o.as_str()))
+            .arg(update.format.as_deref().unwrap_or(""))
+            .arg(update.bytes.to_string())
+            .arg(update.stage.map_or("", Stage::as_str))
+            .arg(update.timestamp.to_string())
+            .arg(u64::try_from(self.task_ttl.as_millis()).unwrap_or(u64::MAX).max(1))
+            .arg(if update.ends_measurement() { "1" } else { "0" })
+            .arg(Stage::ALL.len());
+        for stage in Stage::ALL {
+            invocation.arg(stage.as_str());
+        }
+        let spans: Vec<Span> = update.stage.map(|stage| Span::touching(stage).collect()).unwrap_or_default();
+        invocation.arg(spans.len());
+        for span in &spans {
+            let (from, to) = span.stages();
+            invocation.arg(span.as_str()).arg(from.as_str()).arg(to.as_str());
+        }
+        invocation.arg(BUCKETS_MS.len());
+        for bound in BUCKETS_MS {
+            invocation.arg(bound);
+        }
+        let flat: Vec<String> =
+            invocation.invoke_async(&mut self.connection.clone()).await.map_err(redis_err("recording an event"))?;
+        flat.chunks(2)
+            .map(|pair| match pair {
+                [name, ms] => {
+                    let span =
+                        Span::parse(name).ok_or_else(|| StoreError::Corrupt { what: "span", value: name.clone() })?;
+                    Ok((span, parse_u64("latency", ms)?))
+                }
+                _ => Err(StoreError::Corrupt { what: "script reply", value: format!("{flat:?}") }),
+            })
+            .collect()
+    }
+
+    async fn snapshot(&self) -> Result<Stats, StoreError> {
+        let (counters, latencies): (HashMap<String, String>, HashMap<String, String>) = redis::pipe()
+            .cmd("HGETALL")
+            .arg(self.counters_key())
+            .cmd("HGETALL")
+            .arg(self.latencies_key())
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(redis_err("reading statistics"))?;
+        let mut stats = Stats::default();
+        for (field, value) in counters {
+            let value = parse_u64("counter", &value)?;
+            if field == BYTES_DOWNLOADED {
+                stats.bytes_downloaded = value;
+                continue;
+            }
+            let (map, name) = match field.split_once(':') {
+                Some(("events", name)) => (&mut stats.events, name),
+                Some(("tasks", name)) => (&mut stats.tasks, name),
+                Some(("formats", name)) => (&mut stats.formats, name),
+                _ => return Err(StoreError::Corrupt { what: "counter field", value: field }),
+            };
+            map.insert(name.to_owned(), value);
+        }
+        for (field, value) in latencies {
+            let corrupt = || StoreError::Corrupt { what: "histogram field", value: field.clone() };
+            let (name, part) = field.split_once(':').ok_or_else(corrupt)?;
+            let span = Span::parse(name).ok_or_else(corrupt)?;
+            let value = parse_u64("histogram value", &value)?;
+            let histogram = stats.latencies.entry(span).or_insert_with(Histogram::new);
+            match part {
+                "count" => histogram.count = value,
+                "sum" => histogram.sum_ms = value,
+                bucket => {
+                    let index: usize = bucket.parse().map_err(|_| corrupt())?;
+                    *histogram.buckets.get_mut(index).ok_or_else(corrupt)? = value;
+                }
+            }
+        }
+        Ok(stats)
+    }
+}
+
+/// The statistics in process memory, for one process (`imagepipe run`).
+#[derive(Debug)]
+pub struct MemoryStore {
+    task_ttl: Duration,
+    inner: Mutex<Tables>,
+}
+
+#[derive(Debug)]
+struct Tables {
+    stats: Stats,
+    tasks: HashMap<String, TaskTimes>,
+    next_sweep: Instant,
+}
+
+#[derive(Debug, Default)]
+struct TaskTimes {
+    at: BTreeMap<Stage, u64>,
+    expires: Option<Instant>,
+}
+
+impl MemoryStore {
+    /// An empty store keeping task times `task_ttl` after their last event.
+    pub fn new(task_ttl: Duration) -> Self {
+        let tables = Tables { stats: Stats::default(), tasks: HashMap::new(), next_sweep: Instant::now() };
+        Self { task_ttl, inner: Mutex::new(tables) }
+    }
+
+    /// Tasks whose stage times are held.
+    pub fn tasks_tracked(&self) -> usize {
+        let mut tables = self.inner.lock().expect("analytics store lock");
+        tables.sweep(Instant::now(), self.task_ttl);
+        tables.tasks.len()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(DEFAULT_TASK_TTL)
+    }
+}
+
+impl Tables {
+    /// Forgets expired task times, at most once per `ttl / 10` (and once a minute at most).
+    fn sweep(&mut self, now: Instant, ttl: Duration) {
+        if now < self.next_sweep {
+            return;
+        }
+        self.tasks.retain(|_, task| task.expires.is_none_or(|expires| expires > now));
+        self.next_sweep = now + (ttl / 10).min(Duration::from_secs(60));
+    }
+}
+
+#[async_trait]
+impl StatsStore for MemoryStore {
+    async fn record(&self, update: &Update) -> Result<Vec<(Span, u64)>, StoreError> {
+        let now = Instant::now();
+        let mut tables = self.inner.lock().expect("analytics store lock");
+        tables.sweep(now, self.task_ttl);
+        let stats = &mut tables.stats;
+        *stats.events.entry(update.event_type.as_str().to_owned()).or_default() += 1;
+        if let Some(outcome) = update.outcome {
+            *stats.tasks.entry(outcome.as_str().to_owned()).or_default() += 1;
+        }
+        if let Some(format) = &update.format {
+            *stats.formats.entry(format.clone()).or_default() += 1;
+        }
+        stats.bytes_downloaded = stats.bytes_downloaded.saturating_add(update.bytes);
+
+        let mut recorded = Vec::new();
+        if let Some(stage) = update.stage {
+            let Tables { stats, tasks, .. } = &mut *tables;
+            let task = tasks.entry(update.task_id.clone()).or_default();
+            if let std::collections::btree_map::Entry::Vacant(entry) = task.at.entry(stage) {
+                entry.insert(update.timestamp);
+                for span in Span::touching(stage) {
+                    let (from, to) = span.stages();
+                    if let (Some(&from), Some(&to)) = (task.at.get(&from), task.at.get(&to)) {
+                        let ms = Span::latency(from, to);
+                        stats.latencies.entry(span).or_insert_with(Histogram::new).record(ms);
+                        recorded.push((span, ms));
+                    }
+                }
+            }
+            task.expires = Some(now + self.task_ttl);
+        }
+        let complete = tables.tasks.get(&update.task_id).is_some_and(|task| task.at.len() == Stage::ALL.len());
+        if update.ends_measurement() || complete {
+            tables.tasks.remove(&update.task_id);
+        }
+        Ok(recorded)
+    }
+
+    async fn snapshot(&self) -> Result<Stats, StoreError> {
+        Ok(self.inner.lock().expect("analytics store lock").stats.clone())
+    }
+}
