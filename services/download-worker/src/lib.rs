@@ -15,7 +15,7 @@ pub mod sniff;
 
 use std::sync::Arc;
 
-use imagepipe_blob::LocalBlobStore;
+use imagepipe_blob::BlobConfigError;
 use imagepipe_bus::{Bus, BusError};
 use imagepipe_contracts::names::queues;
 use imagepipe_net::{BuildError, ClientBuilder, GuardedClient, Limits};
@@ -53,6 +53,9 @@ pub mod metrics {
 /// The worker could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The blob store of `blob.*` could not be opened.
+    #[error("opening the blob store")]
+    BlobStore(#[source] BlobConfigError),
     /// `net.allow_cidrs` does not parse.
     #[error("reading the network allowlist")]
     Allowlist(#[source] Box<ConfigError>),
@@ -99,7 +102,7 @@ pub async fn run_with_client(
         bus.queues.consume(queues::DOWNLOAD, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
     let handler = DownloadHandler::new(
         client,
-        Arc::new(LocalBlobStore::new(&settings.blob.dir)),
+        settings.blob.open().map_err(RunError::BlobStore)?,
         StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
     );
     let config = WorkerConfig::from_settings(queues::DOWNLOAD, &settings.worker);

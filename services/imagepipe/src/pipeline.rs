@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use imagepipe_ai_worker::{Classifier, ModelError};
-use imagepipe_blob::LocalBlobStore;
+use imagepipe_blob::{BlobConfigError, BlobStore};
 use imagepipe_bus::{Bus, BusError, Message};
 use imagepipe_contracts::SubmitTask;
 use imagepipe_contracts::names::queues;
@@ -38,6 +38,9 @@ pub enum PipelineError {
     /// The bus could not be connected.
     #[error("connecting the bus")]
     Bus(#[source] BusError),
+    /// The blob store of `blob.*` could not be opened.
+    #[error("opening the blob store")]
+    BlobStore(#[source] BlobConfigError),
     /// A subscriber's group could not be created.
     #[error("creating the subscriber group {group}")]
     Subscribe {
@@ -100,7 +103,7 @@ pub struct Pipeline {
     addr: SocketAddr,
     bus: Bus,
     engine: Engine,
-    blobs: Arc<LocalBlobStore>,
+    blobs: Arc<dyn BlobStore>,
     settings: Arc<Settings>,
     services: JoinSet<ServiceResult>,
     stop_services: Shutdown,
@@ -118,7 +121,7 @@ impl Pipeline {
         let store = open_store(&settings).await.map_err(PipelineError::Store)?;
         let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock));
         let engine = coordinator.engine.clone();
-        let blobs = Arc::new(LocalBlobStore::new(&settings.blob.dir));
+        let blobs = settings.blob.open().map_err(PipelineError::BlobStore)?;
         let tag_index = imagepipe_tag_indexer_worker::open_index(&settings).await.map_err(PipelineError::TagIndex)?;
         // Subscriber groups start at new events: create them before the coordinator publishes.
         for subscription in [
@@ -200,7 +203,7 @@ impl Pipeline {
     }
 
     /// The blob store the workers read and write.
-    pub fn blobs(&self) -> &Arc<LocalBlobStore> {
+    pub fn blobs(&self) -> &Arc<dyn BlobStore> {
         &self.blobs
     }
 

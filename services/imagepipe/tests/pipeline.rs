@@ -9,7 +9,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use imagepipe::Pipeline;
 use imagepipe::samples::SAMPLES;
-use imagepipe_blob::BlobStore;
 use imagepipe_bus::{Selector, Subscription};
 use imagepipe_contracts::payload::TaskFailed;
 use imagepipe_contracts::{Event, EventType, Step, SubmitTask, decode};

@@ -21,7 +21,7 @@ pub mod thumbnail;
 
 use std::sync::Arc;
 
-use imagepipe_blob::LocalBlobStore;
+use imagepipe_blob::BlobConfigError;
 use imagepipe_bus::{Bus, BusError};
 use imagepipe_contracts::names::queues;
 use imagepipe_runtime::clock::SystemClock;
@@ -49,6 +49,9 @@ pub mod metrics {
 /// The worker could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The blob store of `blob.*` could not be opened.
+    #[error("opening the blob store")]
+    BlobStore(#[source] BlobConfigError),
     /// The `tasks.metadata` consumer could not be opened.
     #[error("opening the {} consumer", queues::METADATA)]
     Consume(#[source] BusError),
@@ -63,7 +66,7 @@ pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<()
     let consumer =
         bus.queues.consume(queues::METADATA, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
     let handler = MetadataHandler::new(
-        Arc::new(LocalBlobStore::new(&settings.blob.dir)),
+        settings.blob.open().map_err(RunError::BlobStore)?,
         StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
         settings.metadata.clone(),
         settings.worker.concurrency,

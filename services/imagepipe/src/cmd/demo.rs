@@ -10,7 +10,6 @@ use clap::Args;
 use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL};
 use imagepipe::Pipeline;
 use imagepipe::samples::SAMPLES;
-use imagepipe_blob::BlobStore;
 use imagepipe_bus::BusConfig;
 use imagepipe_contracts::{Step, SubmitTask};
 use imagepipe_coordinator::{Task, TaskState};

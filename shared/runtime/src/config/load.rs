@@ -19,8 +19,18 @@ pub const CONFIG_PATH_ENV: &str = "IMAGEPIPE_CONFIG";
 /// Separator between levels in environment variable names.
 const ENV_LEVEL_SEPARATOR: &str = "__";
 
-/// The top-level sections of [`Settings`].
-const SECTIONS: [&str; 10] = ["bus", "store", "blob", "net", "http", "ai", "log", "worker", "telemetry", "coordinator"];
+/// The top-level sections of [`Settings`], read off the type itself.
+fn sections() -> Vec<String> {
+    toml::Table::try_from(Settings::default()).map(|table| table.keys().cloned().collect()).unwrap_or_default()
+}
+
+/// Whether the variable `IMAGEPIPE_<rest>` is meant as a configuration key: it has a level
+/// separator, or it starts with a section name (a key written with `_` for `__`, reported with a
+/// hint). Others (`IMAGEPIPE_TEST_MODEL_DIR`, `IMAGEPIPE_CACHE_DIR`) belong to tooling.
+fn is_config_variable(rest: &str, sections: &[String]) -> bool {
+    let rest = rest.to_ascii_lowercase();
+    rest.contains(ENV_LEVEL_SEPARATOR) || sections.iter().any(|s| rest == *s || rest.starts_with(&format!("{s}_")))
+}
 
 /// The `--config` option every binary takes (flatten it into the binary's `clap` arguments).
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -43,8 +53,9 @@ impl Settings {
         Self::load_from(file, std::env::vars_os())
     }
 
-    /// Loads defaults < `file` < the variables `env`, then validates. Only `IMAGEPIPE_*`
-    /// variables are read (except [`CONFIG_PATH_ENV`]); every one of them must name a key.
+    /// Loads defaults < `file` < the variables `env`, then validates. `IMAGEPIPE_*` variables
+    /// with a `__` or starting with a section name are read (except [`CONFIG_PATH_ENV`]), and
+    /// every one of them must name a key; other `IMAGEPIPE_*` variables belong to tooling.
     pub fn load_from<I, K, V>(file: Option<&Path>, env: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (K, V)>,
@@ -94,10 +105,14 @@ where
     V: Into<OsString>,
 {
     let prefix = format!("{ENV_PREFIX}_");
+    let sections = sections();
     let mut variables = HashMap::new();
     for (name, value) in env {
         let Ok(name) = name.into().into_string() else { continue };
-        if !name.to_ascii_uppercase().starts_with(&prefix) || name == CONFIG_PATH_ENV {
+        if !name.to_ascii_uppercase().starts_with(&prefix)
+            || name == CONFIG_PATH_ENV
+            || !is_config_variable(&name[prefix.len()..], &sections)
+        {
             continue;
         }
         let value = value.into().into_string().map_err(|_| ConfigError::Key {
@@ -120,7 +135,7 @@ fn key_error_message(key: &str, message: &str) -> String {
         message.replace_range(start..start + 10 + len + 1, "");
     }
     let section = key.split_once('_').map(|(section, _)| section);
-    if !key.contains('.') && section.is_some_and(|s| SECTIONS.contains(&s)) {
+    if !key.contains('.') && section.is_some_and(|s| sections().iter().any(|known| known == s)) {
         message.push_str(&format!(
             " (in environment variables, levels are separated by `__`: {ENV_PREFIX}_{})",
             key.to_ascii_uppercase().replacen('_', ENV_LEVEL_SEPARATOR, 1)

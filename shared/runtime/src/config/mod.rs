@@ -15,6 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use imagepipe_blob::BlobConfig;
 use imagepipe_bus::{BusConfig, ConsumerConfig};
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -31,7 +32,7 @@ pub struct Settings {
     pub bus: BusConfig,
     /// Coordinator state store (`store.*`).
     pub store: StoreConfig,
-    /// Local blob store (`blob.*`).
+    /// Blob store: a local directory or S3 (`blob.*`).
     pub blob: BlobConfig,
     /// Download worker: HTTP limits (`download.*`).
     pub download: DownloadSettings,
@@ -99,20 +100,6 @@ pub struct RedisConfig {
 impl Default for RedisConfig {
     fn default() -> Self {
         Self { url: SecretUrl::new("redis://127.0.0.1:6379") }
-    }
-}
-
-/// The `blob` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BlobConfig {
-    /// Directory of the local blob store.
-    pub dir: PathBuf,
-}
-
-impl Default for BlobConfig {
-    fn default() -> Self {
-        Self { dir: PathBuf::from(".imagepipe/blobs") }
     }
 }
 

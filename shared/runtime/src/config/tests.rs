@@ -120,6 +120,19 @@ fn an_unknown_key_in_the_environment_is_rejected_by_name() {
     let err = load(None, &[("IMAGEPIPE_BUS_KIND", "nats")]).unwrap_err();
     assert_eq!(err.key(), Some("bus_kind"));
     assert!(err.to_string().contains("IMAGEPIPE_BUS__KIND"), "the hint names the right variable: {err}");
+
+    let err = load(None, &[("IMAGEPIPE_BUSS__KIND", "nats")]).unwrap_err();
+    assert!(err.to_string().contains("buss"), "{err}");
+}
+
+#[test]
+fn tooling_variables_without_a_section_are_not_config_keys() {
+    let settings = load(
+        None,
+        &[("IMAGEPIPE_TEST_MODEL_DIR", "/models"), ("IMAGEPIPE_CACHE_DIR", "/cache"), ("IMAGEPIPE_BUS__PREFIX", "x")],
+    )
+    .unwrap();
+    assert_eq!(settings.bus.prefix, "x");
 }
 
 #[test]

@@ -20,7 +20,9 @@ impl Settings {
             StoreKind::Embedded => non_empty_path("store.path", &self.store.path)?,
             StoreKind::Redis => redis_url("store.redis.url", self.store.redis.url.expose())?,
         }
-        non_empty_path("blob.dir", &self.blob.dir)?;
+        self.blob
+            .validate()
+            .map_err(|imagepipe_blob::BlobConfigError::Invalid { key, reason }| ConfigError::invalid(key, reason))?;
         self.net.allowed_networks()?;
         download(&self.download)?;
 
