@@ -76,3 +76,119 @@ impl Handler for StatsHandler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use imagepipe_bus::{AckHandle, BusError, Message};
+    use imagepipe_contracts::payload::TaskCreated;
+    use imagepipe_contracts::{ImageSource, TraceId};
+    use imagepipe_runtime::dedup::MemoryDedup;
+
+    use super::*;
+    use crate::store::{MemoryStore, Stats, StoreError};
+
+    struct Unsettled;
+
+    #[async_trait]
+    impl AckHandle for Unsettled {
+        async fn ack(&self) -> Result<(), BusError> {
+            Ok(())
+        }
+        async fn nack(&self, _: Duration) -> Result<(), BusError> {
+            Ok(())
+        }
+        async fn progress(&self) -> Result<(), BusError> {
+            Ok(())
+        }
+        async fn dead_letter(&self, _: &Message, _: u32, _: &str) -> Result<(), BusError> {
+            Ok(())
+        }
+        fn position(&self) -> String {
+            "test".into()
+        }
+    }
+
+    fn delivery(body: Vec<u8>) -> Delivery {
+        Delivery::new(Message::new(body), 1, 5, "events.analytics".into(), Box::new(Unsettled))
+    }
+
+    fn created(task_id: &str) -> Vec<u8> {
+        let payload = TaskCreated {
+            source: ImageSource::Blob("sha256:00".into()),
+            callback_url: None,
+            labels: Default::default(),
+        };
+        Event::for_task(task_id, 0, TraceId::random(), 1_000, "coordinator", payload).to_json()
+    }
+
+    /// A store that fails while `down` is set.
+    struct Flaky {
+        down: AtomicBool,
+        inner: MemoryStore,
+    }
+
+    #[async_trait]
+    impl StatsStore for Flaky {
+        async fn record(&self, update: &Update) -> Result<Vec<(Span, u64)>, StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Corrupt { what: "test", value: "store down".into() });
+            }
+            self.inner.record(update).await
+        }
+        async fn snapshot(&self) -> Result<Stats, StoreError> {
+            self.inner.snapshot().await
+        }
+    }
+
+    fn handler() -> (Arc<Flaky>, StatsHandler) {
+        let store = Arc::new(Flaky { down: AtomicBool::new(false), inner: MemoryStore::default() });
+        let dedup = Box::new(MemoryDedup::new(Duration::from_secs(60), 100));
+        (store.clone(), StatsHandler::new(store, dedup))
+    }
+
+    async fn created_count(store: &Flaky) -> u64 {
+        store.snapshot().await.unwrap().events.get("task.created").copied().unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn a_redelivered_event_counts_once() {
+        let (store, handler) = handler();
+        assert_eq!(handler.handle(&delivery(created("t1"))).await, Outcome::Ack);
+        assert_eq!(handler.handle(&delivery(created("t1"))).await, Outcome::Ack);
+        assert_eq!(created_count(&store).await, 1);
+        assert_eq!(handler.handle(&delivery(created("t2"))).await, Outcome::Ack);
+        assert_eq!(created_count(&store).await, 2);
+    }
+
+    #[tokio::test]
+    async fn a_store_failure_is_retried_and_counted_once_it_recovers() {
+        let (store, handler) = handler();
+        store.down.store(true, Ordering::SeqCst);
+        let outcome = handler.handle(&delivery(created("t1"))).await;
+        assert!(matches!(&outcome, Outcome::Retry { reason, .. } if reason.contains("store down")), "{outcome:?}");
+        store.down.store(false, Ordering::SeqCst);
+        assert_eq!(handler.handle(&delivery(created("t1"))).await, Outcome::Ack);
+        assert_eq!(created_count(&store).await, 1);
+    }
+
+    #[tokio::test]
+    async fn malformed_events_are_rejected_with_the_reason() {
+        let (store, handler) = handler();
+        let outcome = handler.handle(&delivery(b"not json".to_vec())).await;
+        assert!(matches!(outcome, Outcome::Reject { .. }), "{outcome:?}");
+
+        let mut no_task: serde_json::Value = serde_json::from_slice(&created("t1")).unwrap();
+        no_task.as_object_mut().unwrap().remove("taskId");
+        let outcome = handler.handle(&delivery(serde_json::to_vec(&no_task).unwrap())).await;
+        assert_eq!(outcome, Outcome::reject("task.created without a taskId"));
+
+        let mut bad_payload: serde_json::Value = serde_json::from_slice(&created("t1")).unwrap();
+        bad_payload["eventType"] = "image.downloaded".into();
+        let outcome = handler.handle(&delivery(serde_json::to_vec(&bad_payload).unwrap())).await;
+        assert!(matches!(&outcome, Outcome::Reject { reason } if reason.contains("payload")), "{outcome:?}");
+        assert_eq!(store.snapshot().await.unwrap(), Stats::default(), "nothing counted");
+    }
+}

@@ -188,6 +188,7 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 #[tokio::test]
 async fn events_are_counted_once_and_served_as_stats() {
+    let metrics = imagepipe_runtime::metrics::install().unwrap();
     let settings = Settings::default();
     let bus = Bus::connect(&BusConfig::default()).await.unwrap();
     drop(bus.events.subscribe(subscription(&settings)).await.unwrap());
@@ -243,6 +244,19 @@ async fn events_are_counted_once_and_served_as_stats() {
     assert!(download.p99_ms.unwrap() > 240.0 && download.p99_ms.unwrap() <= 250.0, "{download:?}");
     assert_eq!(stats.latencies["end_to_end"].count, 0);
     assert_eq!(stats.latencies["end_to_end"].p50_ms, None);
+
+    let text = metrics.render();
+    for line in [
+        r#"imagepipe_analytics_events_total{event_type="image.downloaded"} 2"#,
+        r#"imagepipe_analytics_tasks_total{outcome="failed"} 1"#,
+        r#"imagepipe_analytics_images_total{format="png"} 1"#,
+        "imagepipe_analytics_downloaded_bytes_total 2148",
+        "imagepipe_analytics_duplicates_total 1",
+        r#"imagepipe_analytics_stage_latency_seconds_bucket{span="download",le="0.025"} 1"#,
+        r#"imagepipe_analytics_stage_latency_seconds_count{span="download"} 2"#,
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
 
     let dlq = bus.queues.consume(&names::dead_letter_queue_of_group(GROUP), ConsumerConfig::default()).await.unwrap();
     let dead = dlq.fetch(1, Duration::from_secs(5)).await.unwrap().pop().expect("the malformed event");
