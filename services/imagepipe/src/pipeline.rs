@@ -1,5 +1,5 @@
 //! Every service in one process: the coordinator, the download, metadata and AI workers and the
-//! notification and tag-indexer subscribers on one bus, the coordinator's store, a local blob
+//! notification, tag-indexer and analytics subscribers on one bus, the coordinator's store, a local blob
 //! directory, and one HTTP server for all of their APIs.
 
 use std::net::SocketAddr;
@@ -50,6 +50,9 @@ pub enum PipelineError {
         #[source]
         source: BusError,
     },
+    /// The analytics store could not be opened.
+    #[error("opening the analytics store")]
+    Stats(#[source] imagepipe_analytics_worker::RunError),
     /// The tag index could not be opened.
     #[error("opening the tag index")]
     TagIndex(#[source] imagepipe_tag_indexer_worker::RunError),
@@ -123,10 +126,12 @@ impl Pipeline {
         let engine = coordinator.engine.clone();
         let blobs = settings.blob.open().map_err(PipelineError::BlobStore)?;
         let tag_index = imagepipe_tag_indexer_worker::open_index(&settings).await.map_err(PipelineError::TagIndex)?;
+        let stats = imagepipe_analytics_worker::open_store(&settings).await.map_err(PipelineError::Stats)?;
         // Subscriber groups start at new events: create them before the coordinator publishes.
         for subscription in [
             imagepipe_notification_worker::subscription(&settings),
             imagepipe_tag_indexer_worker::subscription(&settings),
+            imagepipe_analytics_worker::subscription(&settings),
         ] {
             let group = subscription.group.clone();
             bus.events.subscribe(subscription).await.map_err(|source| PipelineError::Subscribe { group, source })?;
@@ -139,7 +144,8 @@ impl Pipeline {
         let routes = coordinator
             .routes()
             .merge(blob_api::router(blobs.clone(), token, settings.download.max_bytes))
-            .merge(imagepipe_tag_indexer_worker::api::routes(tag_index.clone()));
+            .merge(imagepipe_tag_indexer_worker::api::routes(tag_index.clone()))
+            .merge(imagepipe_analytics_worker::api::routes(stats.clone()));
         let server = HealthServer::new(readiness, imagepipe_runtime::metrics::install()?)
             .merge(routes)
             .bind(settings.http.socket_addr())
@@ -170,6 +176,10 @@ impl Pipeline {
         let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
         services.spawn(async move {
             ("tag indexer", imagepipe_tag_indexer_worker::run(b, &s, tag_index, stop).await.map_err(boxed))
+        });
+        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
+        services.spawn(async move {
+            ("analytics worker", imagepipe_analytics_worker::run(b, &s, stats, stop).await.map_err(boxed))
         });
         let stop_http = Shutdown::new();
         let http = tokio::spawn(server.serve(stop_http.clone()));

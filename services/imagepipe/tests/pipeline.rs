@@ -109,5 +109,17 @@ async fn sample_photos_complete_with_every_event_and_a_404_url_fails_with_its_re
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // The analytics subscriber counts every task once and measures the stages.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats: serde_json::Value = api.get("/v1/stats", &[]).await.unwrap();
+        if stats["tasks"]["completed"] == SAMPLES.len() && stats["tasks"]["failed"] == 1 {
+            assert_eq!(stats["latencies"]["download"]["count"], SAMPLES.len(), "{stats}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "stats incomplete: {stats}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     pipeline.stop().await.unwrap();
 }
