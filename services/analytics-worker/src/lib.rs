@@ -24,7 +24,7 @@ use imagepipe_bus::{Bus, BusError, Selector, Subscription};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::dedup::{self, DedupError};
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig, error_chain};
 
 pub use handler::StatsHandler;
 pub use histogram::{BUCKETS_MS, Histogram};
@@ -111,16 +111,4 @@ pub async fn run(
     let handler = StatsHandler::new(store, dedup);
     let config = WorkerConfig::from_settings(GROUP, &settings.worker).orderly();
     Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
-}
-
-/// An error and its sources, `: `-separated.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

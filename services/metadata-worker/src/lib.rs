@@ -27,7 +27,7 @@ use imagepipe_contracts::names::queues;
 use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::step::StepReporter;
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig, error_chain};
 
 pub use error::ExtractError;
 pub use extract::{Extracted, extract};
@@ -73,16 +73,4 @@ pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<()
     );
     let config = WorkerConfig::from_settings(queues::METADATA, &settings.worker);
     Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
-}
-
-/// An error and its sources, `: `-separated.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

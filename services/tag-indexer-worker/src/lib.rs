@@ -18,7 +18,7 @@ use imagepipe_bus::{Bus, BusError, Selector, Subscription};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::dedup::{self, DedupError};
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig, error_chain};
 
 pub use handler::IndexHandler;
 pub use index::{Hit, IndexError, MemoryIndex, Mode, RedisIndex, TagIndex};
@@ -78,16 +78,4 @@ pub async fn run(bus: Bus, settings: &Settings, index: Arc<dyn TagIndex>, shutdo
 /// A tag as indexed and searched: trimmed and lowercased.
 pub fn normalize_tag(tag: &str) -> String {
     tag.trim().to_lowercase()
-}
-
-/// An error and its sources, `: `-separated.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

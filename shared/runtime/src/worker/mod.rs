@@ -358,8 +358,8 @@ fn log_task_failure(worker: &str, joined: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// An error and its sources, `: `-separated, for one log field.
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+/// An error and its sources, `: `-separated, for one log field or a dead letter's reason.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
