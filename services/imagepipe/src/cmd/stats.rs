@@ -1,9 +1,11 @@
 //! `imagepipe stats`: counters and stage latencies (`GET /v1/stats`, the analytics worker).
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Args;
-use serde_json::Value;
+use comfy_table::{Table, presets::NOTHING};
+use imagepipe_analytics_worker::api::StatsResponse;
 
 use super::print_json;
 use crate::ApiArgs;
@@ -18,36 +20,39 @@ pub struct StatsArgs {
     api: ApiArgs,
 }
 
-/// Prints the statistics, one `path value` line per number.
+/// Prints the counters, then one latency row per stage span.
 pub async fn run(args: StatsArgs) -> anyhow::Result<ExitCode> {
-    let answer: Value = args.api.client()?.get("/v1/stats", &[]).await?;
+    let answer: StatsResponse = args.api.client()?.get("/v1/stats", &[]).await?;
     if args.json {
         print_json(&answer)?;
-    } else {
-        let mut lines = Vec::new();
-        flatten("", &answer, &mut lines);
-        let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-        for (key, value) in lines {
-            println!("{key:<width$}  {value}");
-        }
+        return Ok(ExitCode::SUCCESS);
     }
+    println!("tasks     {}", counts(&answer.tasks));
+    println!("events    {}", counts(&answer.events));
+    println!("formats   {}", if answer.formats.is_empty() { "-".to_owned() } else { counts(&answer.formats) });
+    println!("bytes     {}", answer.bytes_downloaded);
+    println!();
+    let mut table = Table::new();
+    table.load_preset(NOTHING).set_header(["span", "from → to", "count", "mean", "p50", "p95", "p99"]);
+    for (span, view) in &answer.latencies {
+        table.add_row([
+            span.clone(),
+            format!("{} → {}", view.from, view.to),
+            view.count.to_string(),
+            ms(view.mean_ms),
+            ms(view.p50_ms),
+            ms(view.p95_ms),
+            ms(view.p99_ms),
+        ]);
+    }
+    println!("{table}");
     Ok(ExitCode::SUCCESS)
 }
 
-fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
-    match value {
-        Value::Object(map) => {
-            for (k, v) in map {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                flatten(&key, v, out);
-            }
-        }
-        Value::Array(items) => {
-            for (i, v) in items.iter().enumerate() {
-                flatten(&format!("{prefix}[{i}]"), v, out);
-            }
-        }
-        Value::String(s) => out.push((prefix.to_owned(), s.clone())),
-        other => out.push((prefix.to_owned(), other.to_string())),
-    }
+fn counts(map: &BTreeMap<String, u64>) -> String {
+    map.iter().map(|(name, n)| format!("{name}={n}")).collect::<Vec<_>>().join("  ")
+}
+
+fn ms(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.0} ms"))
 }
