@@ -276,6 +276,31 @@ impl Engine {
         Ok(room)
     }
 
+    /// Re-sends the command of every running attempt, with a fresh deadline; returns how many.
+    /// For a bus that keeps nothing across a restart (the in-process bus): the commands in flight
+    /// died with the process, and waiting for their old deadlines would stall the tasks.
+    pub async fn redispatch_running(&self) -> Result<usize, EngineError> {
+        let mut running = Vec::new();
+        for state in [TaskState::Downloading, TaskState::ExtractingMetadata, TaskState::Analyzing] {
+            let mut cursor = None;
+            loop {
+                let page = self.store.list(&ListQuery { state: Some(state), limit: 256, cursor }).await?;
+                running.extend(page.tasks.into_iter().map(|task| task.id));
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+        }
+        let mut resent = 0;
+        for id in &running {
+            if let Handled::Applied(_) = self.handle(id, Input::Redispatch).await? {
+                resent += 1;
+            }
+        }
+        Ok(resent)
+    }
+
     /// Starts the oldest queued tasks while there is room under the cap; returns how many.
     pub async fn start_queued(&self) -> Result<usize, EngineError> {
         let in_flight = self.in_flight().await?;

@@ -103,6 +103,9 @@ pub enum Input {
         /// Why.
         reason: Option<String>,
     },
+    /// The bus lost the commands in flight (an in-process bus restarted with the process):
+    /// send the running attempt's command again, with a fresh deadline.
+    Redispatch,
 }
 
 impl Input {
@@ -113,6 +116,7 @@ impl Input {
             Input::Result(_) => "result",
             Input::Timer(_) => "timer",
             Input::Cancel { .. } => "cancel",
+            Input::Redispatch => "redispatch",
         }
     }
 }
@@ -143,6 +147,8 @@ pub enum Ignored {
     AlreadyStarted,
     /// A cancel for a task that is already stopping.
     AlreadyCancelling,
+    /// A redispatch for a task with no attempt running.
+    NotRunning,
 }
 
 impl Ignored {
@@ -155,6 +161,7 @@ impl Ignored {
             Ignored::TimerNotDue => "timer_not_due",
             Ignored::AlreadyStarted => "already_started",
             Ignored::AlreadyCancelling => "already_cancelling",
+            Ignored::NotRunning => "not_running",
         }
     }
 }
@@ -246,6 +253,20 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
             }
         }
         Input::Result(result) => return on_result(task, result, ctx, policy).map_err(illegal),
+        Input::Redispatch => {
+            let Some(Timer { kind: TimerKind::Deadline, step, attempt, .. }) = task.timer else {
+                return Ok(Outcome::Ignore(Ignored::NotRunning));
+            };
+            let mut t = Transition::new(task, ctx.now);
+            t.dispatch(step, attempt, policy).map_err(illegal)?;
+            t.finish(
+                Some(task.state),
+                HistoryEvent::AttemptDispatched,
+                Some(step),
+                Some(attempt),
+                Some("re-sent: the bus lost it in a restart".into()),
+            )
+        }
         Input::Timer(timer) => {
             if task.timer != Some(*timer) {
                 return Ok(Outcome::Ignore(Ignored::StaleTimer));

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use imagepipe_ai_worker::{Classifier, ModelError};
 use imagepipe_blob::{BlobConfigError, BlobStore};
-use imagepipe_bus::{Bus, BusError, Message};
+use imagepipe_bus::{Bus, BusError, BusKind, Message};
 use imagepipe_contracts::SubmitTask;
 use imagepipe_contracts::names::queues;
 use imagepipe_coordinator::Task;
@@ -124,6 +124,16 @@ impl Pipeline {
         let store = open_store(&settings).await.map_err(PipelineError::Store)?;
         let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock));
         let engine = coordinator.engine.clone();
+        if settings.bus.kind == BusKind::Memory {
+            // The in-process bus lost the commands that were in flight when the last run ended.
+            let resent = engine
+                .redispatch_running()
+                .await
+                .map_err(|e| PipelineError::Service { service: "coordinator", source: Box::new(e) })?;
+            if resent > 0 {
+                tracing::info!(resent, "re-sent the steps that were running when the last run ended");
+            }
+        }
         let blobs = settings.blob.open().map_err(PipelineError::BlobStore)?;
         let tag_index = imagepipe_tag_indexer_worker::open_index(&settings).await.map_err(PipelineError::TagIndex)?;
         let stats = imagepipe_analytics_worker::open_store(&settings).await.map_err(PipelineError::Stats)?;

@@ -196,6 +196,27 @@ fn a_permanent_error_fails_the_task_at_once_with_the_reason() {
 }
 
 #[test]
+fn a_redispatch_resends_the_running_attempt_with_a_fresh_deadline() {
+    let queued = new_task();
+    assert_eq!(decide(&queued, &Input::Redispatch, &ctx(0), &policy()).unwrap(), Outcome::Ignore(Ignored::NotRunning));
+
+    let running = apply(&queued, Input::Start, 0);
+    let again = apply(&running.task, Input::Redispatch, 30_000);
+    assert_eq!(queues(&again), ["tasks.download"]);
+    assert_eq!(
+        again.outbox[0].message_id,
+        running.outbox.iter().find(|e| matches!(e.destination, Destination::Queue(_))).unwrap().message_id
+    );
+    assert_eq!(again.task.state, TaskState::Downloading);
+    assert_eq!(again.task.steps.download.attempts, 1, "the same attempt, not a new one");
+    let timer = again.task.timer.unwrap();
+    assert_eq!((timer.kind, timer.attempt, timer.due_at), (TimerKind::Deadline, 1, 90_000));
+    // the re-sent attempt's result is taken as usual
+    let d = apply(&again.task, ok(Step::Download, 1), 31_000);
+    assert_eq!(d.task.state, TaskState::ExtractingMetadata);
+}
+
+#[test]
 fn a_missed_deadline_counts_as_a_failed_attempt() {
     let task = apply(&new_task(), Input::Start, 0).task;
     let deadline = task.timer.unwrap();
