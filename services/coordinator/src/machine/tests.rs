@@ -321,6 +321,8 @@ enum Op {
     /// Redeliver the last result.
     Duplicate,
     Cancel,
+    /// The bus lost the commands in flight.
+    Redispatch,
     Advance(u32),
 }
 
@@ -333,6 +335,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<bool>(), step, 0u32..5).prop_map(|(kind, step, attempt)| Op::FireStale { kind, step, attempt }),
         2 => Just(Op::Duplicate),
         1 => Just(Op::Cancel),
+        1 => Just(Op::Redispatch),
         1 => (0u32..120_000).prop_map(Op::Advance),
     ]
 }
@@ -428,6 +431,7 @@ proptest! {
                     None => continue,
                 },
                 Op::Cancel => Input::Cancel { reason: None },
+                Op::Redispatch => Input::Redispatch,
                 Op::Advance(ms) => {
                     now += u64::from(ms);
                     continue;
