@@ -22,13 +22,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run(Args::parse()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("imagepipe-coordinator: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    imagepipe_runtime::service::exit_code("coordinator", run(Args::parse()).await)
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {

@@ -17,13 +17,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match main_body(Args::parse()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("imagepipe-{SERVICE}: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    imagepipe_runtime::service::exit_code(SERVICE, main_body(Args::parse()).await)
 }
 
 async fn main_body(args: Args) -> anyhow::Result<()> {

@@ -170,6 +170,18 @@ async fn connect(settings: &Settings, shutdown: &Shutdown) -> Result<Bus, Servic
     }
 }
 
+/// How a service binary ends: status 0, or its error with every cause on one line
+/// (`imagepipe-<service>: …`) and status 1.
+pub fn exit_code<E: std::fmt::Display>(service: &str, outcome: Result<(), E>) -> std::process::ExitCode {
+    match outcome {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("imagepipe-{service}: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::{IpAddr, Ipv4Addr};
