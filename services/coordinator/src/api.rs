@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -21,9 +21,11 @@ use imagepipe_bus::{Message, Selector};
 use imagepipe_contracts::command::is_valid_id;
 use imagepipe_contracts::names::queues;
 use imagepipe_contracts::{StepError, SubmitTask, decode};
+use imagepipe_runtime::telemetry::continue_http_trace;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
+use tracing::Instrument;
 
 use crate::engine::{Engine, EngineError, Handled, Origin, SubmitFailure};
 use crate::events::EventHub;
@@ -173,7 +175,15 @@ pub struct Accepted {
     pub created: bool,
 }
 
-async fn submit(State(state): State<ApiState>, body: Bytes) -> Result<Response, ApiError> {
+/// `POST /v1/tasks`, in a server span continuing the request's `traceparent` (a new trace
+/// without one): the task created is in that trace.
+async fn submit(State(state): State<ApiState>, request_headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let span = tracing::info_span!("request", otel.name = "POST /v1/tasks", otel.kind = "server");
+    continue_http_trace(&span, &request_headers);
+    accept(state, body).instrument(span).await
+}
+
+async fn accept(state: ApiState, body: Bytes) -> Result<Response, ApiError> {
     let submit: SubmitTask = decode(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
     let engine = &state.engine;
     let submitted = engine.submit(&submit, Origin::Http, new_task_id).await.map_err(|e| match e {

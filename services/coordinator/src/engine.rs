@@ -9,8 +9,9 @@ use imagepipe_contracts::names::headers;
 use imagepipe_contracts::{SCHEMA_VERSION, SubmitError, SubmitTask, TraceId};
 use imagepipe_runtime::clock::Clock;
 use imagepipe_runtime::shutdown::Shutdown;
-use imagepipe_runtime::telemetry::current_trace_id;
+use imagepipe_runtime::telemetry::{current_trace_id, inject_trace, join_trace};
 use metrics::{counter, gauge};
+use tracing::{Instrument, Span};
 
 use crate::machine::{self, Context, Ignored, IllegalTransition, Input, Outcome, Policy};
 use crate::metrics as m;
@@ -175,10 +176,24 @@ impl Engine {
     }
 
     /// Applies `input` to task `id`: decides, writes with compare-and-set (deciding again on
-    /// a conflict), then relays the transition's outbox.
+    /// a conflict), then relays the transition's outbox; all of it in a span of the task's trace.
     pub async fn handle(&self, id: &str, input: Input) -> Result<Handled, EngineError> {
-        for _ in 0..MAX_CONFLICTS {
-            let task = self.store.get(id).await?.ok_or_else(|| EngineError::UnknownTask(id.to_owned()))?;
+        let task = self.get(id).await?;
+        let span = task_span(&task, "transition", input.kind());
+        self.transition(id, task, input).instrument(span).await
+    }
+
+    async fn get(&self, id: &str) -> Result<Task, EngineError> {
+        self.store.get(id).await?.ok_or_else(|| EngineError::UnknownTask(id.to_owned()))
+    }
+
+    /// Decides and writes `input` on `task` (task `id` as last read), reading it again after a
+    /// lost compare-and-set.
+    async fn transition(&self, id: &str, mut task: Task, input: Input) -> Result<Handled, EngineError> {
+        for attempt in 0..MAX_CONFLICTS {
+            if attempt > 0 {
+                task = self.get(id).await?;
+            }
             let ctx = Context { now: self.clock.unix_ms(), seed: rand::random() };
             let decision = match machine::decide(&task, &input, &ctx, &self.config.policy) {
                 Ok(Outcome::Apply(decision)) => decision,
@@ -237,11 +252,11 @@ impl Engine {
     }
 
     async fn send(&self, id: &str, entry: &OutboxEntry) -> Result<(), BusError> {
-        let message = Message::new(entry.body.clone().into_bytes())
+        let mut message = Message::new(entry.body.clone().into_bytes())
             .with_key(id)
             .with_id(entry.message_id.clone())
-            .with_header(headers::SCHEMA, SCHEMA_VERSION)
-            .with_header(headers::TRACEPARENT, traceparent(entry.trace_id));
+            .with_header(headers::SCHEMA, SCHEMA_VERSION);
+        inject_trace(&mut message.headers, entry.trace_id);
         match &entry.destination {
             Destination::Queue(queue) => {
                 self.bus.queues.send(queue, message).await?;
@@ -336,8 +351,15 @@ impl Engine {
     }
 
     async fn wake(&self, id: &str, now: u64) -> Result<(), EngineError> {
-        self.relay(id).await?;
         let Some(task) = self.store.get(id).await? else { return Ok(()) };
+        let span = task_span(&task, "wake", "due");
+        self.fire(task, now).instrument(span).await
+    }
+
+    /// Relays the leftover outbox of `task` and fires its timer if it is due at `now`.
+    async fn fire(&self, task: Task, now: u64) -> Result<(), EngineError> {
+        let id = task.id.as_str();
+        self.relay(id).await?;
         if let Some(timer) = task.timer.filter(|t| t.due_at <= now) {
             match self.handle(id, Input::Timer(timer)).await {
                 Ok(Handled::Applied(_)) => {
@@ -369,13 +391,15 @@ impl Engine {
     }
 }
 
-/// A W3C `traceparent` in the task's trace, with a fresh span id.
-fn traceparent(trace_id: TraceId) -> String {
-    let span = loop {
-        let span: u64 = rand::random();
-        if span != 0 {
-            break span;
-        }
-    };
-    format!("00-{trace_id}-{span:016x}-01")
+/// The span the coordinator works on `task` in (`kind` is `transition` or `wake`, `what` the
+/// input or cause), in the task's trace so that what it sends continues that trace.
+fn task_span(task: &Task, kind: &'static str, what: &'static str) -> Span {
+    let span = tracing::info_span!(
+        "task",
+        otel.name = %format!("task {kind} {what}"),
+        task_id = %task.id,
+        trace_id = %task.trace_id,
+    );
+    join_trace(&span, task.trace_id);
+    span
 }

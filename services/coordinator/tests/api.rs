@@ -102,6 +102,36 @@ async fn submit_read_list_and_history() {
 }
 
 #[tokio::test]
+async fn a_submitted_task_continues_the_trace_of_the_request() {
+    let provider = imagepipe_runtime::telemetry::tracer_provider("api-test", None).unwrap();
+    let filter = imagepipe_runtime::telemetry::env_filter(None, "info").unwrap();
+    let (subscriber, _telemetry) = imagepipe_runtime::telemetry::subscriber(
+        imagepipe_runtime::config::LogFormat::Text,
+        filter,
+        provider,
+        std::io::sink,
+    );
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let s = serve(10, None).await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let response = s
+        .client
+        .post(format!("{}/v1/tasks", s.base))
+        .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+        .body(r#"{"taskId":"tsk_traced","url":"https://example.com/cat.jpg"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let task = s.engine.store().get("tsk_traced").await.unwrap().unwrap();
+    assert_eq!(task.trace_id.to_string(), trace);
+    let (_, _, untraced) =
+        s.post("/v1/tasks", r#"{"taskId":"tsk_untraced","url":"https://example.com/cat.jpg"}"#).await;
+    assert_eq!(untraced["created"], true);
+    assert_ne!(s.engine.store().get("tsk_untraced").await.unwrap().unwrap().trace_id.to_string(), trace);
+}
+
+#[tokio::test]
 async fn invalid_input_gets_a_json_error_naming_the_problem() {
     let s = serve(10, None).await;
     let (status, _, body) = s.post("/v1/tasks", "{not json").await;

@@ -143,8 +143,10 @@ impl Service {
     pub async fn stop(self) -> Result<(), ServiceError> {
         self.http_stop.trigger();
         let served = self.http.await;
-        if let Some(telemetry) = self.telemetry {
-            telemetry.shutdown();
+        if let Some(telemetry) = self.telemetry
+            && let Err(e) = tokio::task::spawn_blocking(move || telemetry.shutdown()).await
+        {
+            tracing::warn!(error = %e, "flushing traces");
         }
         served.map_err(ServiceError::HttpTask)?.map_err(ServiceError::Http)
     }

@@ -136,6 +136,21 @@ fn tooling_variables_without_a_section_are_not_config_keys() {
 }
 
 #[test]
+fn opentelemetry_variables_are_not_config_keys() {
+    let settings = load(
+        None,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+            ("OTEL_SERVICE_NAME", "images"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("IMAGEPIPE_TELEMETRY__SERVICE_NAME", "images-eu"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(settings.telemetry.service_name.as_deref(), Some("images-eu"));
+}
+
+#[test]
 fn a_value_of_the_wrong_form_names_its_key() {
     let cases = [
         ("IMAGEPIPE_BUS__KIND", "rabbit", "bus.kind"),

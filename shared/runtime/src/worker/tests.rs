@@ -492,10 +492,9 @@ async fn an_unusable_config_is_refused() {
 async fn the_handler_runs_in_the_trace_of_the_message() {
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let (subscriber, _telemetry) = crate::telemetry::subscriber(
-        "worker-test",
         crate::config::LogFormat::Text,
         crate::telemetry::env_filter(None, "info").unwrap(),
-        &crate::config::TelemetryConfig::default(),
+        crate::telemetry::tracer_provider("worker-test", None).unwrap(),
         std::io::sink,
     );
     let _guard = tracing::subscriber::set_default(subscriber);
