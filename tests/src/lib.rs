@@ -1,2 +1,13 @@
-//! End-to-end tests across imagepipe services against real brokers; the tests live in
-//! `tests/` of this crate and arrive with the services they exercise.
+//! End-to-end tests across imagepipe services against real brokers.
+//!
+//! The library holds what the tests in `tests/` share: [`cluster`] runs the seven service
+//! binaries as separate OS processes, [`backend`] names the broker they meet on and publishes
+//! raw submit commands the way a user would, [`observe`] records every event of a run, and
+//! [`fixtures`] serves photos and receives webhooks on loopback; [`scenarios`] are the tests' bodies,
+//! run on every broker.
+
+pub mod backend;
+pub mod cluster;
+pub mod fixtures;
+pub mod observe;
+pub mod scenarios;

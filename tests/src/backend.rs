@@ -1,0 +1,161 @@
+//! The broker a test's services meet on, and what a user does with it directly: publish a
+//! submit command as plain JSON, as `nats pub` or `kcat -P` would.
+
+use imagepipe_bus::{BusConfig, BusKind};
+
+/// Where NATS runs for the tests (scripts/test.sh starts it there).
+pub const NATS_URL_ENV: &str = "IMAGEPIPE_TEST_NATS_URL";
+/// The Redis the services keep their state in.
+pub const REDIS_URL_ENV: &str = "IMAGEPIPE_TEST_REDIS_URL";
+
+/// A broker the services of one test use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// NATS JetStream at this URL.
+    Nats {
+        /// `nats://host:port`.
+        url: String,
+    },
+}
+
+/// Publishing a submit command or cleaning up after a test failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The NATS server is unreachable.
+    #[error("connecting to NATS at {url}")]
+    NatsConnect {
+        /// The server.
+        url: String,
+        /// Why.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// JetStream did not store a publish.
+    #[error("publishing on {subject}: {reason}")]
+    Publish {
+        /// The subject.
+        subject: String,
+        /// What the server or client said.
+        reason: String,
+    },
+}
+
+impl Backend {
+    /// NATS from `IMAGEPIPE_TEST_NATS_URL`, default `nats://127.0.0.1:4222`.
+    pub fn nats() -> Self {
+        Self::Nats { url: std::env::var(NATS_URL_ENV).unwrap_or_else(|_| "nats://127.0.0.1:4222".into()) }
+    }
+
+    /// The `IMAGEPIPE_BUS__…` environment of a service on this broker.
+    pub fn service_env(&self) -> Vec<(String, String)> {
+        match self {
+            Self::Nats { url } => {
+                vec![("IMAGEPIPE_BUS__KIND".into(), "nats".into()), ("IMAGEPIPE_BUS__NATS__URL".into(), url.clone())]
+            }
+        }
+    }
+
+    /// The bus settings of a test-side client with `prefix`.
+    pub fn bus_config(&self, prefix: &str) -> BusConfig {
+        let mut config = BusConfig { prefix: prefix.to_owned(), ..BusConfig::default() };
+        match self {
+            Self::Nats { url } => {
+                config.kind = BusKind::Nats;
+                config.nats.url = url.clone();
+            }
+        }
+        config
+    }
+
+    /// A publisher of raw submit commands on `<prefix>.tasks.submit`.
+    pub async fn submitter(&self, prefix: &str) -> Result<Submitter, BackendError> {
+        match self {
+            Self::Nats { url } => {
+                let client = async_nats::connect(url.as_str())
+                    .await
+                    .map_err(|source| BackendError::NatsConnect { url: url.clone(), source })?;
+                Ok(Submitter::Nats { client, subject: submit_subject(prefix) })
+            }
+        }
+    }
+
+    /// Deletes what a test with `prefix` left on the broker (streams or topics).
+    pub async fn cleanup(&self, prefix: &str) {
+        match self {
+            Self::Nats { url } => {
+                if let Ok(bus) = imagepipe_bus::nats::NatsBus::connect(prefix, &self.bus_config(prefix).nats).await
+                    && let Err(error) = bus.delete_streams().await
+                {
+                    eprintln!("cleanup of the streams of {prefix} on {url}: {error}");
+                }
+            }
+        }
+    }
+}
+
+/// The subject/topic submit commands go to.
+pub fn submit_subject(prefix: &str) -> String {
+    format!("{prefix}.{}", imagepipe_contracts::names::queues::SUBMIT)
+}
+
+/// Publishes submit commands exactly as a user's tool would: the JSON body, no headers.
+pub enum Submitter {
+    /// A core NATS publish, exactly what `nats pub` does; the stream bound to the subject
+    /// stores it.
+    Nats {
+        /// The connection.
+        client: async_nats::Client,
+        /// `<prefix>.tasks.submit`.
+        subject: String,
+    },
+}
+
+impl Submitter {
+    /// Publishes every body and flushes the connection.
+    pub async fn publish_all(&self, bodies: Vec<Vec<u8>>) -> Result<(), BackendError> {
+        match self {
+            Self::Nats { client, subject } => {
+                let failed = |e: &dyn std::fmt::Display| BackendError::Publish {
+                    subject: subject.clone(),
+                    reason: e.to_string(),
+                };
+                for body in bodies {
+                    client.publish(subject.clone(), body.into()).await.map_err(|e| failed(&e))?;
+                }
+                client.flush().await.map_err(|e| failed(&e))
+            }
+        }
+    }
+}
+
+/// The Redis URL of the tests, from `IMAGEPIPE_TEST_REDIS_URL`, default `redis://127.0.0.1:6379`.
+pub fn redis_url() -> String {
+    std::env::var(REDIS_URL_ENV).unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// Deletes every Redis key starting with `prefix` (coordinator, analytics and tag index all
+/// key by the bus prefix).
+pub async fn cleanup_redis(prefix: &str) {
+    let Ok(client) = redis::Client::open(redis_url()) else { return };
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return };
+    let pattern = format!("{prefix}*");
+    let mut cursor: u64 = 0;
+    loop {
+        let scanned: Result<(u64, Vec<String>), _> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await;
+        let Ok((next, keys)) = scanned else { return };
+        if !keys.is_empty() {
+            let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
+        }
+        if next == 0 {
+            return;
+        }
+        cursor = next;
+    }
+}

@@ -1,0 +1,280 @@
+//! The end-to-end scenarios, written once and run on every broker: a batch of tasks through
+//! seven separate processes, and the same batch while every process is killed with SIGKILL and
+//! restarted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::backend::{self, Backend};
+use crate::cluster::{Cluster, ClusterConfig, ServiceKind};
+use crate::fixtures::{Fixtures, SAMPLES};
+use crate::observe::EventRecorder;
+
+/// Event types every completed task produces, once each.
+const COMPLETED_FLOW: [&str; 5] =
+    ["image.downloaded", "image.metadata_extracted", "image.analyzed", "task.created", "task.completed"];
+
+/// The settings every scenario gives its services.
+fn cluster_config(backend: Backend, label: &str, model_dir: &std::path::Path) -> ClusterConfig {
+    ClusterConfig::new(backend, label)
+        .env("IMAGEPIPE_AI__MODEL_DIR", model_dir.display().to_string())
+        .env("IMAGEPIPE_AI__THREADS", "1")
+        .env("IMAGEPIPE_WORKER__CONCURRENCY", "4")
+        .env("IMAGEPIPE_WORKER__ACK_WAIT", "10s")
+        .env("IMAGEPIPE_COORDINATOR__STEP_DEADLINE", "60s")
+        .env("IMAGEPIPE_COORDINATOR__MAX_IN_FLIGHT", "1000")
+}
+
+/// The task ids and submit bodies of `count` tasks cycling through the sample photos, each
+/// with the fixture server's webhook as its callback.
+fn submits(prefix: &str, count: usize, fixtures: &Fixtures) -> (Vec<String>, Vec<Vec<u8>>) {
+    (0..count)
+        .map(|i| {
+            let id = format!("tsk_{prefix}_{i:04}");
+            let body = json!({
+                "taskId": id,
+                "url": fixtures.photo_url(SAMPLES[i % SAMPLES.len()]),
+                "callbackUrl": fixtures.hook_url(),
+                "labels": { "run": prefix, "sample": SAMPLES[i % SAMPLES.len()] },
+            });
+            (id, serde_json::to_vec(&body).expect("JSON"))
+        })
+        .unzip()
+}
+
+/// Everything a run left behind, removed even when the test failed.
+struct Cleanup {
+    backend: Backend,
+    prefix: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (backend, prefix) = (self.backend.clone(), self.prefix.clone());
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(async {
+                backend.cleanup(&prefix).await;
+                backend::cleanup_redis(&prefix).await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// `count` tasks submitted by publishing plain JSON to `<prefix>.tasks.submit`, through seven
+/// separate processes: every task completes; each subscriber saw each event once after
+/// deduplication (analytics counts, one webhook per task, one index entry per task); thumbnails
+/// are stored, tags and stats are right; every process stops cleanly on SIGTERM.
+pub async fn every_task_completes_across_processes(backend: Backend, count: usize) {
+    let Some(model_dir) = crate::cluster::model_dir() else { return };
+    let fixtures = Fixtures::start().await.expect("fixture server");
+    let config = cluster_config(backend.clone(), "flow", &model_dir);
+    let _cleanup = Cleanup { backend: backend.clone(), prefix: config.prefix.clone() };
+    let recorder = EventRecorder::start(&backend.bus_config(&config.prefix)).await.expect("event recorder");
+    let cluster = Cluster::start(config).await.expect("cluster");
+    let prefix = cluster.prefix().to_owned();
+
+    let (ids, bodies) = submits(&prefix, count, &fixtures);
+    backend.submitter(&prefix).await.expect("submitter").publish_all(bodies).await.expect("publish submits");
+
+    let all: BTreeSet<String> = ids.iter().cloned().collect();
+    let finished = recorder.wait_until(Duration::from_secs(600), |r| r.terminal_tasks().is_superset(&all)).await;
+    assert!(finished, "{} of {count} tasks finished", recorder.terminal_tasks().intersection(&all).count());
+
+    for event_type in COMPLETED_FLOW {
+        let ids_per_task = recorder.distinct_ids(event_type);
+        for id in &ids {
+            let seen = ids_per_task.get(id).map_or(0, BTreeSet::len);
+            assert_eq!(seen, 1, "{id}: {seen} distinct {event_type} events");
+        }
+    }
+    assert!(recorder.distinct_ids("task.failed").keys().all(|id| !all.contains(id)), "no task failed");
+
+    check_tasks(&cluster, &ids).await;
+    check_search(&cluster, &ids).await;
+    let subscribers_done =
+        recorder.wait_until(Duration::from_secs(60), |_| fixtures.webhooks_by_task().len() >= count).await;
+    assert!(subscribers_done, "webhooks for {} of {count} tasks", fixtures.webhooks_by_task().len());
+    let webhooks = fixtures.webhooks_by_task();
+    for id in &ids {
+        assert_eq!(webhooks.get(id).map_or(0, BTreeSet::len), 1, "{id}: one task.completed webhook");
+    }
+    assert_eq!(fixtures.webhook_posts(), count, "no webhook posted twice");
+    check_stats(&cluster, count as u64, count as u64).await;
+
+    let failures = cluster.stop(Duration::from_secs(40)).await;
+    assert!(failures.is_empty(), "services that did not stop cleanly on SIGTERM: {failures:?}");
+}
+
+/// `count` tasks while each worker kind, each subscriber and the coordinator are killed with
+/// SIGKILL once and restarted: every task still reaches a terminal state, none completes twice
+/// (one `task.completed` event id, no task both completed and failed), the coordinator's
+/// record agrees, and the subscribers' deduplicated views count each completion once.
+pub async fn every_task_finishes_once_through_kill_9(backend: Backend, count: usize) {
+    let Some(model_dir) = crate::cluster::model_dir() else { return };
+    let fixtures = Fixtures::start().await.expect("fixture server");
+    let config = cluster_config(backend.clone(), "kill", &model_dir);
+    let _cleanup = Cleanup { backend: backend.clone(), prefix: config.prefix.clone() };
+    let recorder = EventRecorder::start(&backend.bus_config(&config.prefix)).await.expect("event recorder");
+    let mut cluster = Cluster::start(config).await.expect("cluster");
+    let prefix = cluster.prefix().to_owned();
+
+    let (ids, bodies) = submits(&prefix, count, &fixtures);
+    backend.submitter(&prefix).await.expect("submitter").publish_all(bodies).await.expect("publish submits");
+    let all: BTreeSet<String> = ids.iter().cloned().collect();
+
+    let victims = [
+        ServiceKind::Download,
+        ServiceKind::Coordinator,
+        ServiceKind::Metadata,
+        ServiceKind::Ai,
+        ServiceKind::Notification,
+        ServiceKind::Analytics,
+        ServiceKind::TagIndexer,
+    ];
+    for (round, victim) in victims.into_iter().enumerate() {
+        let progress = count * (round + 1) / (victims.len() + 2);
+        let reached = recorder
+            .wait_until(Duration::from_secs(600), |r| r.terminal_tasks().intersection(&all).count() >= progress)
+            .await;
+        assert!(reached, "stalled before killing {victim:?}: {} of {count} finished", finished(&recorder, &all));
+        cluster.kill9(victim).await;
+        cluster.restart(victim).await.expect("restarted after kill -9");
+        eprintln!("killed and restarted {victim:?} at {} of {count} finished", finished(&recorder, &all));
+    }
+
+    let done = recorder.wait_until(Duration::from_secs(900), |r| r.terminal_tasks().is_superset(&all)).await;
+    assert!(done, "{} of {count} tasks reached a terminal state", finished(&recorder, &all));
+
+    let completed = recorder.distinct_ids("task.completed");
+    let failed = recorder.distinct_ids("task.failed");
+    for id in &ids {
+        let completions = completed.get(id).map_or(0, BTreeSet::len);
+        assert!(completions <= 1, "{id} completed {completions} times");
+        assert!(!(completions == 1 && failed.contains_key(id)), "{id} both completed and failed");
+    }
+    let completed_count = ids.iter().filter(|id| completed.contains_key(*id)).count();
+    for id in &ids {
+        let task = cluster.get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await.expect("task view");
+        let state = task["state"].as_str().unwrap_or_default();
+        let expected = if completed.contains_key(id) { "completed" } else { "failed" };
+        assert_eq!(state, expected, "{id}: the coordinator's record agrees with the events: {task}");
+    }
+    eprintln!("{completed_count} of {count} completed, {} failed", count - completed_count);
+
+    let hooks = recorder.wait_until(Duration::from_secs(120), |_| fixtures.webhooks_by_task().len() >= count).await;
+    assert!(hooks, "webhooks for {} of {count} tasks", fixtures.webhooks_by_task().len());
+    for (id, events) in fixtures.webhooks_by_task() {
+        assert_eq!(events.len(), 1, "{id}: webhooks carry one terminal event id, got {events:?}");
+    }
+    check_stats(&cluster, completed_count as u64, count as u64).await;
+
+    let failures = cluster.stop(Duration::from_secs(40)).await;
+    assert!(failures.is_empty(), "services that did not stop cleanly on SIGTERM: {failures:?}");
+}
+
+fn finished(recorder: &EventRecorder, all: &BTreeSet<String>) -> usize {
+    recorder.terminal_tasks().intersection(all).count()
+}
+
+/// Every task is completed in the coordinator's store, its thumbnail is in the blob store, and
+/// its tags fit its photo.
+async fn check_tasks(cluster: &Cluster, ids: &[String]) {
+    for (i, id) in ids.iter().enumerate() {
+        let task = cluster.get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await.expect("task view");
+        assert_eq!(task["state"], "completed", "{id}: {task}");
+        let outputs = &task["outputs"];
+        let thumbnail =
+            outputs["metadata"]["thumbnailKey"].as_str().unwrap_or_else(|| panic!("{id}: thumbnail key in {outputs}"));
+        assert!(blob_exists(&cluster.blob_dir(), thumbnail), "{id}: thumbnail {thumbnail} stored");
+        let tags: Vec<&str> = outputs["analysis"]["tags"]
+            .as_array()
+            .map(|t| t.iter().filter_map(|t| t["label"].as_str()).collect())
+            .unwrap_or_default();
+        let top = outputs["analysis"]["predictions"][0]["label"].as_str().unwrap_or_default();
+        match SAMPLES[i % SAMPLES.len()] {
+            "chelsea.jpg" => assert!(tags.contains(&"cat"), "{id}: chelsea is tagged cat: {tags:?}"),
+            "coffee.jpg" => assert_eq!(top, "espresso", "{id}: coffee's top label"),
+            _ => assert!(!tags.is_empty() && !top.is_empty(), "{id}: labelled and tagged: {outputs}"),
+        }
+    }
+}
+
+/// The tag index lists every chelsea task under `cat`, each once, and no other task.
+async fn check_search(cluster: &Cluster, ids: &[String]) {
+    let cats: BTreeSet<&String> =
+        ids.iter().enumerate().filter(|(i, _)| i % SAMPLES.len() == 0).map(|(_, id)| id).collect();
+    let found = poll(Duration::from_secs(60), || async {
+        let body =
+            cluster.get_json(ServiceKind::TagIndexer, &format!("/v1/search?tags=cat&limit={}", ids.len() + 10)).await?;
+        let hits: Vec<String> = body["results"]
+            .as_array()
+            .or_else(|| body.as_array())?
+            .iter()
+            .filter_map(|hit| hit["taskId"].as_str().map(str::to_owned))
+            .collect();
+        (hits.len() >= cats.len()).then_some(hits)
+    })
+    .await
+    .expect("tag search lists every cat");
+    let unique: BTreeSet<&String> = found.iter().collect();
+    assert_eq!(unique.len(), found.len(), "each task once in the index: {found:?}");
+    let ours: BTreeSet<&String> = unique.into_iter().filter(|id| ids.contains(id)).collect();
+    assert_eq!(ours, cats, "the cats, and only them");
+}
+
+/// Analytics counted each event once: `completed` completions, `submitted` tasks created and
+/// downloaded.
+async fn check_stats(cluster: &Cluster, completed: u64, submitted: u64) {
+    let counts = poll(Duration::from_secs(60), || async {
+        let stats = cluster.get_json(ServiceKind::Analytics, "/v1/stats").await?;
+        let events: BTreeMap<String, u64> = serde_json::from_value(stats["events"].clone()).ok()?;
+        (events.get("task.completed").copied().unwrap_or(0) >= completed
+            && events.get("task.created").copied().unwrap_or(0) >= submitted)
+            .then_some((events, stats))
+    })
+    .await;
+    let (events, stats) = counts.unwrap_or_else(|| panic!("analytics counted too few events"));
+    assert_eq!(events.get("task.completed").copied(), Some(completed), "completions counted once: {stats}");
+    assert_eq!(events.get("task.created").copied(), Some(submitted), "creations counted once: {stats}");
+    if completed == submitted {
+        for event_type in ["image.downloaded", "image.metadata_extracted", "image.analyzed"] {
+            assert_eq!(events.get(event_type).copied(), Some(submitted), "{event_type} counted once: {stats}");
+        }
+        assert_eq!(stats["tasks"]["completed"].as_u64(), Some(completed), "{stats}");
+    }
+}
+
+fn blob_exists(dir: &std::path::Path, key: &str) -> bool {
+    let Some(hex) = key.strip_prefix("sha256:") else { return false };
+    walk(dir).iter().any(|path| path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(hex)))
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .filter_map(Result::ok)
+        .flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] })
+        .collect()
+}
+
+/// Calls `attempt` every 250 ms until it returns `Some` or `deadline` passes.
+async fn poll<T, F, Fut>(deadline: Duration, mut attempt: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        if let Some(value) = attempt().await {
+            return Some(value);
+        }
+        if tokio::time::Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
