@@ -4,10 +4,11 @@
 //! binaries as separate OS processes, [`backend`] names the broker they meet on and publishes
 //! raw submit commands the way a user would, [`observe`] records every event of a run, and
 //! [`fixtures`] serves photos and receives webhooks on loopback; [`scenarios`] are the tests' bodies,
-//! run on every broker.
+//! run on every broker; [`otlp`] receives the services' spans.
 
 pub mod backend;
 pub mod cluster;
 pub mod fixtures;
 pub mod observe;
+pub mod otlp;
 pub mod scenarios;
