@@ -57,6 +57,8 @@ enum Command {
     Dlq(cmd::dlq::DlqArgs),
     /// Measure the pipeline's throughput and latency.
     Bench,
+    /// Probe a service's `/readyz` (container health checks): exit 0 only on 200.
+    Healthcheck(cmd::healthcheck::HealthcheckArgs),
     /// Show the effective configuration.
     Config {
         #[command(subcommand)]
@@ -90,6 +92,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!("imagepipe bench: not built yet (issue #9)");
             Ok(ExitCode::from(2))
         }
+        Command::Healthcheck(args) => cmd::healthcheck::run(&cli.config, args).await,
         Command::Config { action } => cmd::config::run(&cli.config, action),
     }
 }

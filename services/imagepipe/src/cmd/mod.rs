@@ -3,6 +3,7 @@
 pub mod config;
 pub mod demo;
 pub mod dlq;
+pub mod healthcheck;
 pub mod run;
 pub mod search;
 pub mod stats;
