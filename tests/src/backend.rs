@@ -159,3 +159,30 @@ pub async fn cleanup_redis(prefix: &str) {
         cursor = next;
     }
 }
+
+/// Removes what a run left on the broker and in Redis when dropped, even when the test failed.
+pub struct Cleanup {
+    backend: Backend,
+    prefix: String,
+}
+
+impl Cleanup {
+    /// Cleans up `prefix` on `backend` when dropped.
+    pub fn new(backend: &Backend, prefix: &str) -> Self {
+        Self { backend: backend.clone(), prefix: prefix.to_owned() }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (backend, prefix) = (self.backend.clone(), self.prefix.clone());
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(async {
+                backend.cleanup(&prefix).await;
+                cleanup_redis(&prefix).await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}

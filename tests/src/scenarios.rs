@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::backend::{self, Backend};
+use crate::backend::{Backend, Cleanup};
 use crate::cluster::{Cluster, ClusterConfig, ServiceKind};
 use crate::fixtures::{Fixtures, SAMPLES};
 use crate::observe::EventRecorder;
@@ -44,26 +44,6 @@ fn submits(prefix: &str, count: usize, fixtures: &Fixtures) -> (Vec<String>, Vec
         .unzip()
 }
 
-/// Everything a run left behind, removed even when the test failed.
-struct Cleanup {
-    backend: Backend,
-    prefix: String,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (backend, prefix) = (self.backend.clone(), self.prefix.clone());
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(async {
-                backend.cleanup(&prefix).await;
-                backend::cleanup_redis(&prefix).await;
-            });
-        });
-        let _ = cleanup.join();
-    }
-}
-
 /// `count` tasks submitted by publishing plain JSON to `<prefix>.tasks.submit`, through seven
 /// separate processes: every task completes; each subscriber saw each event once after
 /// deduplication (analytics counts, one webhook per task, one index entry per task); thumbnails
@@ -72,7 +52,7 @@ pub async fn every_task_completes_across_processes(backend: Backend, count: usiz
     let Some(model_dir) = crate::cluster::model_dir() else { return };
     let fixtures = Fixtures::start().await.expect("fixture server");
     let config = cluster_config(backend.clone(), "flow", &model_dir);
-    let _cleanup = Cleanup { backend: backend.clone(), prefix: config.prefix.clone() };
+    let _cleanup = Cleanup::new(&backend, &config.prefix);
     let recorder = EventRecorder::start(&backend.bus_config(&config.prefix)).await.expect("event recorder");
     let cluster = Cluster::start(config).await.expect("cluster");
     let prefix = cluster.prefix().to_owned();
@@ -117,7 +97,7 @@ pub async fn every_task_finishes_once_through_kill_9(backend: Backend, count: us
     let Some(model_dir) = crate::cluster::model_dir() else { return };
     let fixtures = Fixtures::start().await.expect("fixture server");
     let config = cluster_config(backend.clone(), "kill", &model_dir);
-    let _cleanup = Cleanup { backend: backend.clone(), prefix: config.prefix.clone() };
+    let _cleanup = Cleanup::new(&backend, &config.prefix);
     let recorder = EventRecorder::start(&backend.bus_config(&config.prefix)).await.expect("event recorder");
     let mut cluster = Cluster::start(config).await.expect("cluster");
     let prefix = cluster.prefix().to_owned();

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use imagepipe_e2e::backend::{self, Backend};
+use imagepipe_e2e::backend::{Backend, Cleanup};
 use imagepipe_e2e::cluster::{Cluster, ClusterConfig, ServiceKind};
 use imagepipe_e2e::fixtures::Fixtures;
 use imagepipe_e2e::observe::{EventRecorder, Seen};
@@ -17,26 +17,6 @@ use serde_json::json;
 const COORDINATOR: (ServiceKind, &str) = (ServiceKind::Coordinator, "coordinator");
 const DOWNLOAD: (ServiceKind, &str) = (ServiceKind::Download, "download-worker");
 const ANALYTICS: (ServiceKind, &str) = (ServiceKind::Analytics, "analytics-worker");
-
-/// The broker streams and Redis keys of a run, removed even when the test failed.
-struct Cleanup {
-    backend: Backend,
-    prefix: String,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (backend, prefix) = (self.backend.clone(), self.prefix.clone());
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(async {
-                backend.cleanup(&prefix).await;
-                backend::cleanup_redis(&prefix).await;
-            });
-        });
-        let _ = cleanup.join();
-    }
-}
 
 /// A run: the receiver, the photo server, the services (exporting to the receiver, batching
 /// spans for `batch_delay_ms`) and a recorder of their events.
@@ -59,7 +39,7 @@ impl Run {
             .services(&kinds)
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
             .env("OTEL_BSP_SCHEDULE_DELAY", batch_delay_ms.to_string());
-        let cleanup = Cleanup { backend: backend.clone(), prefix: config.prefix.clone() };
+        let cleanup = Cleanup::new(&backend, &config.prefix);
         let recorder = EventRecorder::start(&backend.bus_config(&config.prefix)).await.expect("event recorder");
         let cluster = Cluster::start(config).await.expect("cluster");
         Self { receiver, fixtures, backend, cluster, recorder, _cleanup: cleanup }
