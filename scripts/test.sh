@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one: installs and starts what the tests
-# need (Redis, NATS 2.9 with JetStream, a current NATS), then runs every test of the workspace
+# need (Redis, NATS 2.9 with JetStream, a current NATS, a Kafka-compatible broker and what
+# building librdkafka needs), then runs every test of the workspace
 # with every backend compiled in. `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,11 @@ if [[ -f scripts/nats.sh ]]; then
   source scripts/nats.sh
   ensure_nats
   ensure_nats_latest
+fi
+if [[ -f scripts/kafka.sh ]]; then
+  source scripts/kafka.sh
+  ensure_kafka_build_deps
+  ensure_kafka
 fi
 export IMAGEPIPE_TEST_MODEL_DIR; IMAGEPIPE_TEST_MODEL_DIR="$(scripts/prepare-model.sh --print-dir)"
 

@@ -40,6 +40,10 @@ impl Bus {
             BusKind::Nats => {
                 crate::nats::NatsBus::connect(&config.prefix, &config.nats).await.map(crate::nats::NatsBus::into_bus)
             }
+            #[cfg(feature = "kafka")]
+            BusKind::Kafka => crate::kafka::KafkaBus::connect(&config.prefix, &config.kafka)
+                .await
+                .map(crate::kafka::KafkaBus::into_bus),
             #[allow(unreachable_patterns)]
             kind => Err(BusError::Invalid(format!(
                 "bus.kind = {kind:?} is not compiled into this binary (cargo feature missing)"

@@ -1,5 +1,6 @@
 //! Bus configuration (`bus.*` keys) and per-consumer settings.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
@@ -62,6 +63,9 @@ impl BusConfig {
         }
         if self.memory.capacity == 0 {
             return Err("bus.memory.capacity: must be at least 1".into());
+        }
+        if self.kind == BusKind::Kafka {
+            self.kafka.validate()?;
         }
         Ok(())
     }
@@ -231,17 +235,205 @@ pub struct NatsTlsConfig {
     pub handshake_first: bool,
 }
 
-/// The `bus.kafka` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The `bus.kafka` section: brokers, client and security settings, the topics the backend
+/// creates at start, consumer group timing, and the delay tiers of redelivery. `Debug` masks
+/// the SASL password and secret-looking client properties.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaConfig {
-    /// Bootstrap brokers, comma-separated.
+    /// Bootstrap brokers, comma-separated (`host:9092,other:9092`).
     pub brokers: String,
+    /// Client id shown in the broker's logs and metrics.
+    pub client_id: String,
+    /// Partitions of every topic the backend creates (existing topics keep theirs).
+    pub partitions: i32,
+    /// Replicas of every topic the backend creates (1 on a single broker; 3 in production).
+    pub replication_factor: i32,
+    /// `security.protocol`: `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
+    pub security_protocol: Option<String>,
+    /// `sasl.mechanism`: `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`.
+    pub sasl_mechanism: Option<String>,
+    /// SASL user name, with `sasl_password`.
+    pub sasl_username: Option<String>,
+    /// Password of `sasl_username`.
+    pub sasl_password: Option<Secret<String>>,
+    /// PEM file of the CA certificates that sign the brokers' certificates.
+    pub ssl_ca_file: Option<PathBuf>,
+    /// Further librdkafka properties (`socket.keepalive.enable = "true"`); the ones the
+    /// backend manages (idempotence, group, commits, offsets) are refused.
+    pub client: BTreeMap<String, String>,
+    /// How long `Bus::connect` waits for the brokers to answer.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long a topic creation, metadata or offset request may take.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// How long a send may take before it fails (`message.timeout.ms`), retries included.
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
+    /// How long the producer waits to batch messages (`linger.ms`).
+    #[serde(with = "humantime_serde")]
+    pub linger: Duration,
+    /// Consumer group session timeout: a member silent this long is dropped from its group.
+    #[serde(with = "humantime_serde")]
+    pub session_timeout: Duration,
+    /// Heartbeat interval of group members; shorter makes rebalances quicker.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// Longest time the broker holds a fetch when no message is there (`fetch.wait.max.ms`).
+    #[serde(with = "humantime_serde")]
+    pub fetch_wait_max: Duration,
+    /// How long `consume`/`subscribe` waits for the group's first partition assignment.
+    #[serde(with = "humantime_serde")]
+    pub assignment_timeout: Duration,
+    /// Delay tiers of redelivery: a nack with delay `d` goes to the retry topic of the
+    /// smallest tier at least `d` (the largest when none is), where it is held until due.
+    #[serde(with = "humantime_list")]
+    pub retry_tiers: Vec<Duration>,
+    /// Within one partition, a message whose id was seen this recently is dropped as a
+    /// duplicate.
+    #[serde(with = "humantime_serde")]
+    pub dedup_window: Duration,
+    /// Most received messages one group member buffers before it pauses fetching.
+    pub prefetch: usize,
+    /// How often the client reports broker state (readiness follows it).
+    #[serde(with = "humantime_serde")]
+    pub health_interval: Duration,
 }
 
 impl Default for KafkaConfig {
     fn default() -> Self {
-        Self { brokers: "127.0.0.1:9092".into() }
+        Self {
+            brokers: "127.0.0.1:9092".into(),
+            client_id: "imagepipe".into(),
+            partitions: 6,
+            replication_factor: 1,
+            security_protocol: None,
+            sasl_mechanism: None,
+            sasl_username: None,
+            sasl_password: None,
+            ssl_ca_file: None,
+            client: BTreeMap::new(),
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            send_timeout: Duration::from_secs(30),
+            linger: Duration::from_millis(5),
+            session_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(1),
+            fetch_wait_max: Duration::from_millis(100),
+            assignment_timeout: Duration::from_secs(30),
+            retry_tiers: [1, 10, 60, 600].into_iter().map(Duration::from_secs).collect(),
+            dedup_window: Duration::from_secs(120),
+            prefetch: 256,
+            health_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// librdkafka properties the Kafka backend sets itself; `bus.kafka.client` may not override them.
+pub(crate) const KAFKA_MANAGED_PROPERTIES: [&str; 12] = [
+    "bootstrap.servers",
+    "group.id",
+    "enable.idempotence",
+    "acks",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "statistics.interval.ms",
+    "sasl.password",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "message.timeout.ms",
+];
+
+impl KafkaConfig {
+    /// Checks values the backend cannot use, naming the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.brokers.split(',').all(|b| b.trim().is_empty()) {
+            return Err("bus.kafka.brokers: no broker given".into());
+        }
+        if self.partitions < 1 {
+            return Err(format!("bus.kafka.partitions: {} must be at least 1", self.partitions));
+        }
+        if self.replication_factor < 1 {
+            return Err(format!("bus.kafka.replication_factor: {} must be at least 1", self.replication_factor));
+        }
+        if self.sasl_username.is_some() != self.sasl_password.is_some() {
+            return Err("bus.kafka.sasl_username and bus.kafka.sasl_password go together".into());
+        }
+        for (key, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+            ("send_timeout", self.send_timeout),
+            ("session_timeout", self.session_timeout),
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("fetch_wait_max", self.fetch_wait_max),
+            ("assignment_timeout", self.assignment_timeout),
+            ("health_interval", self.health_interval),
+        ] {
+            if value < Duration::from_millis(1) {
+                return Err(format!("bus.kafka.{key}: must be at least 1ms"));
+            }
+        }
+        if self.heartbeat_interval >= self.session_timeout {
+            return Err(format!(
+                "bus.kafka.heartbeat_interval ({:?}) must be below bus.kafka.session_timeout ({:?})",
+                self.heartbeat_interval, self.session_timeout
+            ));
+        }
+        if self.retry_tiers.is_empty() {
+            return Err("bus.kafka.retry_tiers: give at least one delay tier".into());
+        }
+        if self.retry_tiers.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(format!("bus.kafka.retry_tiers: {:?} must be strictly increasing", self.retry_tiers));
+        }
+        if self.retry_tiers.iter().any(|t| t.subsec_nanos() % 1_000_000 != 0 || t.is_zero()) {
+            return Err("bus.kafka.retry_tiers: tiers are whole milliseconds above zero".into());
+        }
+        if self.prefetch == 0 {
+            return Err("bus.kafka.prefetch: must be at least 1".into());
+        }
+        if let Some(key) = self.client.keys().find(|k| KAFKA_MANAGED_PROPERTIES.contains(&k.as_str())) {
+            return Err(format!("bus.kafka.client.{key}: set by the backend (or by its own bus.kafka key)"));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let client: BTreeMap<&str, &str> = self
+            .client
+            .iter()
+            .map(|(k, v)| {
+                let secret = ["password", "secret", "key", "token", "jaas"].iter().any(|s| k.contains(s));
+                (k.as_str(), if secret { crate::secret::MASK } else { v.as_str() })
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &mask_url_credentials(&self.brokers))
+            .field("client_id", &self.client_id)
+            .field("partitions", &self.partitions)
+            .field("replication_factor", &self.replication_factor)
+            .field("security_protocol", &self.security_protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &self.sasl_password)
+            .field("ssl_ca_file", &self.ssl_ca_file)
+            .field("client", &client)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("send_timeout", &self.send_timeout)
+            .field("linger", &self.linger)
+            .field("session_timeout", &self.session_timeout)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("fetch_wait_max", &self.fetch_wait_max)
+            .field("assignment_timeout", &self.assignment_timeout)
+            .field("retry_tiers", &self.retry_tiers)
+            .field("dedup_window", &self.dedup_window)
+            .field("prefetch", &self.prefetch)
+            .field("health_interval", &self.health_interval)
+            .finish()
     }
 }
 
@@ -322,7 +514,7 @@ impl Subscription {
 }
 
 /// Whether `name` is a valid group or queue token sequence (`[A-Za-z0-9_-]`, dot-separated).
-#[cfg(any(feature = "memory", feature = "nats"))]
+#[cfg(any(feature = "memory", feature = "nats", feature = "kafka"))]
 pub(crate) fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name

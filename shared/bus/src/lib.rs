@@ -13,9 +13,9 @@
 //! deadline), [`Delivery::terminate`] (straight to the dead-letter queue with a reason).
 //! A message delivered `max_deliveries` times without an ack is dead-lettered too.
 //!
-//! Backends: [`memory`] (feature `memory`, default), `nats` (feature `nats`). [`Bus::connect`]
-//! picks one from [`BusConfig`]. The [`conformance`] suite (feature `conformance`) is the one
-//! set of tests every backend passes.
+//! Backends: [`memory`] (feature `memory`, default), `nats` (feature `nats`), `kafka` (feature
+//! `kafka`). [`Bus::connect`] picks one from [`BusConfig`]. The [`conformance`] suite (feature
+//! `conformance`) is the one set of tests every backend passes.
 
 mod bus;
 mod config;
@@ -28,6 +28,8 @@ mod traits;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "nats")]

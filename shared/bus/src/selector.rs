@@ -68,7 +68,7 @@ impl Selector {
 
 /// Whether `event_type` is a concrete event type a selector can match: dot-separated
 /// `[a-z0-9_]+` tokens, no wildcards.
-#[cfg(any(feature = "memory", feature = "nats"))]
+#[cfg(any(feature = "memory", feature = "nats", feature = "kafka"))]
 pub(crate) fn is_valid_event_type(event_type: &str) -> bool {
     event_type.split('.').all(is_type_token)
 }

@@ -114,3 +114,62 @@ imagepipe_bus::conformance_suite!(
         None => return,
     }
 );
+
+#[cfg(feature = "kafka")]
+mod kafka_support;
+
+#[cfg(feature = "kafka")]
+mod kafka_harness {
+    use std::sync::Mutex;
+
+    use imagepipe_bus::Bus;
+    use imagepipe_bus::kafka::KafkaBus;
+
+    use super::kafka_support::{brokers, test_config};
+    use super::*;
+
+    /// A fresh prefix per case on the Kafka-compatible broker, with one partition per topic:
+    /// the cases check the order of messages across keys, which Kafka keeps only within a
+    /// partition (tests/kafka_backend.rs covers several partitions). The case's buses are
+    /// closed when the harness is dropped (their group members leave their groups).
+    pub struct Kafka {
+        created: Mutex<Vec<KafkaBus>>,
+    }
+
+    impl Kafka {
+        pub fn new() -> Self {
+            Self { created: Mutex::new(Vec::new()) }
+        }
+    }
+
+    #[async_trait]
+    impl Harness for Kafka {
+        fn name(&self) -> &str {
+            "kafka"
+        }
+
+        async fn bus(&self) -> Bus {
+            let config = imagepipe_bus::KafkaConfig { partitions: 1, ..test_config() };
+            let bus = KafkaBus::connect(&unique_prefix(), &config).await.unwrap_or_else(|err| {
+                panic!("kafka: connecting to {} failed: {err:?} (scripts/kafka.sh starts the broker)", brokers())
+            });
+            self.created.lock().expect("lock").push(bus.clone());
+            bus.into_bus()
+        }
+
+        fn timing(&self) -> Timing {
+            Timing::BROKER
+        }
+    }
+
+    impl Drop for Kafka {
+        fn drop(&mut self) {
+            for bus in std::mem::take(&mut *self.created.lock().unwrap_or_else(|e| e.into_inner())) {
+                bus.close();
+            }
+        }
+    }
+}
+
+#[cfg(feature = "kafka")]
+imagepipe_bus::conformance_suite!(kafka, kafka_harness::Kafka::new());

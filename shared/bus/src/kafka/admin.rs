@@ -1,0 +1,131 @@
+//! Topics: created when missing (with `bus.kafka.partitions` and `replication_factor`), their
+//! partition counts remembered, and deleted for cleanup.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::producer::Producer as _;
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::client::{self, LogContext};
+use super::producer::Producer;
+use crate::config::KafkaConfig;
+use crate::error::{BoxError, BusError};
+
+/// The topics of one bus.
+pub(crate) struct Topics {
+    admin: AdminClient<LogContext>,
+    producer: Producer,
+    partitions: i32,
+    replication: i32,
+    timeout: Duration,
+    /// Topics known to exist, with their partition counts.
+    known: Mutex<HashMap<String, i32>>,
+}
+
+impl Topics {
+    pub(crate) fn new(config: &KafkaConfig, producer: Producer) -> Result<Self, BusError> {
+        let admin = client::base_config(config).create_with_context(LogContext).map_err(|err| BusError::Connect {
+            url: crate::secret::mask_url_credentials(&config.brokers),
+            source: Box::new(err),
+        })?;
+        Ok(Self {
+            admin,
+            producer,
+            partitions: config.partitions,
+            replication: config.replication_factor,
+            timeout: config.request_timeout,
+            known: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The partition count of a topic [`ensure`](Self::ensure) has seen.
+    pub(crate) fn partitions(&self, topic: &str) -> Option<i32> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).get(topic).copied()
+    }
+
+    /// Creates the topics that do not exist yet and learns the partition count of each.
+    pub(crate) async fn ensure(&self, topics: &[String]) -> Result<(), BusError> {
+        let missing: Vec<&String> = {
+            let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            topics.iter().filter(|t| !known.contains_key(*t)).collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let new: Vec<NewTopic<'_>> = missing
+            .iter()
+            .map(|t| NewTopic::new(t, self.partitions, TopicReplication::Fixed(self.replication)))
+            .collect();
+        let options = AdminOptions::new().operation_timeout(Some(self.timeout)).request_timeout(Some(self.timeout));
+        let results = self
+            .admin
+            .create_topics(&new, &options)
+            .await
+            .map_err(|err| BusError::Setup { what: format!("topics {missing:?}"), source: Box::new(err) })?;
+        for result in results {
+            match result {
+                Ok(topic) => tracing::info!(%topic, partitions = self.partitions, "created topic"),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => {
+                    return Err(BusError::Setup { what: format!("topic {topic}"), source: Box::new(code) });
+                }
+            }
+        }
+        let names: Vec<String> = missing.into_iter().cloned().collect();
+        let counts = self.partition_counts(names).await?;
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).extend(counts);
+        Ok(())
+    }
+
+    /// The partition count of each topic, waiting (up to the request timeout) for topics just
+    /// created to show up in the metadata.
+    async fn partition_counts(&self, topics: Vec<String>) -> Result<Vec<(String, i32)>, BusError> {
+        let producer = self.producer.clone();
+        let timeout = self.timeout;
+        let lookup = move || -> Result<Vec<(String, i32)>, BusError> {
+            let until = Instant::now() + timeout;
+            let mut out = Vec::with_capacity(topics.len());
+            for topic in topics {
+                loop {
+                    let setup =
+                        |source: BoxError| BusError::Setup { what: format!("metadata of topic {topic}"), source };
+                    let metadata = producer
+                        .client()
+                        .client()
+                        .fetch_metadata(Some(&topic), timeout)
+                        .map_err(|e| setup(Box::new(e)))?;
+                    let count = metadata
+                        .topics()
+                        .iter()
+                        .find(|t| t.name() == topic && t.error().is_none())
+                        .map(|t| t.partitions().len())
+                        .unwrap_or(0);
+                    if count > 0 {
+                        out.push((topic, i32::try_from(count).unwrap_or(i32::MAX)));
+                        break;
+                    }
+                    if Instant::now() >= until {
+                        return Err(setup(format!("the topic has no partitions after {timeout:?}").into()));
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            Ok(out)
+        };
+        tokio::task::spawn_blocking(lookup)
+            .await
+            .map_err(|err| BusError::Setup { what: "topic metadata".into(), source: Box::new(err) })?
+    }
+
+    /// Checks that a broker answers within `timeout`.
+    pub(crate) async fn probe(&self, timeout: Duration) -> Result<(), BoxError> {
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || producer.client().client().fetch_metadata(None, timeout).map(drop))
+            .await
+            .map_err(|err| -> BoxError { Box::new(err) })?
+            .map_err(|err| -> BoxError { Box::new(err) })
+    }
+}

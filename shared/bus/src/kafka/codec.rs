@@ -1,0 +1,120 @@
+//! [`Message`] to a Kafka record (key, headers, payload) and back.
+//!
+//! The key is the Kafka key (the task id: per-task order); the id travels in the header
+//! `imagepipe-message-id`; every other header as a Kafka header. Headers starting with
+//! `imagepipe-kafka-` belong to the backend (delivery count and due time of redeliveries) and
+//! are refused on send and taken out on receive.
+
+use bytes::Bytes;
+use imagepipe_contracts::names::headers;
+use rdkafka::Message as _;
+use rdkafka::message::{BorrowedMessage, Header, Headers as _, OwnedHeaders};
+
+use crate::error::BusError;
+use crate::message::{Headers, Message};
+
+/// Prefix of the headers the backend keeps for itself.
+const RESERVED_PREFIX: &str = "imagepipe-kafka-";
+/// The delivery count of a redelivery (on retry topics).
+pub(crate) const DELIVERY_COUNT: &str = "imagepipe-kafka-delivery-count";
+/// When a redelivery is due, in Unix milliseconds (on retry topics).
+pub(crate) const DUE: &str = "imagepipe-kafka-due";
+
+/// A received record: the message, and what the backend's own headers say.
+#[derive(Debug, Clone)]
+pub(crate) struct Received {
+    pub message: Message,
+    pub delivery_count: Option<u32>,
+    pub due_ms: Option<i64>,
+    pub timestamp_ms: Option<i64>,
+}
+
+/// The Kafka headers of `message`, plus `extra` (which win over the message's own).
+pub(crate) fn encode_headers(message: &Message, extra: &[(&str, &str)]) -> Result<OwnedHeaders, BusError> {
+    let mut fields: Vec<(&str, &str)> = Vec::with_capacity(message.headers.len() + extra.len() + 1);
+    for (name, value) in message.headers.iter() {
+        if name.starts_with(RESERVED_PREFIX) {
+            return Err(BusError::Invalid(format!(
+                "header {name:?}: names starting with `{RESERVED_PREFIX}` are reserved"
+            )));
+        }
+        if !extra.iter().any(|(n, _)| *n == name) {
+            fields.push((name, value));
+        }
+    }
+    if let Some(id) = &message.id {
+        fields.push((headers::MESSAGE_ID, id));
+    }
+    fields.extend_from_slice(extra);
+    let mut out = OwnedHeaders::new_with_capacity(fields.len());
+    for (name, value) in fields {
+        out = out.insert(Header { key: name, value: Some(value.as_bytes()) });
+    }
+    Ok(out)
+}
+
+/// The message a received record carries.
+pub(crate) fn decode(record: &BorrowedMessage<'_>) -> Received {
+    let mut fields = Headers::new();
+    if let Some(kafka_headers) = record.headers() {
+        for header in kafka_headers.iter() {
+            let value = header.value.map(String::from_utf8_lossy).unwrap_or_default();
+            fields.insert(header.key, value);
+        }
+    }
+    let delivery_count = fields.remove(DELIVERY_COUNT).and_then(|v| v.parse().ok());
+    let due_ms = fields.remove(DUE).and_then(|v| v.parse().ok());
+    let message = Message {
+        key: record.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        id: fields.remove(headers::MESSAGE_ID),
+        headers: fields,
+        payload: record.payload().map(Bytes::copy_from_slice).unwrap_or_default(),
+    };
+    Received { message, delivery_count, due_ms, timestamp_ms: record.timestamp().to_millis() }
+}
+
+/// The partition of a message without a key but with an id: a stable hash (FNV-1a) of the id,
+/// so that two publishes of one message meet in one partition and are deduplicated there.
+pub(crate) fn partition_of_id(id: &str, partitions: i32) -> i32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in id.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    i32::try_from(hash % partitions.max(1).unsigned_abs()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_carry_the_id_and_refuse_reserved_names() {
+        let message = Message::new("x").with_id("id-1").with_header("traceparent", "00-abc-01");
+        let encoded = encode_headers(&message, &[(headers::EVENT_TYPE, "task.failed")]).unwrap();
+        let pairs: Vec<(String, String)> = encoded
+            .iter()
+            .map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap()).into_owned()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("traceparent".to_owned(), "00-abc-01".to_owned()),
+                (headers::MESSAGE_ID.to_owned(), "id-1".to_owned()),
+                (headers::EVENT_TYPE.to_owned(), "task.failed".to_owned()),
+            ]
+        );
+        let reserved = Message::new("x").with_header(DELIVERY_COUNT, "3");
+        assert!(matches!(encode_headers(&reserved, &[]), Err(BusError::Invalid(_))));
+    }
+
+    #[test]
+    fn ids_map_to_a_stable_partition() {
+        assert_eq!(partition_of_id("dup", 6), partition_of_id("dup", 6));
+        assert!((0..6).contains(&partition_of_id("anything", 6)));
+        assert_eq!(partition_of_id("x", 1), 0);
+        let spread: std::collections::BTreeSet<i32> =
+            (0..100).map(|i| partition_of_id(&format!("id-{i}"), 6)).collect();
+        assert_eq!(spread.len(), 6, "ids spread over every partition");
+    }
+}

@@ -1,0 +1,217 @@
+//! Kafka backend (feature `kafka`), on librdkafka through `rdkafka`.
+//!
+//! Topics (DESIGN.md, "Queues and topics"), created at start when missing with
+//! `bus.kafka.partitions` and `replication_factor`: one per task queue
+//! (`<prefix>.tasks.download`), one per event family (`<prefix>.events.image`,
+//! `<prefix>.events.task`), one per dead-letter queue (`<prefix>.dlq.tasks.download`,
+//! `<prefix>.dlq.events.<group>`), and per consumer group one retry topic per delay tier
+//! (`<prefix>.retry.tasks.download.10s`). Messages are keyed by task id (per-task order); the
+//! message id and `traceparent` travel in headers; the producer is idempotent.
+//!
+//! Every queue and subscriber group is a consumer group; within a process, every consumer of
+//! one group shares one member ([`member`](self)). Offsets are committed only once handlers
+//! settled the messages below them. What JetStream does on the server, this backend does in
+//! the client: ack deadlines and redelivery of unsettled deliveries, delayed nacks (retry topics
+//! by delay tier, see [`retry`](self)), max deliveries and dead letters, and dropping
+//! re-published message ids within a window (per partition).
+
+mod admin;
+mod client;
+mod codec;
+mod consumer;
+mod dedup;
+mod dlq;
+mod events;
+mod handle;
+mod member;
+mod names;
+mod offsets;
+mod producer;
+mod queue;
+mod retry;
+mod state;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+pub use self::producer::Idempotence;
+
+use self::admin::Topics;
+use self::consumer::KafkaConsumer;
+use self::member::{Departure, Member, MemberSpec};
+use self::names::Names;
+use self::producer::Producer;
+use self::retry::RetryTiers;
+use crate::bus::Bus;
+use crate::config::{ConsumerConfig, KafkaConfig};
+use crate::error::BusError;
+use crate::message::Message;
+use crate::secret::mask_url_credentials;
+use crate::traits::Consumer;
+
+/// The Kafka backend: task queues and event topics of one prefix. Cheap to clone.
+#[derive(Clone)]
+pub struct KafkaBus {
+    shared: Arc<Shared>,
+}
+
+/// A group member's key in its bus: group id and selector.
+type MemberKey = (String, String);
+
+/// A member as the bus remembers it: weakly (it lives while consumers use it), and the signal
+/// that it has left its group.
+#[derive(Clone)]
+struct Registered {
+    member: Weak<Member>,
+    departure: Arc<Departure>,
+}
+
+/// What every queue, subscription and delivery of one bus uses.
+pub(crate) struct Shared {
+    names: Names,
+    config: KafkaConfig,
+    producer: Producer,
+    topics: Topics,
+    tiers: RetryTiers,
+    /// The group members of this bus, by group id and selector, with the signal that each
+    /// has left its group once stopped.
+    members: Mutex<HashMap<MemberKey, Registered>>,
+    /// Set by [`KafkaBus::close`].
+    closed: AtomicBool,
+}
+
+impl KafkaBus {
+    /// Connects to `config.brokers` and creates the topics of `prefix` that are missing.
+    pub async fn connect(prefix: &str, config: &KafkaConfig) -> Result<Self, BusError> {
+        config.validate().map_err(BusError::Invalid)?;
+        let shown = mask_url_credentials(&config.brokers);
+        let producer = Producer::new(config)?;
+        let topics = Topics::new(config, producer.clone())?;
+        topics
+            .probe(config.connect_timeout)
+            .await
+            .map_err(|source| BusError::Connect { url: shown.clone(), source })?;
+        let names = Names::new(prefix);
+        topics.ensure(&names.standard_topics()).await?;
+        tracing::info!(brokers = %shown, prefix, "connected to Kafka");
+        let shared = Shared {
+            names,
+            config: config.clone(),
+            producer,
+            topics,
+            tiers: RetryTiers::new(config.retry_tiers.clone()),
+            members: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        };
+        Ok(Self { shared: Arc::new(shared) })
+    }
+
+    /// This backend as a [`Bus`], whose readiness follows the brokers' reachability.
+    pub fn into_bus(self) -> Bus {
+        let health = self.shared.producer.health().clone();
+        let connected = Arc::new(move || health.is_connected());
+        Bus::from_parts(Arc::new(self.clone()), Arc::new(self), connected)
+    }
+
+    /// Whether a broker connection is up (by the client's last statistics).
+    pub fn is_connected(&self) -> bool {
+        self.shared.producer.health().is_connected()
+    }
+
+    /// The idempotent producer's state as the client last reported it (`None` before the first
+    /// report).
+    pub fn idempotence(&self) -> Option<Idempotence> {
+        self.shared.producer.health().idempotence()
+    }
+
+    /// The partition count of `topic` (a full topic name), once this bus has used it.
+    pub fn partitions_of(&self, topic: &str) -> Option<i32> {
+        self.shared.topics.partitions(topic)
+    }
+
+    /// Closes this bus and every clone: later sends, publishes and fetches fail with
+    /// [`BusError::Closed`], and every group member commits and leaves its group.
+    pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        let members = std::mem::take(&mut *self.shared.members.lock().unwrap_or_else(|e| e.into_inner()));
+        for registered in members.into_values() {
+            if let Some(member) = registered.member.upgrade() {
+                member.stop();
+            }
+        }
+    }
+
+    /// The retry topic of every delay tier for `home` (a queue, or `events.<group>`).
+    fn retry_topics(&self, home: &str) -> Result<Vec<(Duration, String)>, BusError> {
+        let names = &self.shared.names;
+        self.shared.tiers.all().iter().map(|tier| Ok((*tier, names.retry_topic(home, *tier)?))).collect()
+    }
+
+    /// A consumer on the member of `spec`, joining the group first if this process has no
+    /// member in it yet; waits (up to `assignment_timeout`) for the first assignment.
+    async fn open(&self, spec: MemberSpec, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError> {
+        self.shared.check_open()?;
+        if config.max_deliveries == 0 {
+            return Err(BusError::Invalid(format!("{}: max_deliveries must be at least 1", spec.source)));
+        }
+        if config.ack_wait < Duration::from_millis(1) {
+            return Err(BusError::Invalid(format!("{}: ack_wait must be at least 1ms", spec.source)));
+        }
+        let key = (spec.group_id.clone(), spec.selector.as_ref().map(ToString::to_string).unwrap_or_default());
+        let existing = self.shared.members.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+        let live = existing.as_ref().and_then(|r| r.member.upgrade());
+        let member = match live {
+            Some(member) => member,
+            None => {
+                if let Some(Registered { departure, .. }) = existing {
+                    departure.wait(self.shared.config.session_timeout).await;
+                }
+                let member = Member::start(self.shared.clone(), spec).await?;
+                let mut members = self.shared.members.lock().unwrap_or_else(|e| e.into_inner());
+                members.insert(key, Registered { member: Arc::downgrade(&member), departure: member.departure() });
+                member
+            }
+        };
+        let timeout = self.shared.config.assignment_timeout;
+        if !member.wait_assigned(timeout).await {
+            tracing::warn!(
+                group = %member.core.spec.group_id,
+                "no partition assignment within {timeout:?}; the consumer keeps joining in the background"
+            );
+        }
+        Ok(Box::new(KafkaConsumer { member, config }))
+    }
+}
+
+impl Shared {
+    fn check_open(&self) -> Result<(), BusError> {
+        if self.closed.load(Ordering::Acquire) { Err(BusError::Closed) } else { Ok(()) }
+    }
+
+    /// The partition a keyless message with an id goes to (so duplicates meet); `None` lets
+    /// the key decide.
+    fn partition_for(&self, topic: &str, message: &Message) -> Option<i32> {
+        match (&message.key, &message.id) {
+            (None, Some(id)) => self.topics.partitions(topic).map(|n| codec::partition_of_id(id, n)),
+            _ => None,
+        }
+    }
+
+    /// Sends `message` to `topic` (created if missing) and returns once the broker has it.
+    async fn send(&self, topic: &str, message: &Message, extra: &[(&str, &str)]) -> Result<(), BusError> {
+        self.check_open()?;
+        self.topics.ensure(&[topic.to_owned()]).await?;
+        self.producer.send(topic, self.partition_for(topic, message), message, extra).await
+    }
+
+    /// Sends every message, all enqueued before any acknowledgement is awaited (the idempotent
+    /// producer keeps their order per partition).
+    async fn send_all(&self, topic: &str, messages: &[Message], extra: &[(&str, &str)]) -> Result<(), BusError> {
+        self.check_open()?;
+        self.topics.ensure(&[topic.to_owned()]).await?;
+        let sends = messages.iter().map(|m| self.producer.send(topic, self.partition_for(topic, m), m, extra));
+        futures::future::join_all(sends).await.into_iter().collect()
+    }
+}
