@@ -120,6 +120,28 @@ impl Topics {
             .map_err(|err| BusError::Setup { what: "topic metadata".into(), source: Box::new(err) })?
     }
 
+    /// The low and high watermark of every partition of `topic`.
+    pub(crate) async fn watermarks(&self, topic: &str) -> Result<Vec<(i64, i64)>, BusError> {
+        self.ensure(&[topic.to_owned()]).await?;
+        let partitions = self.partitions(topic).unwrap_or(0);
+        let producer = self.producer.clone();
+        let (topic, timeout) = (topic.to_owned(), self.timeout);
+        let setup = |what: &str, source: BoxError| BusError::Setup { what: what.to_owned(), source };
+        tokio::task::spawn_blocking(move || {
+            (0..partitions)
+                .map(|p| {
+                    producer
+                        .client()
+                        .client()
+                        .fetch_watermarks(&topic, p, timeout)
+                        .map_err(|e| setup(&format!("watermarks of {topic}[{p}]"), Box::new(e)))
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| setup("watermarks", Box::new(e)))?
+    }
+
     /// Checks that a broker answers within `timeout`.
     pub(crate) async fn probe(&self, timeout: Duration) -> Result<(), BoxError> {
         let producer = self.producer.clone();

@@ -131,6 +131,13 @@ impl KafkaBus {
         self.shared.topics.partitions(topic)
     }
 
+    /// The low and high watermark of every partition of `topic` (a full topic name, created if
+    /// missing): how many messages each partition has ever held (`high`) and the first still
+    /// kept (`low`). Tests and benchmarks count broker messages by them.
+    pub async fn watermarks(&self, topic: &str) -> Result<Vec<(i64, i64)>, BusError> {
+        self.shared.topics.watermarks(topic).await
+    }
+
     /// Closes this bus and every clone: later sends, publishes and fetches fail with
     /// [`BusError::Closed`], and every group member commits and leaves its group.
     pub fn close(&self) {
@@ -140,6 +147,18 @@ impl KafkaBus {
             if let Some(member) = registered.member.upgrade() {
                 member.stop();
             }
+        }
+    }
+
+    /// Closes the bus like [`close`](Self::close) and waits (each at most the session timeout)
+    /// until its group members have committed and left their groups, so that replicas take
+    /// their partitions over at once (graceful shutdown).
+    pub async fn shutdown(&self) {
+        let members: Vec<Registered> =
+            self.shared.members.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        self.close();
+        for registered in members {
+            registered.departure.wait(self.shared.config.session_timeout).await;
         }
     }
 
