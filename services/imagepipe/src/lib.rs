@@ -4,8 +4,10 @@
 //!   workers on one bus with one HTTP server; used by `imagepipe run`, `imagepipe demo` and tests.
 //! - [`blob_api`]: `POST /v1/blobs` and `GET /v1/blobs/{key}` of the in-process server.
 //! - [`client`]: the HTTP API client of the operator commands; [`sse`]: its event-stream parser.
+//! - [`bench`]: `imagepipe bench`, the coordinator and the bus under load, measured.
 //! - [`samples`]: the demo's photos; [`model`]: preparing the AI model for the demo.
 
+pub mod bench;
 pub mod blob_api;
 pub mod client;
 pub mod model;

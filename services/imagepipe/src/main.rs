@@ -55,8 +55,8 @@ enum Command {
     Stats(cmd::stats::StatsArgs),
     /// Inspect, replay or purge dead letters.
     Dlq(cmd::dlq::DlqArgs),
-    /// Measure the pipeline's throughput and latency.
-    Bench,
+    /// Measure the pipeline's throughput, latency, broker messages, CPU and memory.
+    Bench(cmd::bench::BenchArgs),
     /// Probe a service's `/readyz` (container health checks): exit 0 only on 200.
     Healthcheck(cmd::healthcheck::HealthcheckArgs),
     /// Show the effective configuration.
@@ -88,10 +88,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Search(args) => cmd::search::run(args).await,
         Command::Stats(args) => cmd::stats::run(args).await,
         Command::Dlq(args) => cmd::dlq::run(args).await,
-        Command::Bench => {
-            eprintln!("imagepipe bench: not built yet (issue #9)");
-            Ok(ExitCode::from(2))
-        }
+        Command::Bench(args) => cmd::bench::run(&cli.config, args).await,
         Command::Healthcheck(args) => cmd::healthcheck::run(&cli.config, args).await,
         Command::Config { action } => cmd::config::run(&cli.config, action),
     }

@@ -1,5 +1,6 @@
 //! One module per command.
 
+pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod dlq;

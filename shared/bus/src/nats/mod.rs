@@ -29,7 +29,7 @@ use async_nats::jetstream;
 
 use crate::bus::Bus;
 use crate::config::NatsConfig;
-use crate::error::BusError;
+use crate::error::{BoxError, BusError};
 use crate::message::Message;
 
 use self::names::Names;
@@ -87,6 +87,20 @@ impl NatsBus {
     pub fn stream_names(&self) -> [String; 3] {
         let names = &self.shared.names;
         [names.tasks_stream(), names.events_stream(), names.dlq_stream()]
+    }
+
+    /// The last sequence number of the task, event and dead-letter streams (in the order of
+    /// [`stream_names`](Self::stream_names)): how many messages each stream has ever stored,
+    /// acknowledged and removed ones included. Benchmarks count broker messages by its deltas.
+    pub async fn stream_sequences(&self) -> Result<[u64; 3], BusError> {
+        self.shared.check_open()?;
+        let mut sequences = [0; 3];
+        for (slot, name) in sequences.iter_mut().zip(self.stream_names()) {
+            let failed = |source: BoxError| BusError::Setup { what: format!("stream {name}"), source };
+            let mut stream = self.shared.js.get_stream(&name).await.map_err(|e| failed(Box::new(e)))?;
+            *slot = stream.info().await.map_err(|e| failed(e.into()))?.state.last_sequence;
+        }
+        Ok(sequences)
     }
 
     /// Closes this bus and every clone: later sends, publishes, fetches and consumer setups

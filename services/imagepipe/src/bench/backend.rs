@@ -1,0 +1,106 @@
+//! The broker and store of one run under its own prefix: connecting them, asking the broker
+//! how many messages it stored, and removing everything the run left behind.
+
+use std::collections::BTreeMap;
+
+use imagepipe_bus::nats::NatsBus;
+use imagepipe_bus::{Bus, BusError, BusKind};
+use imagepipe_runtime::Settings;
+use imagepipe_runtime::config::StoreKind;
+
+use super::counting::{self, Counts};
+
+/// Streams of a NATS prefix, in the order of [`NatsBus::stream_names`].
+const STREAMS: [&str; 3] = ["tasks", "events", "dlq"];
+
+/// Messages stored by the broker so far, by stream; `None` for brokers the bench cannot ask.
+pub type BrokerCounts = Option<BTreeMap<String, u64>>;
+
+/// The run's bus (counting what is published through it) and how to clean up after it.
+pub struct RunBackend {
+    /// The bus every in-process service of the run uses.
+    pub bus: Bus,
+    /// Publishes through [`Self::bus`].
+    pub counts: Counts,
+    kind: BusKind,
+    nats: Option<NatsBus>,
+    prefix: String,
+    redis_url: Option<String>,
+}
+
+impl RunBackend {
+    /// Connects the bus of `settings.bus` (whose prefix is the run's own).
+    pub async fn connect(settings: &Settings) -> Result<Self, BusError> {
+        let (bus, nats) = if settings.bus.kind == BusKind::Nats {
+            let nats = NatsBus::connect(&settings.bus.prefix, &settings.bus.nats).await?;
+            (nats.clone().into_bus(), Some(nats))
+        } else {
+            (Bus::connect(&settings.bus).await?, None)
+        };
+        let (bus, counts) = counting::counting(bus);
+        let redis_url = (settings.store.kind == StoreKind::Redis).then(|| settings.store.redis.url.expose().to_owned());
+        Ok(Self { bus, counts, kind: settings.bus.kind, nats, prefix: settings.bus.prefix.clone(), redis_url })
+    }
+
+    /// What the broker itself says it stored, per stream (NATS: each stream's last sequence).
+    pub async fn broker_counts(&self) -> Result<BrokerCounts, BusError> {
+        let Some(nats) = &self.nats else { return Ok(None) };
+        let sequences = nats.stream_sequences().await?;
+        Ok(Some(STREAMS.iter().map(|s| (*s).to_owned()).zip(sequences).collect()))
+    }
+
+    /// Deletes the run's streams and Redis keys; returns what could not be cleaned, to report.
+    pub async fn clean_up(self) -> Vec<String> {
+        clean_up(self.kind, self.nats.as_ref(), &self.prefix, self.redis_url.as_deref()).await
+    }
+}
+
+/// Deletes the NATS streams of `nats` and the Redis keys under `prefix:` at `redis_url`;
+/// returns what could not be cleaned (the topics of a `kind` other than NATS and memory: the
+/// bus offers no way to delete them).
+pub async fn clean_up(kind: BusKind, nats: Option<&NatsBus>, prefix: &str, redis_url: Option<&str>) -> Vec<String> {
+    let mut left = Vec::new();
+    if !matches!(kind, BusKind::Memory | BusKind::Nats) {
+        left.push(format!("{kind:?} topics of prefix {prefix} (the bus has no call to delete them)"));
+    }
+    if let Some(nats) = nats
+        && let Err(error) = nats.delete_streams().await
+    {
+        left.push(format!("NATS streams of prefix {prefix}: {}", imagepipe_runtime::error_chain(&error)));
+    }
+    if let Some(url) = redis_url
+        && let Err(error) = delete_redis_keys(url, prefix).await
+    {
+        left.push(format!("Redis keys {prefix}:*: {error}"));
+    }
+    left
+}
+
+/// Deletes every key starting with `prefix:`.
+async fn delete_redis_keys(url: &str, prefix: &str) -> Result<(), redis::RedisError> {
+    let mut conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(1_000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            redis::cmd("UNLINK").arg(&keys).query_async::<()>(&mut conn).await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// Per-stream `after - before`.
+pub fn broker_delta(before: &BrokerCounts, after: &BrokerCounts) -> BrokerCounts {
+    let (before, after) = (before.as_ref()?, after.as_ref()?);
+    Some(after.iter().map(|(s, n)| (s.clone(), n - before.get(s).copied().unwrap_or(0))).collect())
+}

@@ -1,0 +1,445 @@
+//! `imagepipe bench`: the real coordinator and the real bus under load, measured.
+//!
+//! Each run gets a prefix of its own (`bus.prefix`, also the Redis key prefix), starts the
+//! coordinator and the three stage workers in this process on the chosen bus and store —
+//! [`noop`] stages in no-op mode, the real download, metadata and AI handlers on the bundled
+//! sample photos in real mode — and drives them through the submit queue ([`driver`]):
+//!
+//! 1. a warm-up of a few tasks (not counted);
+//! 2. full load: every task submitted as fast as the bus takes them; tasks/s, submit →
+//!    `task.completed` latency, broker messages, CPU time;
+//! 3. low load: one task at a time; latency, and each stage's time from the task records.
+//!
+//! Afterwards it deletes the run's streams and keys ([`backend`]). Figures are reported per run
+//! and as medians across runs ([`report`]); idle memory of the real service binaries is
+//! measured once ([`idle`]).
+
+pub mod backend;
+pub mod counting;
+pub mod driver;
+pub mod idle;
+pub mod noop;
+pub mod process;
+pub mod report;
+pub mod stats;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use imagepipe_ai_worker::{Classifier, ModelError};
+use imagepipe_bus::{Bus, BusError, BusKind};
+use imagepipe_contracts::{Step, SubmitTask};
+use imagepipe_coordinator::Task;
+use imagepipe_coordinator::app::{Coordinator, open_store};
+use imagepipe_coordinator::engine::Engine;
+use imagepipe_coordinator::store::StoreError;
+use imagepipe_runtime::clock::SystemClock;
+use imagepipe_runtime::config::StoreKind;
+use imagepipe_runtime::{Settings, Shutdown};
+use tokio::task::JoinSet;
+
+use self::backend::{BrokerCounts, RunBackend, broker_delta};
+use self::driver::{DriverError, Observer};
+use self::idle::IdleRss;
+use self::process::{MemoryField, Pid};
+use self::report::{CpuFigures, LoadFigures, MessageFigures, Report, RunFigures};
+use self::stats::Percentiles;
+use crate::samples::SAMPLES;
+
+/// Tasks of the warm-up before each run's measurements.
+const WARM_UP_TASKS: usize = 20;
+/// How long the services of a run may take to stop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the stage workers do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// No-op stages: orchestration only.
+    Noop,
+    /// The real download, metadata and AI handlers on the sample photos.
+    Real,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Stage workers.
+    pub mode: Mode,
+    /// Tasks of the full-load phase.
+    pub tasks: usize,
+    /// Tasks of the low-load phase.
+    pub low_load_tasks: usize,
+    /// Runs to take the medians of.
+    pub runs: usize,
+    /// Longest time one phase may take.
+    pub timeout: Duration,
+}
+
+/// A run could not be completed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The bus could not be connected.
+    #[error("connecting the bus")]
+    Bus(#[source] BusError),
+    /// The store could not be opened.
+    #[error("opening the task store")]
+    Store(#[source] StoreError),
+    /// The AI model could not be loaded (real mode).
+    #[error("loading the AI model")]
+    Model(#[source] ModelError),
+    /// A temporary directory or the blob store failed.
+    #[error("{what}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A phase did not finish.
+    #[error("{phase} phase{}", if services.0.is_empty() { String::new() } else { format!(" ({services})") })]
+    Driver {
+        /// Which phase.
+        phase: &'static str,
+        /// What went wrong.
+        #[source]
+        source: DriverError,
+        /// Services that stopped with an error meanwhile.
+        services: ServiceErrors,
+    },
+    /// A service stopped with an error.
+    #[error(transparent)]
+    Services(ServiceErrors),
+}
+
+/// Errors of the run's services, one per line.
+#[derive(Debug, Default, thiserror::Error)]
+#[error("{}", if .0.is_empty() { "no service failed".to_owned() } else { .0.join("; ") })]
+pub struct ServiceErrors(pub Vec<String>);
+
+/// Runs the benchmark on the bus and store of `settings`; measures the idle memory of the
+/// service binaries too when `idle` says where they are.
+pub async fn report(
+    settings: &Settings,
+    options: &BenchOptions,
+    idle: Option<idle::Launch>,
+) -> Result<Report, BenchError> {
+    let mut left_behind = Vec::new();
+    let runs = run(settings, options, &mut left_behind).await?;
+    let idle_rss = match idle {
+        Some(launch) => measure_idle(settings, launch, &mut left_behind).await,
+        None => Vec::new(),
+    };
+    Ok(Report {
+        mode: options.mode,
+        bus: kind_name(&settings.bus.kind),
+        store: kind_name(&settings.store.kind),
+        cores: std::thread::available_parallelism().map_or(1, usize::from),
+        median: RunFigures::median(&runs),
+        runs,
+        idle_rss,
+        left_behind,
+    })
+}
+
+/// Idle memory of each binary under a prefix of its own, then that prefix's streams and keys
+/// deleted.
+async fn measure_idle(settings: &Settings, mut launch: idle::Launch, left_behind: &mut Vec<String>) -> Vec<IdleRss> {
+    let prefix = format!("bench-idle-{}", run_id());
+    launch.env.extend([
+        ("IMAGEPIPE_BUS__KIND".to_owned(), kind_name(&settings.bus.kind)),
+        ("IMAGEPIPE_BUS__PREFIX".to_owned(), prefix.clone()),
+        ("IMAGEPIPE_STORE__KIND".to_owned(), kind_name(&settings.store.kind)),
+    ]);
+    let measured = idle::measure(&launch).await;
+    let nats = match settings.bus.kind {
+        BusKind::Nats => imagepipe_bus::nats::NatsBus::connect(&prefix, &settings.bus.nats).await.ok(),
+        _ => None,
+    };
+    let redis = (settings.store.kind == StoreKind::Redis).then(|| settings.store.redis.url.expose().to_owned());
+    left_behind.extend(backend::clean_up(settings.bus.kind, nats.as_ref(), &prefix, redis.as_deref()).await);
+    measured
+}
+
+/// `memory`, `nats`, `redis`, ...: a config enum's value as written in the config.
+fn kind_name(kind: &impl serde::Serialize) -> String {
+    serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// Runs `options.runs` runs on the bus and store of `settings` and returns each run's figures.
+/// `left_behind` collects what a run could not clean up.
+pub async fn run(
+    settings: &Settings,
+    options: &BenchOptions,
+    left_behind: &mut Vec<String>,
+) -> Result<Vec<RunFigures>, BenchError> {
+    let classifier = match options.mode {
+        Mode::Noop => None,
+        Mode::Real => Some(Classifier::load(&settings.ai).await.map_err(BenchError::Model)?),
+    };
+    let mut runs = Vec::with_capacity(options.runs);
+    for _ in 0..options.runs {
+        runs.push(one_run(settings, options, classifier.clone(), left_behind).await?);
+    }
+    Ok(runs)
+}
+
+/// A short id unique to this run.
+pub fn run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
+}
+
+async fn one_run(
+    settings: &Settings,
+    options: &BenchOptions,
+    classifier: Option<Classifier>,
+    left_behind: &mut Vec<String>,
+) -> Result<RunFigures, BenchError> {
+    let id = run_id();
+    let work =
+        tempfile::tempdir().map_err(|e| BenchError::Io { what: "creating a work directory", source: e.into() })?;
+    let mut settings = settings.clone();
+    settings.bus.prefix = format!("bench-{id}");
+    settings.store.path = work.path().join("store");
+    settings.blob.dir = work.path().join("blobs");
+    let backend = RunBackend::connect(&settings).await.map_err(BenchError::Bus)?;
+    let measured = measure(&settings, options, classifier, &backend, &id).await;
+    left_behind.extend(backend.clean_up().await);
+    measured
+}
+
+async fn measure(
+    settings: &Settings,
+    options: &BenchOptions,
+    classifier: Option<Classifier>,
+    backend: &RunBackend,
+    id: &str,
+) -> Result<RunFigures, BenchError> {
+    let bus = &backend.bus;
+    let store = open_store(settings).await.map_err(BenchError::Store)?;
+    let coordinator = Coordinator::new(settings, store, bus.clone(), Arc::new(SystemClock));
+    let engine = coordinator.engine.clone();
+    let mut observer = Observer::start(bus, &format!("bench-observer-{id}"))
+        .await
+        .map_err(|source| BenchError::Driver { phase: "start", source, services: ServiceErrors::default() })?;
+    let stop = Shutdown::new();
+    let mut services: JoinSet<Result<(), String>> = JoinSet::new();
+    let coordinator_stop = stop.clone();
+    services.spawn(async move { coordinator.run(coordinator_stop).await.map_err(|e| error_text("coordinator", &e)) });
+    let sources = match classifier {
+        None => {
+            noop::spawn(bus, settings, &stop, &mut services).await.map_err(BenchError::Bus)?;
+            vec![noop::BLOB_KEY.to_owned()]
+        }
+        Some(classifier) => {
+            spawn_real(bus, settings, classifier, &stop, &mut services);
+            upload_samples(settings).await?
+        }
+    };
+    let submits = Submits { run: id.to_owned(), sources };
+
+    let phases = async {
+        let timeout = options.timeout;
+        driver::one_at_a_time(bus, &mut observer, submits.batch("w", WARM_UP_TASKS), timeout)
+            .await
+            .map_err(|e| ("warm-up", e))?;
+        let before = Snapshot::take(backend, settings).await;
+        let full = driver::full_load(bus, &mut observer, submits.batch("f", options.tasks), timeout)
+            .await
+            .map_err(|e| ("full-load", e))?;
+        let after = Snapshot::take(backend, settings).await;
+        let low_ids = submits.batch("l", options.low_load_tasks);
+        let ids: Vec<String> = low_ids.iter().filter_map(|s| s.task_id.clone()).collect();
+        let low = driver::one_at_a_time(bus, &mut observer, low_ids, timeout).await.map_err(|e| ("low-load", e))?;
+        Ok::<_, (&'static str, DriverError)>((full, low, before, after, ids))
+    }
+    .await;
+
+    observer.stop().await;
+    stop.trigger();
+    let service_errors = join_services(&mut services).await;
+    let (full, low, before, after, low_ids) = match phases {
+        Ok(measured) => measured,
+        Err((phase, source)) => return Err(BenchError::Driver { phase, source, services: service_errors }),
+    };
+    if !service_errors.0.is_empty() {
+        return Err(BenchError::Services(service_errors));
+    }
+    let stage_ms = stage_times(&engine, &low_ids).await.map_err(BenchError::Store)?;
+    Ok(RunFigures {
+        full_load: LoadFigures::of(&full),
+        low_load: LoadFigures::of(&low),
+        stage_ms,
+        messages: messages(&before, &after, full.submitted),
+        cpu_ms_per_task: cpu(&before, &after, full.submitted),
+        peak_rss_bytes: process::memory(Pid::Current, MemoryField::Peak),
+    })
+}
+
+/// The run's submit commands.
+struct Submits {
+    run: String,
+    sources: Vec<String>,
+}
+
+impl Submits {
+    /// `n` submits of phase `phase`, cycling over the sources (blob keys).
+    fn batch(&self, phase: &str, n: usize) -> Vec<SubmitTask> {
+        (0..n)
+            .map(|i| SubmitTask {
+                task_id: Some(format!("tsk_bench_{}_{phase}{i}", self.run)),
+                blob: Some(self.sources[i % self.sources.len()].clone()),
+                ..SubmitTask::default()
+            })
+            .collect()
+    }
+}
+
+/// Counters read just before and after the full-load phase.
+struct Snapshot {
+    bus: BTreeMap<String, u64>,
+    broker: BrokerCounts,
+    cpu: Option<Duration>,
+    broker_cpu: Option<Duration>,
+    store_cpu: Option<Duration>,
+}
+
+impl Snapshot {
+    async fn take(backend: &RunBackend, settings: &Settings) -> Self {
+        let broker = backend.broker_counts().await.unwrap_or_else(|error| {
+            tracing::warn!(error = %imagepipe_runtime::error_chain(&error), "broker message counts unavailable");
+            None
+        });
+        let (broker_pid, store_pid) = servers(settings);
+        Self {
+            bus: backend.counts.snapshot(),
+            broker,
+            cpu: process::cpu_time(Pid::Current),
+            broker_cpu: broker_pid.and_then(|p| process::cpu_time(Pid::Other(p))),
+            store_cpu: store_pid.and_then(|p| process::cpu_time(Pid::Other(p))),
+        }
+    }
+}
+
+/// The local nats-server and redis-server processes of the run, when each is unambiguous.
+fn servers(settings: &Settings) -> (Option<u32>, Option<u32>) {
+    let port_of = |url: &str| url::Url::parse(url.split(',').next().unwrap_or_default()).ok()?.port();
+    let broker = match settings.bus.kind {
+        BusKind::Nats => port_of(&settings.bus.nats.url).and_then(|p| process::find_server("nats-server", p)),
+        _ => None,
+    };
+    let store = match settings.store.kind {
+        StoreKind::Redis => {
+            port_of(settings.store.redis.url.expose()).and_then(|p| process::find_server("redis-server", p))
+        }
+        StoreKind::Embedded => None,
+    };
+    (broker, store)
+}
+
+fn messages(before: &Snapshot, after: &Snapshot, tasks: usize) -> MessageFigures {
+    let per_task = |n: u64| n as f64 / tasks.max(1) as f64;
+    let by_destination: BTreeMap<String, f64> =
+        counting::delta(&before.bus, &after.bus).into_iter().map(|(d, n)| (d, per_task(n))).collect();
+    let bus_per_task = by_destination.values().sum();
+    let broker = broker_delta(&before.broker, &after.broker)
+        .map(|streams| streams.into_iter().map(|(s, n)| (s, per_task(n))).collect::<BTreeMap<_, _>>());
+    let (per_task, counted_by) = match &broker {
+        Some(streams) => (streams.values().sum(), "broker"),
+        None => (bus_per_task, "bus"),
+    };
+    MessageFigures { per_task, counted_by: counted_by.into(), broker_by_stream: broker, bus_per_task, by_destination }
+}
+
+fn cpu(before: &Snapshot, after: &Snapshot, tasks: usize) -> CpuFigures {
+    let per_task = |a: Option<Duration>, b: Option<Duration>| {
+        Some(b?.saturating_sub(a?).as_secs_f64() * 1e3 / tasks.max(1) as f64)
+    };
+    CpuFigures {
+        imagepipe: per_task(before.cpu, after.cpu),
+        broker: per_task(before.broker_cpu, after.broker_cpu),
+        store: per_task(before.store_cpu, after.store_cpu),
+    }
+}
+
+/// Each step's time (first dispatch to its result, ms) over the tasks `ids`.
+async fn stage_times(engine: &Engine, ids: &[String]) -> Result<BTreeMap<String, Percentiles>, StoreError> {
+    let mut samples: BTreeMap<Step, Vec<Duration>> = BTreeMap::new();
+    for id in ids {
+        let Some(task) = engine.store().get(id).await? else { continue };
+        for step in [Step::Download, Step::Metadata, Step::Analyze] {
+            if let Some(ms) = step_ms(&task, step) {
+                samples.entry(step).or_default().push(Duration::from_millis(ms));
+            }
+        }
+    }
+    Ok(samples.into_iter().map(|(step, sample)| (step.as_str().to_owned(), Percentiles::of(&sample))).collect())
+}
+
+fn step_ms(task: &Task, step: Step) -> Option<u64> {
+    let record = task.steps.get(step);
+    Some(record.finished_at?.saturating_sub(record.started_at?))
+}
+
+fn spawn_real(
+    bus: &Bus,
+    settings: &Settings,
+    classifier: Classifier,
+    stop: &Shutdown,
+    services: &mut JoinSet<Result<(), String>>,
+) {
+    let settings = Arc::new(settings.clone());
+    let (b, s, st) = (bus.clone(), settings.clone(), stop.clone());
+    services.spawn(async move {
+        imagepipe_download_worker::run(b, &s, st).await.map_err(|e| error_text("download worker", &e))
+    });
+    let (b, s, st) = (bus.clone(), settings.clone(), stop.clone());
+    services.spawn(async move {
+        imagepipe_metadata_worker::run(b, &s, st).await.map_err(|e| error_text("metadata worker", &e))
+    });
+    let (b, s, st) = (bus.clone(), settings, stop.clone());
+    services.spawn(async move {
+        imagepipe_ai_worker::run(b, &s, classifier, st).await.map_err(|e| error_text("ai worker", &e))
+    });
+}
+
+/// Stores the sample photos in the run's blob store; returns their keys.
+async fn upload_samples(settings: &Settings) -> Result<Vec<String>, BenchError> {
+    let blobs =
+        settings.blob.open().map_err(|e| BenchError::Io { what: "opening the blob store", source: e.into() })?;
+    let mut keys = Vec::with_capacity(SAMPLES.len());
+    for sample in SAMPLES {
+        let key = blobs
+            .put(Bytes::from_static(sample.bytes))
+            .await
+            .map_err(|e| BenchError::Io { what: "storing a sample photo", source: e.into() })?;
+        keys.push(key.to_string());
+    }
+    Ok(keys)
+}
+
+async fn join_services(services: &mut JoinSet<Result<(), String>>) -> ServiceErrors {
+    let mut errors = Vec::new();
+    let joined = tokio::time::timeout(STOP_TIMEOUT, async {
+        while let Some(joined) = services.join_next().await {
+            match joined {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => errors.push(error),
+                Err(error) => errors.push(format!("a service panicked: {error}")),
+            }
+        }
+    })
+    .await;
+    if joined.is_err() {
+        errors.push(format!("services still running {STOP_TIMEOUT:?} after the stop"));
+        services.abort_all();
+    }
+    ServiceErrors(errors)
+}
+
+fn error_text(service: &str, error: &(dyn std::error::Error + 'static)) -> String {
+    format!("the {service} stopped: {}", imagepipe_runtime::error_chain(error))
+}

@@ -1,0 +1,132 @@
+//! `imagepipe bench`: throughput, latency, broker messages, CPU and memory of the pipeline on a
+//! chosen bus and store (see `imagepipe::bench`).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use imagepipe::bench::{self, BenchOptions, Mode, idle};
+use imagepipe_bus::BusKind;
+use imagepipe_runtime::ConfigArgs;
+use imagepipe_runtime::config::StoreKind;
+
+use super::print_json;
+
+/// Options of `imagepipe bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Bus backend (default: `bus.kind` of the config).
+    #[arg(long, value_enum)]
+    bus: Option<BusArg>,
+    /// Task store (default: `store.kind` of the config).
+    #[arg(long, value_enum)]
+    store: Option<StoreArg>,
+    /// `noop`: stages that answer at once (orchestration only); `real`: the real download,
+    /// metadata and AI workers on the sample photos.
+    #[arg(long, value_enum, default_value_t = ModeArg::Noop)]
+    mode: ModeArg,
+    /// Tasks submitted at once in the full-load phase (default 5000; 200 in real mode).
+    #[arg(long)]
+    tasks: Option<usize>,
+    /// Tasks submitted one at a time in the low-load phase (default 500; 20 in real mode).
+    #[arg(long)]
+    low_load_tasks: Option<usize>,
+    /// Runs; figures are the medians.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    runs: u64,
+    /// Longest time one phase may take, in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Skip starting each service binary to measure its idle memory.
+    #[arg(long)]
+    no_idle_rss: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum BusArg {
+    Memory,
+    Nats,
+    Kafka,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StoreArg {
+    Embedded,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    Noop,
+    Real,
+}
+
+/// Runs the benchmark and prints its report.
+pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let mut settings = config.load().context("loading the configuration")?;
+    if std::env::var_os("RUST_LOG").is_none() {
+        settings.log.filter = "warn".into();
+    }
+    let telemetry = imagepipe_runtime::telemetry::init("imagepipe", &settings.log, &settings.telemetry)?;
+    imagepipe_runtime::metrics::install()?;
+    if let Some(bus) = args.bus {
+        settings.bus.kind = match bus {
+            BusArg::Memory => BusKind::Memory,
+            BusArg::Nats => BusKind::Nats,
+            BusArg::Kafka => BusKind::Kafka,
+        };
+    }
+    if let Some(store) = args.store {
+        settings.store.kind = match store {
+            StoreArg::Embedded => StoreKind::Embedded,
+            StoreArg::Redis => StoreKind::Redis,
+        };
+    }
+    let mode = if args.mode == ModeArg::Real { Mode::Real } else { Mode::Noop };
+    let model_dir = if mode == Mode::Real {
+        let dir = settings.ai.model_dir.clone();
+        let prepared = tokio::task::spawn_blocking(move || imagepipe::model::prepare(&dir)).await;
+        settings.ai.model_dir = prepared.context("preparing the model")??;
+        Some(settings.ai.model_dir.clone())
+    } else {
+        imagepipe::model::is_prepared(&settings.ai.model_dir)
+            .then(|| std::path::absolute(&settings.ai.model_dir).unwrap_or_else(|_| settings.ai.model_dir.clone()))
+    };
+    let options = BenchOptions {
+        mode,
+        tasks: args.tasks.unwrap_or(if mode == Mode::Real { 200 } else { 5_000 }),
+        low_load_tasks: args.low_load_tasks.unwrap_or(if mode == Mode::Real { 20 } else { 500 }),
+        runs: usize::try_from(args.runs).unwrap_or(usize::MAX),
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let work = tempfile::tempdir().context("creating a work directory")?;
+    let launch = if args.no_idle_rss {
+        None
+    } else {
+        let exe = std::env::current_exe().context("locating the imagepipe executable")?;
+        Some(idle::Launch {
+            dir: exe.parent().map(ToOwned::to_owned).unwrap_or_default(),
+            config_file: config.config.clone(),
+            env: Vec::new(),
+            work: work.path().to_owned(),
+            model_dir,
+        })
+    };
+    eprintln!(
+        "imagepipe bench: {} run(s) of {} + {} tasks, {mode:?} stages, bus {:?}, store {:?}",
+        options.runs, options.tasks, options.low_load_tasks, settings.bus.kind, settings.store.kind
+    );
+    let report = bench::report(&settings, &options, launch).await;
+    telemetry.shutdown();
+    let report = report.context("running the benchmark")?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
