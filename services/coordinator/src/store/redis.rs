@@ -9,6 +9,7 @@
 //! | `P:outbox:{id}` | hash: entry id → JSON | the task's |
 //! | `P:idem:{key}` | string: task id | its own |
 //! | `P:{P:idx}:state:<state>`, `P:{P:idx}:all` | sorted sets, score = creation time | the index slot |
+//! | `P:{P:idx}:in_flight` | sorted set: tasks started and unfinished, score = creation time | the index slot |
 //! | `P:{P:idx}:due`, `P:{P:idx}:claimed` | sorted sets: wake time, lease end | the index slot |
 //! | `P:{P:dlq}:entries`, `P:{P:dlq}:order` | dead-letter archive | the DLQ slot |
 //!
@@ -22,8 +23,9 @@
 //!   wake time with `ZADD LT` (an earlier wake wins). A transition that then loses its
 //!   compare-and-set leaves at worst an early wake-up or an extra state entry, both harmless.
 //! - *After* it, entries of states the task has left for good are removed (states only move
-//!   forward; a finished task leaves every other set). Readers skip entries whose task is not
-//!   in the listed state.
+//!   forward; a finished task leaves every other set, the in-flight set included). Readers skip
+//!   entries whose task is not in the listed state. The in-flight set is the union of the
+//!   in-flight states' sets, kept as one set so that counting it is `ZCARD`.
 //! - [`TaskStore::claim_due`] moves due entries to the claimed set in one script, so two
 //!   replicas never claim the same entry; [`TaskStore::release`] re-adds the task at the wake
 //!   time read from the task itself. A task written while claimed was re-added by that write.
@@ -73,13 +75,6 @@ end
 return ids
 "#;
 
-/// Distinct members of the given sorted sets. KEYS: a scratch key, then the sets.
-const COUNT_DISTINCT: &str = r#"
-local n = redis.call('ZUNIONSTORE', KEYS[1], #KEYS - 1, unpack(KEYS, 2))
-redis.call('DEL', KEYS[1])
-return n
-"#;
-
 /// Tasks in Redis, shared by every coordinator replica.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -88,7 +83,6 @@ pub struct RedisStore {
     relay_grace: Duration,
     transition: Script,
     claim: Script,
-    count_distinct: Script,
 }
 
 fn redis_err(operation: &'static str) -> impl FnOnce(redis::RedisError) -> StoreError {
@@ -109,14 +103,34 @@ impl RedisStore {
         }
         let client = redis::Client::open(url).map_err(redis_err("connecting"))?;
         let conn = ConnectionManager::new(client).await.map_err(redis_err("connecting"))?;
-        Ok(Self {
+        let store = Self {
             conn,
             prefix: prefix.to_owned(),
             relay_grace,
             transition: Script::new(TRANSITION),
             claim: Script::new(CLAIM),
-            count_distinct: Script::new(COUNT_DISTINCT),
-        })
+        };
+        store.build_in_flight_set().await?;
+        Ok(store)
+    }
+
+    /// Builds the in-flight set from the in-flight states' sets when it does not exist (a store
+    /// written before the set was kept).
+    async fn build_in_flight_set(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let key = self.index_key("in_flight");
+        let exists: bool = conn.exists(&key).await.map_err(redis_err("indexing"))?;
+        if exists {
+            return Ok(());
+        }
+        let sources: Vec<String> = TaskState::IN_FLIGHT.into_iter().map(|s| self.state_key(s)).collect();
+        redis::cmd("ZUNIONSTORE")
+            .arg(&key)
+            .arg(sources.len())
+            .arg(sources)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(redis_err("indexing"))
     }
 
     fn task_key(&self, id: &str) -> String {
@@ -159,6 +173,9 @@ impl RedisStore {
         let mut pipe = redis::pipe();
         pipe.atomic();
         pipe.zadd(self.state_key(task.state), &task.id, task.created_at).ignore();
+        if TaskState::IN_FLIGHT.contains(&task.state) {
+            pipe.zadd(self.index_key("in_flight"), &task.id, task.created_at).ignore();
+        }
         if task.version == 1 {
             pipe.zadd(self.index_key("all"), &task.id, task.created_at).ignore();
         }
@@ -170,11 +187,14 @@ impl RedisStore {
 
     /// Removes state entries `task` can never be in again.
     async fn prune_states(&self, task: &Task) -> Result<(), StoreError> {
-        let left: Vec<String> = TaskState::ALL
+        let mut left: Vec<String> = TaskState::ALL
             .into_iter()
             .filter(|s| rank(*s) < rank(task.state) || (task.state.is_terminal() && *s != task.state))
             .map(|s| self.state_key(s))
             .collect();
+        if task.state.is_terminal() {
+            left.push(self.index_key("in_flight"));
+        }
         if left.is_empty() {
             return Ok(());
         }
@@ -285,6 +305,7 @@ impl TaskStore for RedisStore {
             let mut pipe = redis::pipe();
             pipe.zrem(self.state_key(decision.task.state), &decision.task.id).ignore();
             pipe.zrem(self.index_key("due"), &decision.task.id).ignore();
+            pipe.zrem(self.index_key("in_flight"), &decision.task.id).ignore();
             pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))?;
         }
         Ok(Applied::Conflict)
@@ -362,11 +383,7 @@ impl TaskStore for RedisStore {
     }
 
     async fn count_in_flight(&self) -> Result<u64, StoreError> {
-        let mut invocation = self.count_distinct.key(self.index_key(&format!("scratch:{}", uuid::Uuid::new_v4())));
-        for state in TaskState::IN_FLIGHT {
-            invocation.key(self.state_key(state));
-        }
-        invocation.invoke_async(&mut self.conn.clone()).await.map_err(redis_err("counting tasks"))
+        self.conn.clone().zcard(self.index_key("in_flight")).await.map_err(redis_err("counting tasks"))
     }
 
     async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError> {
@@ -508,6 +525,18 @@ pub(crate) mod tests {
         assert_eq!(slot(&store.outbox_key(id)), id);
         assert_eq!(slot(&store.index_key("due")), slot(&store.index_key("claimed")));
         assert_eq!(slot(&store.state_key(TaskState::Queued)), slot(&store.index_key("all")));
+    }
+
+    #[tokio::test]
+    async fn the_in_flight_set_of_an_older_store_is_built_at_connect() {
+        let prefix = unique_prefix("in-flight");
+        let _cleanup = Cleanup(prefix.clone());
+        let store = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
+        suite::write_a_started_task(&store).await;
+        let () = store.conn.clone().del(store.index_key("in_flight")).await.unwrap();
+        assert_eq!(store.count_in_flight().await.unwrap(), 0);
+        let again = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
+        assert_eq!(again.count_in_flight().await.unwrap(), 1);
     }
 
     #[tokio::test]
