@@ -83,9 +83,14 @@ pub enum RunError {
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn StatsStore>, RunError> {
     Ok(match settings.store.kind {
         StoreKind::Redis => Arc::new(
-            RedisStore::connect(settings.store.redis.url.expose(), &settings.bus.prefix, DEFAULT_TASK_TTL)
-                .await
-                .map_err(RunError::Store)?,
+            RedisStore::connect(
+                settings.store.redis.url.expose(),
+                &settings.bus.prefix,
+                DEFAULT_TASK_TTL,
+                settings.dedup.ttl,
+            )
+            .await
+            .map_err(RunError::Store)?,
         ),
         StoreKind::Embedded => Arc::new(MemoryStore::new(DEFAULT_TASK_TTL)),
     })

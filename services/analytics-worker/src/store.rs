@@ -81,18 +81,27 @@ pub trait StatsStore: Send + Sync + 'static {
 pub struct RedisStore {
     connection: ConnectionManager,
     prefix: String,
+    dedup_prefix: String,
     task_ttl: Duration,
+    dedup_ttl: Duration,
     script: redis::Script,
 }
 
-/// KEYS: counters, latencies, task. ARGV: event type, outcome, format, bytes, stage, timestamp,
-/// task TTL ms, forget ('1' drops the task's times), then counted lists: every stage name; the
-/// spans touching the stage as (name, from, to); the bucket bounds.
+/// KEYS: counters, latencies, task, the event's dedup key. ARGV: event type, outcome, format,
+/// bytes, stage, timestamp, task TTL ms, forget ('1' drops the task's times), dedup TTL ms, then
+/// counted lists: every stage name; the spans touching the stage as (name, from, to); the bucket
+/// bounds. Replies `'duplicate'` when the event was counted before, else `'counted'` followed by
+/// the latencies it completed as (span, ms) pairs.
+///
+/// Marking the event done in the same script is what makes a retry safe: when the reply is lost
+/// (a timeout) after Redis ran the script, the redelivered event finds its mark and counts
+/// nothing.
 const RECORD_SCRIPT: &str = r"
-local counters, latencies, task = KEYS[1], KEYS[2], KEYS[3]
+local counters, latencies, task, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local event_type, outcome, format, bytes = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local stage, timestamp, ttl, forget = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local i = 9
+if not redis.call('SET', seen, '1', 'NX', 'PX', ARGV[9]) then return {'duplicate'} end
+local i = 10
 local stages = {}
 for _ = 1, tonumber(ARGV[i]) do i = i + 1; stages[#stages + 1] = ARGV[i] end
 i = i + 1
@@ -107,7 +116,7 @@ if outcome ~= '' then redis.call('HINCRBY', counters, 'tasks:' .. outcome, 1) en
 if format ~= '' then redis.call('HINCRBY', counters, 'formats:' .. format, 1) end
 if bytes ~= '0' then redis.call('HINCRBY', counters, 'bytes_downloaded', bytes) end
 
-local recorded = {}
+local recorded = {'counted'}
 if stage ~= '' and redis.call('HSETNX', task, stage, timestamp) == 1 then
   for _, span in ipairs(spans) do
     local from = redis.call('HGET', task, span[2])
@@ -140,14 +149,18 @@ return recorded
 ";
 
 impl RedisStore {
-    /// Connects to `url`, keys under `<prefix>:analytics:`, task times kept `task_ttl`.
-    pub async fn connect(url: &str, prefix: &str, task_ttl: Duration) -> Result<Self, StoreError> {
+    /// Connects to `url`, keys under `<prefix>:analytics:`, task times kept `task_ttl`; each
+    /// counted event is marked done under the subscriber's dedup key (see
+    /// [`imagepipe_runtime::dedup::redis_prefix`]) for `dedup_ttl`.
+    pub async fn connect(url: &str, prefix: &str, task_ttl: Duration, dedup_ttl: Duration) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(StoreError::Connect)?;
         let connection = ConnectionManager::new(client).await.map_err(StoreError::Connect)?;
         Ok(Self {
             connection,
             prefix: format!("{prefix}:analytics"),
+            dedup_prefix: imagepipe_runtime::dedup::redis_prefix(prefix, crate::GROUP),
             task_ttl,
+            dedup_ttl,
             script: redis::Script::new(RECORD_SCRIPT),
         })
     }
@@ -181,6 +194,7 @@ impl StatsStore for RedisStore {
             .key(self.counters_key())
             .key(self.latencies_key())
             .key(self.task_key(&update.task_id))
+            .key(format!("{}:{}", self.dedup_prefix, update.event_id))
             .arg(update.event_type.as_str())
             .arg(update.outcome.map_or("", |o| o.as_str()))
             .arg(update.format.as_deref().unwrap_or(""))
@@ -189,6 +203,7 @@ impl StatsStore for RedisStore {
             .arg(update.timestamp.to_string())
             .arg(u64::try_from(self.task_ttl.as_millis()).unwrap_or(u64::MAX).max(1))
             .arg(if update.ends_measurement() { "1" } else { "0" })
+            .arg(u64::try_from(self.dedup_ttl.as_millis()).unwrap_or(u64::MAX).max(1))
             .arg(Stage::ALL.len());
         for stage in Stage::ALL {
             invocation.arg(stage.as_str());
@@ -203,8 +218,13 @@ impl StatsStore for RedisStore {
         for bound in BUCKETS_MS {
             invocation.arg(bound);
         }
-        let flat: Vec<String> =
+        let reply: Vec<String> =
             invocation.invoke_async(&mut self.connection.clone()).await.map_err(redis_err("recording an event"))?;
+        let flat = match reply.split_first() {
+            Some((status, _)) if status == "duplicate" => return Ok(Vec::new()),
+            Some((status, flat)) if status == "counted" => flat,
+            _ => return Err(StoreError::Corrupt { what: "script reply", value: format!("{reply:?}") }),
+        };
         flat.chunks(2)
             .map(|pair| match pair {
                 [name, ms] => {

@@ -151,6 +151,8 @@ impl TaskOutcome {
 /// What one event adds: counters, and the time of the task stage it reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Update {
+    /// The event's id, by which a redelivered event is recognised.
+    pub event_id: String,
     /// The event's type.
     pub event_type: EventType,
     /// The task it belongs to.
@@ -187,6 +189,7 @@ impl Update {
     /// Reads what `event` adds.
     pub fn from_event(event: Event<Value>) -> Result<Self, UpdateError> {
         let event_type = event.event_type;
+        let event_id = event.event_id.to_string();
         let task_id = event.task_id.clone().ok_or(UpdateError::NoTaskId(event_type))?;
         let timestamp = event.timestamp;
         let (format, bytes) = match event_type {
@@ -197,6 +200,7 @@ impl Update {
             _ => (None, 0),
         };
         Ok(Self {
+            event_id,
             event_type,
             task_id,
             timestamp,

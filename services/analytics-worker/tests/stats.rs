@@ -22,6 +22,7 @@ fn update(event_type: EventType, task_id: &str, timestamp: u64) -> Update {
         _ => (None, 0),
     };
     Update {
+        event_id: format!("{event_type}-{task_id}-{timestamp}"),
         event_type,
         task_id: task_id.to_owned(),
         timestamp,
@@ -132,19 +133,46 @@ async fn redis_keys(prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<Str
 async fn the_redis_store_measures_latencies_in_any_order_and_forgets_finished_tasks() {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let prefix = format!("imagepipe-test-analytics-{}-{nanos}", std::process::id());
-    let store = RedisStore::connect("redis://127.0.0.1:6379", &prefix, Duration::from_secs(600))
-        .await
-        .expect("Redis on 127.0.0.1:6379");
+    let store =
+        RedisStore::connect("redis://127.0.0.1:6379", &prefix, Duration::from_secs(600), Duration::from_secs(60))
+            .await
+            .expect("Redis on 127.0.0.1:6379");
     suite(&store).await;
-    let (_, mut keys) = redis_keys(&prefix).await;
-    keys.sort();
-    assert_eq!(keys, [format!("{prefix}:analytics:counters"), format!("{prefix}:analytics:latencies")]);
+    let (_, keys) = redis_keys(&prefix).await;
+    let mut kept: Vec<&String> = keys.iter().filter(|k| k.starts_with(&format!("{prefix}:analytics:"))).collect();
+    kept.sort();
+    assert_eq!(kept, [&format!("{prefix}:analytics:counters"), &format!("{prefix}:analytics:latencies")]);
 
     store.record(&update(EventType::TaskCreated, "pending", 0)).await.unwrap();
     let (mut connection, keys) = redis_keys(&prefix).await;
     let ttl: i64 =
         redis::cmd("PTTL").arg(format!("{prefix}:analytics:task:pending")).query_async(&mut connection).await.unwrap();
     assert!((1..=600_000).contains(&ttl), "an unfinished task's times expire: {ttl}");
+    let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_redis_store_counts_an_event_once_even_when_recorded_again_after_a_lost_reply() {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("imagepipe-test-analytics-once-{}-{nanos}", std::process::id());
+    let store =
+        RedisStore::connect("redis://127.0.0.1:6379", &prefix, Duration::from_secs(600), Duration::from_secs(60))
+            .await
+            .expect("Redis on 127.0.0.1:6379");
+    let created = update(EventType::TaskCreated, "once", 1_000);
+    let downloaded = update(EventType::ImageDownloaded, "once", 1_250);
+    store.record(&created).await.unwrap();
+    assert_eq!(store.record(&downloaded).await.unwrap(), [(Span::Download, 250)]);
+    assert!(store.record(&downloaded).await.unwrap().is_empty(), "the retry measures nothing");
+    let stats = store.snapshot().await.unwrap();
+    assert_eq!(stats.events.get("image.downloaded"), Some(&1), "{stats:?}");
+    assert_eq!(stats.bytes_downloaded, 1_000);
+
+    let (mut connection, keys) = redis_keys(&prefix).await;
+    let mark = format!("{}:{}", imagepipe_runtime::dedup::redis_prefix(&prefix, "analytics"), downloaded.event_id);
+    assert!(keys.contains(&mark), "the event is marked where the handler's dedup looks: {keys:?}");
+    let ttl: i64 = redis::cmd("PTTL").arg(&mark).query_async(&mut connection).await.unwrap();
+    assert!((1..=60_000).contains(&ttl), "the mark expires with dedup.ttl: {ttl}");
     let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
 }
 

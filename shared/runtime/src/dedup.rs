@@ -53,11 +53,18 @@ pub async fn connect(settings: &Settings, group: &str) -> Result<Box<dyn Dedup>,
         StoreKind::Redis => {
             let client = redis::Client::open(settings.store.redis.url.expose()).map_err(DedupError::Connect)?;
             let connection = ConnectionManager::new(client).await.map_err(DedupError::Connect)?;
-            let prefix = format!("{}:dedup:{group}", settings.bus.prefix);
+            let prefix = redis_prefix(&settings.bus.prefix, group);
             Ok(Box::new(RedisDedup::new(connection, prefix, ttl)))
         }
         StoreKind::Embedded => Ok(Box::new(MemoryDedup::new(ttl, settings.dedup.capacity))),
     }
+}
+
+/// The prefix of subscriber `group`'s dedup keys in Redis: `<bus_prefix>:dedup:<group>`; a
+/// key is this, `:`, and the event id. A store that marks an event done inside its own atomic
+/// write (so a retry after a lost reply cannot apply it twice) writes the same key.
+pub fn redis_prefix(bus_prefix: &str, group: &str) -> String {
+    format!("{bus_prefix}:dedup:{group}")
 }
 
 /// Keys in Redis, `<prefix>:<key>`, each set with `SET NX PX <ttl>`.
