@@ -167,11 +167,13 @@ impl RedisStore {
         json.map(|j| decode("task", id, &j)).transpose()
     }
 
-    /// Indexes a transition before it is written: its new state, its wake time.
-    async fn pre_index(&self, decision: &Decision) -> Result<(), StoreError> {
+    /// Indexes a transition (its new state, its wake time) and then writes it, in one round
+    /// trip: the index commands run first, in a MULTI block of the index slot, then the
+    /// transition script in the task's slot. Whether the transition was written.
+    async fn index_and_write(&self, decision: &Decision, expected: u64) -> Result<bool, StoreError> {
         let task = &decision.task;
         let mut pipe = redis::pipe();
-        pipe.atomic();
+        pipe.cmd("MULTI").ignore();
         pipe.zadd(self.state_key(task.state), &task.id, task.created_at).ignore();
         if TaskState::IN_FLIGHT.contains(&task.state) {
             pipe.zadd(self.index_key("in_flight"), &task.id, task.created_at).ignore();
@@ -182,7 +184,32 @@ impl RedisStore {
         if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, self.relay_grace) {
             pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(&task.id).ignore();
         }
-        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
+        pipe.cmd("EXEC").ignore();
+        let mut invocation = self.transition.key(self.task_key(&task.id));
+        invocation
+            .key(self.history_key(&task.id))
+            .key(self.outbox_key(&task.id))
+            .arg(expected)
+            .arg(task.version)
+            .arg(task.state.as_str())
+            .arg(encode(task))
+            .arg(encode(&decision.history));
+        for entry in &decision.outbox {
+            invocation.arg(&entry.id).arg(encode(entry));
+        }
+        pipe.invoke_script(&invocation);
+        let mut conn = self.conn.clone();
+        let written = match pipe.query_async::<(i64,)>(&mut conn).await {
+            // The server does not know the script yet (first use, or restarted): load it and send
+            // the whole pipeline again; its index commands are repeatable.
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                invocation.load_async(&mut conn).await.map_err(redis_err("writing a transition"))?;
+                pipe.query_async::<(i64,)>(&mut conn).await
+            }
+            other => other,
+        };
+        let (applied,) = written.map_err(redis_err("writing a transition"))?;
+        Ok(applied == 1)
     }
 
     /// Removes state entries `task` can never be in again.
@@ -203,25 +230,6 @@ impl RedisStore {
             pipe.zrem(key, &task.id).ignore();
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
-    }
-
-    async fn write(&self, decision: &Decision, expected: u64) -> Result<bool, StoreError> {
-        let task = &decision.task;
-        let mut invocation = self.transition.key(self.task_key(&task.id));
-        invocation
-            .key(self.history_key(&task.id))
-            .key(self.outbox_key(&task.id))
-            .arg(expected)
-            .arg(task.version)
-            .arg(task.state.as_str())
-            .arg(encode(task))
-            .arg(encode(&decision.history));
-        for entry in &decision.outbox {
-            invocation.arg(&entry.id).arg(encode(entry));
-        }
-        let applied: i64 =
-            invocation.invoke_async(&mut self.conn.clone()).await.map_err(redis_err("writing a transition"))?;
-        Ok(applied == 1)
     }
 
     /// Members of sorted set `key` after `cursor`, in score order, `batch` at a time.
@@ -280,8 +288,7 @@ impl TaskStore for RedisStore {
                 }
             }
         }
-        self.pre_index(decision).await?;
-        if self.write(decision, 0).await? {
+        if self.index_and_write(decision, 0).await? {
             return Ok(Created::New);
         }
         let existing = self.read_task(&task.id).await?.ok_or_else(|| StoreError::Corrupt {
@@ -294,8 +301,7 @@ impl TaskStore for RedisStore {
     }
 
     async fn apply(&self, decision: &Decision) -> Result<Applied, StoreError> {
-        self.pre_index(decision).await?;
-        if self.write(decision, decision.task.version - 1).await? {
+        if self.index_and_write(decision, decision.task.version - 1).await? {
             self.prune_states(&decision.task).await?;
             return Ok(Applied::Yes);
         }
@@ -472,8 +478,14 @@ impl TaskStore for RedisStore {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use imagepipe_contracts::{ImageSource, SubmitTask, TraceId};
+
     use super::*;
+    use crate::machine;
     use crate::store::suite;
+
+    /// Any fixed time, Unix ms.
+    const T0: u64 = 1_763_800_000_000;
 
     pub(crate) const URL: &str = "redis://127.0.0.1:6379";
 
@@ -537,6 +549,28 @@ pub(crate) mod tests {
         assert_eq!(store.count_in_flight().await.unwrap(), 0);
         let again = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
         assert_eq!(again.count_in_flight().await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_transition_loads_its_script_when_the_server_lost_it() {
+        let (store, _cleanup) = make("noscript").await;
+        let created = machine::create(
+            "tsk_noscript".into(),
+            &SubmitTask::url("https://example.com/a.jpg"),
+            ImageSource::Url("https://example.com/a.jpg".into()),
+            TraceId::random(),
+            T0,
+        );
+        assert_eq!(store.create(&created).await.unwrap(), Created::New);
+        let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut store.conn.clone()).await.unwrap();
+        let ctx = machine::Context { now: T0 + 1, seed: 0 };
+        let machine::Outcome::Apply(start) =
+            machine::decide(&created.task, &machine::Input::Start, &ctx, &machine::Policy::default()).unwrap()
+        else {
+            panic!("a queued task starts")
+        };
+        assert_eq!(store.apply(&start).await.unwrap(), Applied::Yes);
+        assert_eq!(store.get("tsk_noscript").await.unwrap().unwrap().state, TaskState::Downloading);
     }
 
     #[tokio::test]
