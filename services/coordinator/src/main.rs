@@ -10,6 +10,7 @@ use imagepipe_coordinator::app::{Coordinator, open_store};
 use imagepipe_runtime::ConfigArgs;
 use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::http::{HealthServer, Readiness};
+use imagepipe_runtime::service::checks;
 use imagepipe_runtime::shutdown::Shutdown;
 
 /// The imagepipe task coordinator.
@@ -36,9 +37,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock));
 
     let readiness = Readiness::new();
-    readiness.add("bus", move || bus.is_connected());
+    let consuming = bus.clone();
+    readiness.add(checks::BUS, move || bus.is_connected());
+    readiness.add(checks::CONSUMERS, move || consuming.consumers_open());
     let draining = shutdown.clone();
-    readiness.add("shutdown", move || !draining.is_triggered());
+    readiness.add(checks::SHUTDOWN, move || !draining.is_triggered());
     let server =
         HealthServer::new(readiness, metrics).merge(coordinator.routes()).bind(settings.http.socket_addr()).await?;
     let http_stop = Shutdown::new();

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures::TryFutureExt;
 use imagepipe_bus::{BusError, ConsumerConfig, Selector, Subscription};
 use imagepipe_contracts::names::{self, queues};
 use imagepipe_runtime::shutdown::Shutdown;
@@ -60,11 +61,28 @@ pub async fn run(engine: Engine, hub: EventHub, config: ServiceConfig, shutdown:
         Ok(())
     });
 
-    let submit = bus
-        .queues
-        .consume(queues::SUBMIT, config.consumer.clone())
-        .await
-        .map_err(|e| open(queues::SUBMIT.into(), e))?;
+    // Every consumer is requested at once: joining a Kafka group takes seconds each, and the
+    // bus counts them all as opening from here, so readiness waits for the last one.
+    let dlq_names: Vec<String> = queues::ALL
+        .iter()
+        .map(|q| names::dead_letter_queue(q))
+        .chain(config.dlq_groups.iter().map(|g| names::dead_letter_queue_of_group(g)))
+        .collect();
+    let subscription =
+        Subscription::new(config.events_group.clone(), Selector::all()).with_consumer(config.consumer.clone());
+    let submit = bus.queues.consume(queues::SUBMIT, config.consumer.clone());
+    let results = bus.queues.consume(queues::RESULTS, config.consumer.clone());
+    let dlqs = futures::future::try_join_all(
+        dlq_names.iter().map(|dlq| bus.queues.consume(dlq, config.consumer.clone()).map_err(|e| open(dlq.clone(), e))),
+    );
+    let events = bus.events.subscribe(subscription);
+    let (submit, results, dlqs, events) = tokio::try_join!(
+        submit.map_err(|e| open(queues::SUBMIT.into(), e)),
+        results.map_err(|e| open(queues::RESULTS.into(), e)),
+        dlqs,
+        events.map_err(|e| open(format!("event group {}", config.events_group), e)),
+    )?;
+
     let submit = CappedConsumer::new(submit, engine.clone(), config.cap_recheck);
     spawn(
         &mut loops,
@@ -73,31 +91,11 @@ pub async fn run(engine: Engine, hub: EventHub, config: ServiceConfig, shutdown:
         named(&config.worker, queues::SUBMIT),
         &shutdown,
     );
-
-    let results = bus
-        .queues
-        .consume(queues::RESULTS, config.consumer.clone())
-        .await
-        .map_err(|e| open(queues::RESULTS.into(), e))?;
     let results_worker = named(&config.worker, queues::RESULTS).orderly();
     spawn(&mut loops, results, ResultHandler::new(engine.clone()), results_worker, &shutdown);
-
-    let dlqs = queues::ALL
-        .iter()
-        .map(|q| names::dead_letter_queue(q))
-        .chain(config.dlq_groups.iter().map(|g| names::dead_letter_queue_of_group(g)));
-    for dlq in dlqs {
-        let consumer = bus.queues.consume(&dlq, config.consumer.clone()).await.map_err(|e| open(dlq.clone(), e))?;
-        spawn(&mut loops, consumer, DeadLetterArchiver::new(engine.clone()), named(&config.worker, &dlq), &shutdown);
+    for (dlq, consumer) in dlq_names.iter().zip(dlqs) {
+        spawn(&mut loops, consumer, DeadLetterArchiver::new(engine.clone()), named(&config.worker, dlq), &shutdown);
     }
-
-    let subscription =
-        Subscription::new(config.events_group.clone(), Selector::all()).with_consumer(config.consumer.clone());
-    let events = bus
-        .events
-        .subscribe(subscription)
-        .await
-        .map_err(|e| open(format!("event group {}", config.events_group), e))?;
     spawn(&mut loops, events, Fanout(hub), named(&config.worker, &config.events_group), &shutdown);
 
     tracing::info!("coordinator running");

@@ -6,6 +6,7 @@ use crate::config::BusConfig;
 #[allow(unused_imports)]
 use crate::config::BusKind;
 use crate::error::BusError;
+use crate::opening::{CountedEvents, CountedQueues, Openings};
 use crate::traits::{EventBus, TaskQueue};
 
 /// A connected backend: its task queues and event topics, cheap to clone.
@@ -16,6 +17,7 @@ pub struct Bus {
     /// Event topics.
     pub events: Arc<dyn EventBus>,
     connected: Arc<dyn Fn() -> bool + Send + Sync>,
+    openings: Arc<Openings>,
 }
 
 impl Bus {
@@ -25,7 +27,10 @@ impl Bus {
         events: Arc<dyn EventBus>,
         connected: Arc<dyn Fn() -> bool + Send + Sync>,
     ) -> Self {
-        Self { queues, events, connected }
+        let openings = Arc::new(Openings::default());
+        let queues = Arc::new(CountedQueues { inner: queues, openings: openings.clone() });
+        let events = Arc::new(CountedEvents { inner: events, openings: openings.clone() });
+        Self { queues, events, connected, openings }
     }
 
     /// Connects the backend `config.kind`, creating streams or topics it needs.
@@ -54,5 +59,11 @@ impl Bus {
     /// Whether the broker connection is up (readiness).
     pub fn is_connected(&self) -> bool {
         (self.connected)()
+    }
+
+    /// Whether at least one consumer or subscription was opened through this bus (or a clone)
+    /// and none is still being opened (readiness: a service takes work only once it consumes).
+    pub fn consumers_open(&self) -> bool {
+        self.openings.settled()
     }
 }

@@ -22,6 +22,7 @@ mod config;
 mod delivery;
 mod error;
 mod message;
+mod opening;
 pub mod secret;
 mod selector;
 mod traits;

@@ -36,6 +36,8 @@ pub mod checks {
     pub const BUS: &str = "bus";
     /// The service is not shutting down.
     pub const SHUTDOWN: &str = "shutdown";
+    /// Every consumer the service opened is open (a Kafka group may take seconds to join).
+    pub const CONSUMERS: &str = "consumers";
 }
 
 /// A service could not start or stop cleanly.
@@ -99,6 +101,8 @@ impl Service {
         let connected: Arc<OnceLock<Bus>> = Arc::default();
         let bus_check = connected.clone();
         readiness.add(checks::BUS, move || bus_check.get().is_some_and(Bus::is_connected));
+        let consumers_check = connected.clone();
+        readiness.add(checks::CONSUMERS, move || consumers_check.get().is_some_and(Bus::consumers_open));
         let draining = shutdown.clone();
         readiness.add(checks::SHUTDOWN, move || !draining.is_triggered());
 
@@ -215,10 +219,11 @@ mod tests {
         let addr = service.http_addr();
         assert_ne!(addr.port(), 0);
 
-        assert_eq!(status_and_body(addr, "/readyz").await, (200, "ready\n".into()));
+        assert_eq!(status_and_body(addr, "/readyz").await, (503, "not ready: consumers\n".into()), "no consumer yet");
         assert_eq!(status_and_body(addr, "/v1/ping").await, (200, "pong".into()));
         let consumer = service.consume("tasks.service-test").await.unwrap();
         assert!(consumer.fetch(1, Duration::from_millis(10)).await.unwrap().is_empty());
+        assert_eq!(status_and_body(addr, "/readyz").await, (200, "ready\n".into()));
 
         service.shutdown.trigger();
         assert_eq!(status_and_body(addr, "/readyz").await, (503, "not ready: shutdown\n".into()));
