@@ -1,6 +1,9 @@
 //! How a pipeline worker reports a step: on success it publishes its `image.*` event (with the
-//! deterministic event id) and then sends the [`StepResult`] to the coordinator; on failure it
-//! sends only the result. Every message carries the schema version and the current trace.
+//! deterministic event id) and sends the [`StepResult`] to the coordinator, both at once (the
+//! event handed to the bus first) and confirmed before it returns; on failure it sends only the
+//! result. A report that fails is an error and the step is retried: both messages carry
+//! deterministic ids, so the repeat is deduplicated. Every message carries the schema version
+//! and the current trace.
 
 use std::sync::Arc;
 
@@ -39,8 +42,9 @@ impl StepReporter {
         Self { bus, source: source.into(), clock }
     }
 
-    /// The step succeeded: publishes `payload` as the step's event, then sends the result.
-    /// Call it only once the output is durable (blobs written).
+    /// The step succeeded: publishes `payload` as the step's event and sends the result,
+    /// without waiting for the event's confirmation before sending the result (one round trip
+    /// instead of two). Call it only once the output is durable (blobs written).
     pub async fn succeeded<P: EventPayload>(
         &self,
         attempt: &Attempt,
@@ -51,8 +55,11 @@ impl StepReporter {
         let event =
             Event::for_task(&attempt.task_id, attempt.attempt, trace_id, self.clock.unix_ms(), &self.source, payload);
         let message = outgoing(&event, &attempt.task_id, event.event_id.to_string());
-        self.bus.events.publish(P::EVENT_TYPE.as_str(), message).await?;
-        self.report(attempt, StepOutcome::Ok { output }).await
+        let (published, reported) = tokio::join!(
+            self.bus.events.publish(P::EVENT_TYPE.as_str(), message),
+            self.report(attempt, StepOutcome::Ok { output }),
+        );
+        published.and(reported)
     }
 
     /// The step failed in a way a later attempt may fix; `retry_after` is the least delay.
