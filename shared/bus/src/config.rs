@@ -275,6 +275,7 @@ pub struct KafkaConfig {
     #[serde(with = "humantime_serde")]
     pub linger: Duration,
     /// Consumer group session timeout: a member silent this long is dropped from its group.
+    /// Tansu also delays a new group's first assignment by half of it.
     #[serde(with = "humantime_serde")]
     pub session_timeout: Duration,
     /// Heartbeat interval of group members; shorter makes rebalances quicker.
@@ -317,8 +318,8 @@ impl Default for KafkaConfig {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
             send_timeout: Duration::from_secs(30),
-            linger: Duration::from_millis(5),
-            session_timeout: Duration::from_secs(30),
+            linger: Duration::from_millis(1),
+            session_timeout: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(1),
             fetch_wait_max: Duration::from_millis(100),
             assignment_timeout: Duration::from_secs(30),

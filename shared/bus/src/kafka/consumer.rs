@@ -26,13 +26,7 @@ impl KafkaConsumer {
         handouts
             .into_iter()
             .map(|h| {
-                let handle = KafkaAckHandle {
-                    core: core.clone(),
-                    consumer: self.member.consumer.clone(),
-                    id: h.id,
-                    epoch: h.epoch,
-                    attempt: h.attempt,
-                };
+                let handle = KafkaAckHandle { core: core.clone(), id: h.id, epoch: h.epoch, attempt: h.attempt };
                 Delivery::new(
                     h.message,
                     h.delivery_count,

@@ -1,6 +1,7 @@
 //! Settling one Kafka delivery.
 //!
-//! ack → the offset is finished and its partition's commit point committed when it moved;
+//! ack → the offset is finished (the member's thread commits its partition's point when it
+//! moved, batching the commits of one tick);
 //! nack → a copy with the next delivery count and its due time goes to the group's retry topic
 //! of the delay's tier, then the offset is finished; progress → the client-side ack deadline
 //! restarts; dead letter → the dead letter is written, then the offset is finished. A settle
@@ -10,11 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rdkafka::consumer::BaseConsumer;
 
 use super::codec;
 use super::dlq;
-use super::member::{Core, MemberContext};
+use super::member::Core;
 use super::retry::now_ms;
 use super::state::{Claim, EntryId, Revoked};
 use crate::delivery::AckHandle;
@@ -24,7 +24,6 @@ use crate::message::Message;
 /// The member side of one delivery.
 pub(crate) struct KafkaAckHandle {
     pub core: Arc<Core>,
-    pub consumer: Arc<BaseConsumer<MemberContext>>,
     pub id: EntryId,
     pub epoch: u64,
     pub attempt: u32,
@@ -46,10 +45,7 @@ impl KafkaAckHandle {
 
     /// Finishes the offset after a redelivery or dead letter was written.
     fn finish(&self) {
-        let mut state = self.core.lock();
-        if let Ok(Some(point)) = state.finish(&self.id, self.epoch) {
-            Core::commit_async(&self.consumer, &self.id.topic, self.id.partition, point);
-        }
+        let _ = self.core.lock().finish(&self.id, self.epoch);
     }
 
     /// Claims the message for a nack or dead letter; `None` when this attempt no longer owns it.
@@ -68,15 +64,7 @@ impl KafkaAckHandle {
 #[async_trait]
 impl AckHandle for KafkaAckHandle {
     async fn ack(&self) -> Result<(), BusError> {
-        let mut state = self.core.lock();
-        match state.ack(&self.id, self.epoch) {
-            Ok(Some(point)) => {
-                Core::commit_async(&self.consumer, &self.id.topic, self.id.partition, point);
-                Ok(())
-            }
-            Ok(None) => Ok(()),
-            Err(Revoked) => Err(self.revoked("ack")),
-        }
+        self.core.lock().ack(&self.id, self.epoch).map(drop).map_err(|Revoked| self.revoked("ack"))
     }
 
     async fn nack(&self, delay: Duration) -> Result<(), BusError> {

@@ -8,7 +8,8 @@
 //! dead-letters those past their last allowed delivery, and pauses partitions that hold a
 //! message not yet due (or all of them while the local buffer is full). Offsets are committed
 //! as handlers finish, each partition only up to its highest offset below which everything is
-//! finished; on revoke and on close the current points are committed synchronously.
+//! finished, batched per tick of the thread; on revoke and on close the current points are
+//! committed synchronously.
 //!
 //! Sharing one member per process and group means one join per group (a join takes seconds) and
 //! no rebalance between a process's own consumers; replicas in other processes are other
@@ -90,18 +91,9 @@ impl Core {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Commits `offset` on `tp` without waiting; called under the state lock so commits of one
-    /// partition reach the broker in order.
-    pub(crate) fn commit_async(consumer: &BaseConsumer<MemberContext>, topic: &str, partition: i32, offset: i64) {
-        let mut tpl = TopicPartitionList::with_capacity(1);
-        if tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).is_ok()
-            && let Err(err) = consumer.commit(&tpl, CommitMode::Async)
-        {
-            tracing::warn!(topic, partition, offset, error = %err, "could not commit an offset; it is committed with the next one");
-        }
-    }
-
-    fn commit_sync(&self, consumer: &BaseConsumer<MemberContext>, points: &[(Tp, i64)]) {
+    /// Commits `points`; only the poll thread commits, so one partition's commits reach the
+    /// broker in order.
+    fn commit(&self, consumer: &BaseConsumer<MemberContext>, points: &[(Tp, i64)], mode: CommitMode) {
         if points.is_empty() {
             return;
         }
@@ -109,12 +101,12 @@ impl Core {
         for ((topic, partition), offset) in points {
             let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
         }
-        if let Err(err) = consumer.commit(&tpl, CommitMode::Sync) {
+        if let Err(err) = consumer.commit(&tpl, mode) {
             tracing::warn!(group = %self.spec.group_id, error = %err, "committing offsets failed; their messages may be redelivered");
         }
     }
 
-    fn receive(&self, consumer: &BaseConsumer<MemberContext>, record: &rdkafka::message::BorrowedMessage<'_>) {
+    fn receive(&self, record: &rdkafka::message::BorrowedMessage<'_>) {
         use rdkafka::Message as _;
         let topic: Arc<str> = Arc::from(record.topic());
         let id = EntryId { topic: topic.clone(), partition: record.partition(), offset: record.offset() };
@@ -127,14 +119,9 @@ impl Core {
                 .is_some_and(|t| selector.matches(t)),
             _ => true,
         };
-        let mut state = self.lock();
-        match state.receive(id.clone(), received, selected, now_ms()) {
-            Receipt::Queued => {
-                drop(state);
-                self.ready.notify_waiters();
-            }
-            Receipt::Skipped(Some(point)) => Self::commit_async(consumer, &topic, id.partition, point),
-            Receipt::Skipped(None) | Receipt::Ignored => {}
+        let receipt = self.lock().receive(id, received, selected, now_ms());
+        if receipt == Receipt::Queued {
+            self.ready.notify_waiters();
         }
     }
 
@@ -215,7 +202,7 @@ impl Core {
             return;
         }
         // The group starts here for good: a member taking over later resumes from these.
-        self.commit_sync(consumer, &fresh);
+        self.commit(consumer, &fresh, CommitMode::Sync);
         let partitions: Vec<(Tp, TopicRole, i64)> = tpl
             .elements()
             .iter()
@@ -235,7 +222,7 @@ impl Core {
     fn on_revoke(&self, consumer: &BaseConsumer<MemberContext>, tpl: &TopicPartitionList) {
         let partitions: Vec<Tp> = tpl.elements().iter().map(|e| (Arc::from(e.topic()), e.partition())).collect();
         let points = self.lock().revoke(&partitions);
-        self.commit_sync(consumer, &points);
+        self.commit(consumer, &points, CommitMode::Sync);
         if let Err(err) = consumer.unassign() {
             tracing::error!(group = %self.spec.group_id, error = %err, "unassigning partitions failed");
         }
@@ -281,7 +268,6 @@ impl ConsumerContext for MemberContext {
 /// using it is dropped.
 pub(crate) struct Member {
     pub core: Arc<Core>,
-    pub consumer: Arc<BaseConsumer<MemberContext>>,
     stop: Arc<AtomicBool>,
     departure: Arc<Departure>,
 }
@@ -350,12 +336,11 @@ impl Member {
         let topics = spec.topics();
         let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topic_refs).map_err(|e| setup(Box::new(e)))?;
-        let consumer = Arc::new(consumer);
         let stop = Arc::new(AtomicBool::new(false));
         let departure = Arc::new(Departure::default());
         let runtime = tokio::runtime::Handle::current();
         {
-            let (core, consumer, stop, departure) = (core.clone(), consumer.clone(), stop.clone(), departure.clone());
+            let (core, stop, departure) = (core.clone(), stop.clone(), departure.clone());
             std::thread::Builder::new()
                 .name(format!("kafka-{}", spec.source))
                 .spawn(move || {
@@ -365,7 +350,7 @@ impl Member {
                 .map_err(|e| setup(Box::new(e)))?;
         }
         tracing::info!(group = %spec.group_id, topics = ?topics, "joining consumer group");
-        Ok(Arc::new(Self { core, consumer, stop, departure }))
+        Ok(Arc::new(Self { core, stop, departure }))
     }
 
     /// Waits until the group assigned this member its partitions (possibly none), at most
@@ -404,7 +389,7 @@ impl Drop for Member {
 
 fn poll_loop(
     core: &Arc<Core>,
-    consumer: &Arc<BaseConsumer<MemberContext>>,
+    consumer: &BaseConsumer<MemberContext>,
     stop: &AtomicBool,
     runtime: &tokio::runtime::Handle,
 ) {
@@ -416,7 +401,7 @@ fn poll_loop(
     while !stop.load(Ordering::Acquire) {
         let wait = next_timer.map_or(POLL, |t| t.saturating_duration_since(Instant::now()).min(POLL));
         match consumer.poll(wait) {
-            Some(Ok(record)) => core.receive(consumer, &record),
+            Some(Ok(record)) => core.receive(&record),
             Some(Err(err)) if last_error.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) => {
                 tracing::warn!(group = %core.spec.group_id, error = %err, "consumer error; the client retries");
                 last_error = Some(Instant::now());
@@ -428,16 +413,17 @@ fn poll_loop(
             continue;
         }
         last_tick = now;
-        let (tick, assignments) = {
+        let (tick, assignments, commits) = {
             let mut state = core.lock();
-            (state.tick(now, now_ms()), state.assignments())
+            (state.tick(now, now_ms()), state.assignments(), state.take_commits())
         };
+        core.commit(consumer, &commits, CommitMode::Async);
         next_timer = tick.next_timer;
         if tick.released {
             core.ready.notify_waiters();
         }
         for expired in tick.expired {
-            runtime.spawn(dead_letter_expired(core.clone(), consumer.clone(), expired));
+            runtime.spawn(dead_letter_expired(core.clone(), expired));
         }
         if assignments != seen_assignments {
             seen_assignments = assignments;
@@ -446,7 +432,7 @@ fn poll_loop(
         reconcile_pauses(consumer, &mut paused, tick.pause);
     }
     let points = core.lock().commit_points();
-    core.commit_sync(consumer, &points);
+    core.commit(consumer, &points, CommitMode::Sync);
     if let Err(err) = consumer.close_queue() {
         tracing::warn!(group = %core.spec.group_id, error = %err, "closing the consumer failed");
         return;
@@ -481,19 +467,13 @@ fn reconcile_pauses(consumer: &BaseConsumer<MemberContext>, paused: &mut HashSet
     *paused = wanted;
 }
 
-async fn dead_letter_expired(
-    core: Arc<Core>,
-    consumer: Arc<BaseConsumer<MemberContext>>,
-    expired: super::state::Expired,
-) {
+async fn dead_letter_expired(core: Arc<Core>, expired: super::state::Expired) {
     let reason = format!("ack deadline expired after {} deliveries", expired.delivery_count);
     let written = dlq::write(&core.shared, &core.spec, &expired.message, expired.delivery_count, &reason).await;
     let mut state = core.lock();
     match written {
         Ok(()) => {
-            if let Ok(Some(point)) = state.finish(&expired.id, expired.epoch) {
-                Core::commit_async(&consumer, &expired.id.topic, expired.id.partition, point);
-            }
+            let _ = state.finish(&expired.id, expired.epoch);
         }
         Err(err) => {
             tracing::error!(position = %expired.id, error = %err, "dead-lettering an expired message failed; retried after its ack deadline");

@@ -119,6 +119,8 @@ pub(crate) struct State {
     partitions: HashMap<Tp, PartitionState>,
     entries: HashMap<EntryId, Entry>,
     ready: VecDeque<EntryId>,
+    /// Commit points that moved since the poll thread last committed.
+    commits: HashMap<Tp, i64>,
     next_epoch: u64,
     assignments: u64,
     dedup_window_ms: i64,
@@ -130,8 +132,8 @@ pub(crate) struct State {
 pub(crate) enum Receipt {
     /// Ready to hand out (or held until due).
     Queued,
-    /// Dropped and finished at once (duplicate id, or an event the selector rejects); commit
-    /// this offset when given.
+    /// Dropped and finished at once (duplicate id, or an event the selector rejects), with the
+    /// partition's new commit point when it moved.
     Skipped(Option<i64>),
     /// Not for this member (refetched, or its partition is not assigned).
     Ignored,
@@ -143,6 +145,7 @@ impl State {
             partitions: HashMap::new(),
             entries: HashMap::new(),
             ready: VecDeque::new(),
+            commits: HashMap::new(),
             next_epoch: 1,
             assignments: 0,
             dedup_window_ms: i64::try_from(dedup_window.as_millis()).unwrap_or(i64::MAX),
@@ -182,9 +185,15 @@ impl State {
             }
         }
         let gone: HashSet<&Tp> = partitions.iter().collect();
+        self.commits.retain(|tp, _| !gone.contains(tp));
         self.entries.retain(|id, _| !gone.contains(&id.tp()));
         self.ready.retain(|id| !gone.contains(&id.tp()));
         points
+    }
+
+    /// The commit points that moved since the last call, to commit now.
+    pub(crate) fn take_commits(&mut self) -> Vec<(Tp, i64)> {
+        self.commits.drain().collect()
     }
 
     /// Every assigned partition with its current commit point.
@@ -210,7 +219,11 @@ impl State {
                     if duplicate {
                         tracing::debug!(position = %id, "dropped a duplicate message id");
                     }
-                    return Receipt::Skipped(partition.tracker.finish(id.offset));
+                    let point = partition.tracker.finish(id.offset);
+                    if let Some(point) = point {
+                        self.commits.insert(id.tp(), point);
+                    }
+                    return Receipt::Skipped(point);
                 }
                 (1, None)
             }
@@ -266,13 +279,18 @@ impl State {
     }
 
     /// The handler finished the message (ack), or it was redelivered elsewhere or dead-lettered:
-    /// forget it. Returns the new commit point of its partition when it moved.
+    /// forget it. Returns the new commit point of its partition when it moved (the poll thread
+    /// commits it with the next [`take_commits`](Self::take_commits)).
     pub(crate) fn finish(&mut self, id: &EntryId, epoch: u64) -> Result<Option<i64>, Revoked> {
         let partition = self.partitions.get_mut(&id.tp()).filter(|p| p.epoch == epoch).ok_or(Revoked)?;
         if self.entries.remove(id).is_none() {
             return Ok(None);
         }
-        Ok(partition.tracker.finish(id.offset))
+        let point = partition.tracker.finish(id.offset);
+        if let Some(point) = point {
+            self.commits.insert(id.tp(), point);
+        }
+        Ok(point)
     }
 
     /// An ack from attempt `attempt`: finishes the message unless a redelivery or dead letter of
@@ -427,6 +445,8 @@ mod tests {
         assert_eq!(s.ack(&id(2), out[2].epoch), Ok(None));
         assert_eq!(s.ack(&id(0), out[0].epoch), Ok(Some(1)));
         assert_eq!(s.ack(&id(1), out[1].epoch), Ok(Some(3)));
+        assert_eq!(s.take_commits(), vec![(("t".into(), 0), 3)], "the latest point, once");
+        assert!(s.take_commits().is_empty());
     }
 
     #[test]
@@ -497,7 +517,9 @@ mod tests {
         s.receive(id(0), record("a"), true, 0);
         s.receive(id(1), record("b"), true, 0);
         let out = s.take(1, &config(5), Instant::now());
+        s.receive(id(2), record("c"), false, 0);
         assert_eq!(s.revoke(&[("t".into(), 0)]), vec![(("t".into(), 0), 0)]);
+        assert!(s.take_commits().is_empty(), "nothing left to commit for a revoked partition");
         assert!(!s.has_ready());
         assert_eq!(s.ack(&out[0].id, out[0].epoch), Err(Revoked));
         s.assign([(("t".into(), 0), TopicRole::Main, 0)]);

@@ -20,7 +20,8 @@ pub fn test_config() -> KafkaConfig {
         connect_timeout: Duration::from_secs(5),
         request_timeout: Duration::from_secs(5),
         send_timeout: Duration::from_secs(10),
-        session_timeout: Duration::from_secs(10),
+        // Tansu delays a new group's first assignment by half the session timeout.
+        session_timeout: Duration::from_secs(6),
         heartbeat_interval: Duration::from_millis(500),
         linger: Duration::from_millis(1),
         assignment_timeout: Duration::from_secs(20),
