@@ -107,8 +107,9 @@ impl NatsConsumer {
         }
     }
 
-    /// Up to `max` messages: what is there now, or else the first to arrive within `wait`
-    /// followed by whatever else is there by then.
+    /// Up to `max` messages: what is there now, or else the first to arrive within `wait`,
+    /// returned at once (whatever arrived with it is there for the next fetch, which asks
+    /// without waiting: asking for it here would hold the first message one round trip).
     async fn pull(&self, max: usize, wait: Duration) -> Result<Vec<jetstream::Message>, BusError> {
         let consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let now = consumer.fetch().max_messages(max).messages().await.map_err(|err| self.receive_error(err))?;
@@ -116,10 +117,6 @@ impl NatsConsumer {
         if got.is_empty() && wait >= MIN_WAIT {
             let first = consumer.batch().max_messages(1).expires(wait).messages().await;
             got = self.drain(first.map_err(|err| self.receive_error(err))?, wait + PULL_GRACE).await?;
-            if !got.is_empty() && max > 1 {
-                let rest = consumer.fetch().max_messages(max - 1).messages().await;
-                got.extend(self.drain(rest.map_err(|err| self.receive_error(err))?, PULL_GRACE).await?);
-            }
         }
         Ok(got)
     }
