@@ -5,6 +5,8 @@ use imagepipe_bus::{BusConfig, BusKind};
 
 /// Where NATS runs for the tests (scripts/test.sh starts it there).
 pub const NATS_URL_ENV: &str = "IMAGEPIPE_TEST_NATS_URL";
+/// Where the Kafka-compatible broker runs for the tests (scripts/kafka.sh starts Tansu there).
+pub const KAFKA_BROKERS_ENV: &str = "IMAGEPIPE_TEST_KAFKA_BROKERS";
 /// The Redis the services keep their state in.
 pub const REDIS_URL_ENV: &str = "IMAGEPIPE_TEST_REDIS_URL";
 
@@ -15,6 +17,11 @@ pub enum Backend {
     Nats {
         /// `nats://host:port`.
         url: String,
+    },
+    /// Kafka (or a Kafka-compatible broker) at these bootstrap servers.
+    Kafka {
+        /// `host:port[,host:port]`.
+        brokers: String,
     },
 }
 
@@ -30,7 +37,16 @@ pub enum BackendError {
         #[source]
         source: async_nats::ConnectError,
     },
-    /// JetStream did not store a publish.
+    /// A Kafka client could not be created.
+    #[error("creating a Kafka client for {brokers}")]
+    KafkaClient {
+        /// The bootstrap servers.
+        brokers: String,
+        /// Why.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    /// The broker did not store a publish.
     #[error("publishing on {subject}: {reason}")]
     Publish {
         /// The subject.
@@ -46,12 +62,21 @@ impl Backend {
         Self::Nats { url: std::env::var(NATS_URL_ENV).unwrap_or_else(|_| "nats://127.0.0.1:4222".into()) }
     }
 
+    /// Kafka from `IMAGEPIPE_TEST_KAFKA_BROKERS`, default `127.0.0.1:9092`.
+    pub fn kafka() -> Self {
+        Self::Kafka { brokers: std::env::var(KAFKA_BROKERS_ENV).unwrap_or_else(|_| "127.0.0.1:9092".into()) }
+    }
+
     /// The `IMAGEPIPE_BUS__…` environment of a service on this broker.
     pub fn service_env(&self) -> Vec<(String, String)> {
         match self {
             Self::Nats { url } => {
                 vec![("IMAGEPIPE_BUS__KIND".into(), "nats".into()), ("IMAGEPIPE_BUS__NATS__URL".into(), url.clone())]
             }
+            Self::Kafka { brokers } => vec![
+                ("IMAGEPIPE_BUS__KIND".into(), "kafka".into()),
+                ("IMAGEPIPE_BUS__KAFKA__BROKERS".into(), brokers.clone()),
+            ],
         }
     }
 
@@ -62,6 +87,10 @@ impl Backend {
             Self::Nats { url } => {
                 config.kind = BusKind::Nats;
                 config.nats.url = url.clone();
+            }
+            Self::Kafka { brokers } => {
+                config.kind = BusKind::Kafka;
+                config.kafka.brokers = brokers.clone();
             }
         }
         config
@@ -76,6 +105,13 @@ impl Backend {
                     .map_err(|source| BackendError::NatsConnect { url: url.clone(), source })?;
                 Ok(Submitter::Nats { client, subject: submit_subject(prefix) })
             }
+            Self::Kafka { brokers } => {
+                let producer = rdkafka::ClientConfig::new()
+                    .set("bootstrap.servers", brokers)
+                    .create()
+                    .map_err(|source| BackendError::KafkaClient { brokers: brokers.clone(), source })?;
+                Ok(Submitter::Kafka { producer, topic: submit_subject(prefix) })
+            }
         }
     }
 
@@ -89,6 +125,11 @@ impl Backend {
                     eprintln!("cleanup of the streams of {prefix} on {url}: {error}");
                 }
             }
+            Self::Kafka { brokers } => {
+                if let Err(error) = delete_kafka_topics(brokers, prefix).await {
+                    eprintln!("cleanup of the topics of {prefix} on {brokers}: {error}");
+                }
+            }
         }
     }
 }
@@ -96,6 +137,26 @@ impl Backend {
 /// The subject/topic submit commands go to.
 pub fn submit_subject(prefix: &str) -> String {
     format!("{prefix}.{}", imagepipe_contracts::names::queues::SUBMIT)
+}
+
+/// Deletes every topic whose name starts with `<prefix>.`.
+async fn delete_kafka_topics(brokers: &str, prefix: &str) -> Result<(), rdkafka::error::KafkaError> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let metadata = admin.inner().fetch_metadata(None, std::time::Duration::from_secs(10))?;
+    let ours: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .filter(|name| name.starts_with(&format!("{prefix}.")))
+        .collect();
+    if ours.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = ours.iter().map(String::as_str).collect();
+    admin.delete_topics(&names, &AdminOptions::new()).await.map(drop)
 }
 
 /// Publishes submit commands exactly as a user's tool would: the JSON body, no headers.
@@ -107,6 +168,13 @@ pub enum Submitter {
         client: async_nats::Client,
         /// `<prefix>.tasks.submit`.
         subject: String,
+    },
+    /// A Kafka produce keyed by the task id, exactly what `kcat -P -k <taskId>` does.
+    Kafka {
+        /// The producer.
+        producer: rdkafka::producer::FutureProducer,
+        /// `<prefix>.tasks.submit`.
+        topic: String,
     },
 }
 
@@ -123,6 +191,23 @@ impl Submitter {
                     client.publish(subject.clone(), body.into()).await.map_err(|e| failed(&e))?;
                 }
                 client.flush().await.map_err(|e| failed(&e))
+            }
+            Self::Kafka { producer, topic } => {
+                let failed =
+                    |e: &dyn std::fmt::Display| BackendError::Publish { subject: topic.clone(), reason: e.to_string() };
+                let mut deliveries = Vec::with_capacity(bodies.len());
+                for body in &bodies {
+                    let key = serde_json::from_slice::<serde_json::Value>(body)
+                        .ok()
+                        .and_then(|v| v["taskId"].as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    let record = rdkafka::producer::FutureRecord::to(topic).key(&key).payload(body);
+                    deliveries.push(producer.send_result(record).map_err(|(e, _)| failed(&e))?);
+                }
+                for delivery in deliveries {
+                    delivery.await.map_err(|e| failed(&e))?.map_err(|(e, _)| failed(&e))?;
+                }
+                Ok(())
             }
         }
     }

@@ -56,9 +56,4 @@ impl Fixtures {
         }
         by_task
     }
-
-    /// How many webhook posts arrived in all (redeliveries included).
-    pub fn webhook_posts(&self) -> usize {
-        self.server.requests().iter().filter(|r| r.method == "POST" && r.target == "/hook").count()
-    }
 }
