@@ -125,13 +125,13 @@ mod kafka_harness {
     use imagepipe_bus::Bus;
     use imagepipe_bus::kafka::KafkaBus;
 
-    use super::kafka_support::{brokers, test_config};
+    use super::kafka_support::{brokers, delete_topics, test_config};
     use super::*;
 
     /// A fresh prefix per case on the Kafka-compatible broker, with one partition per topic:
     /// the cases check the order of messages across keys, which Kafka keeps only within a
-    /// partition (tests/kafka_backend.rs covers several partitions). The case's buses are
-    /// closed when the harness is dropped (their group members leave their groups).
+    /// partition (tests/kafka_backend.rs covers several partitions). When the harness is
+    /// dropped, the case's buses are shut down and their topics deleted.
     pub struct Kafka {
         created: Mutex<Vec<KafkaBus>>,
     }
@@ -164,9 +164,7 @@ mod kafka_harness {
 
     impl Drop for Kafka {
         fn drop(&mut self) {
-            for bus in std::mem::take(&mut *self.created.lock().unwrap_or_else(|e| e.into_inner())) {
-                bus.close();
-            }
+            delete_topics(std::mem::take(&mut *self.created.lock().unwrap_or_else(|e| e.into_inner())));
         }
     }
 }

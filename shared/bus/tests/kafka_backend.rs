@@ -11,14 +11,16 @@ use std::time::{Duration, Instant};
 use imagepipe_bus::kafka::KafkaBus;
 use imagepipe_bus::{BusError, ConsumerConfig, Delivery, KafkaConfig, Message, Selector, StartPosition, Subscription};
 use imagepipe_contracts::names::{headers, queues};
-use kafka_support::{brokers, test_config, unique_prefix};
+use kafka_support::{Cleanup, brokers, test_config, unique_prefix};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
-async fn connect(prefix: &str, config: &KafkaConfig) -> KafkaBus {
-    KafkaBus::connect(prefix, config).await.unwrap_or_else(|err| {
+/// A bus whose topics `cleanup` deletes at the end of the test.
+async fn connect(cleanup: &Cleanup, prefix: &str, config: &KafkaConfig) -> KafkaBus {
+    let bus = KafkaBus::connect(prefix, config).await.unwrap_or_else(|err| {
         panic!("connecting to {} failed: {err:?} (scripts/kafka.sh starts the broker)", brokers())
-    })
+    });
+    cleanup.track(bus)
 }
 
 fn consumer_config(max_deliveries: u32) -> ConsumerConfig {
@@ -56,8 +58,9 @@ async fn total_messages(bus: &KafkaBus, topic: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_keyed_by_task_id_keep_their_partition_and_order() {
+    let cleanup = Cleanup::default();
     let prefix = unique_prefix("order");
-    let bus = connect(&prefix, &KafkaConfig { partitions: 3, ..test_config() }).await;
+    let bus = connect(&cleanup, &prefix, &KafkaConfig { partitions: 3, ..test_config() }).await;
     const KEYS: usize = 6;
     const PER_KEY: usize = 15;
     let mut batch = Vec::new();
@@ -92,7 +95,8 @@ async fn messages_keyed_by_task_id_keep_their_partition_and_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_producer_is_idempotent() {
-    let bus = connect(&unique_prefix("idempotence"), &test_config()).await;
+    let cleanup = Cleanup::default();
+    let bus = connect(&cleanup, &unique_prefix("idempotence"), &test_config()).await;
     bus.clone().into_bus().queues.send(queues::SUBMIT, Message::new("{}").with_key("tsk_x")).await.expect("send");
     let until = Instant::now() + PATIENCE;
     let idempotence = loop {
@@ -108,9 +112,10 @@ async fn the_producer_is_idempotent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offsets_are_committed_only_below_unfinished_messages() {
+    let cleanup = Cleanup::default();
     let prefix = unique_prefix("commit");
     let config = KafkaConfig { partitions: 1, ..test_config() };
-    let session = || async { connect(&prefix, &config).await };
+    let session = || async { connect(&cleanup, &prefix, &config).await };
     let send = |bus: KafkaBus| async move {
         let queues = bus.into_bus().queues;
         for name in ["a", "b", "c"] {
@@ -157,8 +162,11 @@ async fn offsets_are_committed_only_below_unfinished_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_carry_reason_and_delivery_count() {
+    let cleanup = Cleanup::default();
     let prefix = unique_prefix("dlq");
-    let bus = connect(&prefix, &KafkaConfig { retry_tiers: vec![Duration::from_millis(200)], ..test_config() }).await;
+    let bus =
+        connect(&cleanup, &prefix, &KafkaConfig { retry_tiers: vec![Duration::from_millis(200)], ..test_config() })
+            .await;
     let events = bus.clone().into_bus().events;
     let group = "webhooks";
     let subscription = Subscription::new(group, Selector::parse("task.failed").expect("selector"))
@@ -195,9 +203,10 @@ async fn dead_letters_carry_reason_and_delivery_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_nack_goes_to_its_tier_while_the_queue_keeps_flowing() {
+    let cleanup = Cleanup::default();
     let prefix = unique_prefix("tiers");
     let tiers = vec![Duration::from_secs(1), Duration::from_secs(4)];
-    let bus = connect(&prefix, &KafkaConfig { partitions: 1, retry_tiers: tiers, ..test_config() }).await;
+    let bus = connect(&cleanup, &prefix, &KafkaConfig { partitions: 1, retry_tiers: tiers, ..test_config() }).await;
     let queues = bus.clone().into_bus().queues;
     let consumer = queues.consume(queues::METADATA, consumer_config(5)).await.expect("consume");
     queues.send(queues::METADATA, Message::new("slow").with_key("tsk_1").with_id("slow")).await.expect("send");
@@ -224,8 +233,9 @@ async fn a_delayed_nack_goes_to_its_tier_while_the_queue_keeps_flowing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topics_are_created_with_the_configured_partitions() {
+    let cleanup = Cleanup::default();
     let prefix = unique_prefix("topics");
-    let bus = connect(&prefix, &KafkaConfig { partitions: 4, ..test_config() }).await;
+    let bus = connect(&cleanup, &prefix, &KafkaConfig { partitions: 4, ..test_config() }).await;
     for logical in ["tasks.submit", "tasks.download", "tasks.results", "dlq.tasks.ai", "events.image", "events.task"] {
         let topic = format!("{prefix}.{logical}");
         assert_eq!(bus.partitions_of(&topic), Some(4), "{topic}");
@@ -237,7 +247,7 @@ async fn topics_are_created_with_the_configured_partitions() {
     assert_eq!(bus.partitions_of(&custom), Some(4));
     assert_eq!(total_messages(&bus, &custom).await, 1);
 
-    let again = connect(&prefix, &KafkaConfig { partitions: 2, ..test_config() }).await;
+    let again = connect(&cleanup, &prefix, &KafkaConfig { partitions: 2, ..test_config() }).await;
     again.clone().into_bus().queues.send("tasks.custom", Message::new("y")).await.expect("send");
     assert_eq!(again.partitions_of(&custom), Some(4), "an existing topic keeps its partitions");
 }

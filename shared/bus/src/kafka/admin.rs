@@ -142,12 +142,48 @@ impl Topics {
         .map_err(|e| setup("watermarks", Box::new(e)))?
     }
 
-    /// Checks that a broker answers within `timeout`.
-    pub(crate) async fn probe(&self, timeout: Duration) -> Result<(), BoxError> {
+    /// Every topic this bus has created or used.
+    pub(crate) fn known(&self) -> Vec<String> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+    }
+
+    /// Checks that a broker answers within `timeout`, asking for the metadata of `topic` only
+    /// (the whole cluster's can be large).
+    pub(crate) async fn probe(&self, topic: &str, timeout: Duration) -> Result<(), BoxError> {
         let producer = self.producer.clone();
-        tokio::task::spawn_blocking(move || producer.client().client().fetch_metadata(None, timeout).map(drop))
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || producer.client().client().fetch_metadata(Some(&topic), timeout).map(drop))
             .await
             .map_err(|err| -> BoxError { Box::new(err) })?
             .map_err(|err| -> BoxError { Box::new(err) })
     }
+}
+
+/// Deletes `topics` with everything in them, through an admin client of its own; missing ones
+/// are fine.
+pub(crate) async fn delete(config: &KafkaConfig, topics: &[String]) -> Result<(), BusError> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<LogContext> =
+        client::base_config(config).create_with_context(LogContext).map_err(|err| BusError::Connect {
+            url: crate::secret::mask_url_credentials(&config.brokers),
+            source: Box::new(err),
+        })?;
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let timeout = config.request_timeout;
+    let options = AdminOptions::new().operation_timeout(Some(timeout)).request_timeout(Some(timeout));
+    let results = admin
+        .delete_topics(&names, &options)
+        .await
+        .map_err(|err| BusError::Setup { what: format!("deleting {} topics", names.len()), source: Box::new(err) })?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((topic, code)) => {
+                return Err(BusError::Setup { what: format!("deleting topic {topic}"), source: Box::new(code) });
+            }
+        }
+    }
+    Ok(())
 }

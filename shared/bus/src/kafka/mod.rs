@@ -89,12 +89,13 @@ impl KafkaBus {
         let shown = mask_url_credentials(&config.brokers);
         let producer = Producer::new(config)?;
         let topics = Topics::new(config, producer.clone())?;
+        let names = Names::new(prefix);
+        let standard = names.standard_topics();
         topics
-            .probe(config.connect_timeout)
+            .probe(&standard[0], config.connect_timeout)
             .await
             .map_err(|source| BusError::Connect { url: shown.clone(), source })?;
-        let names = Names::new(prefix);
-        topics.ensure(&names.standard_topics()).await?;
+        topics.ensure(&standard).await?;
         tracing::info!(brokers = %shown, prefix, "connected to Kafka");
         let shared = Shared {
             names,
@@ -160,6 +161,19 @@ impl KafkaBus {
         for registered in members {
             registered.departure.wait(self.shared.config.session_timeout).await;
         }
+    }
+
+    /// Every topic this bus has created or used (its prefix's standard topics, the queues it
+    /// sent to, the retry and dead-letter topics of its consumers).
+    pub fn topics(&self) -> Vec<String> {
+        self.shared.topics.known()
+    }
+
+    /// Deletes `topics` (full names) with everything in them, through an admin client of its
+    /// own (tests, resetting an environment). Call it once no client uses them any more: a
+    /// client that still reads a deleted topic's metadata can fail inside librdkafka.
+    pub async fn delete_topics(config: &KafkaConfig, topics: &[String]) -> Result<(), BusError> {
+        admin::delete(config, topics).await
     }
 
     /// The retry topic of every delay tier for `home` (a queue, or `events.<group>`).

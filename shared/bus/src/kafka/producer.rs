@@ -103,7 +103,9 @@ impl Producer {
     pub(crate) fn new(config: &KafkaConfig) -> Result<Self, BusError> {
         let health = Arc::new(Health::new(config.health_interval));
         let mut c = client::base_config(config);
+        // Topics are created by the backend with the configured partitions, never by a send.
         c.set("enable.idempotence", "true")
+            .set("allow.auto.create.topics", "false")
             .set("acks", "all")
             .set("linger.ms", ms(config.linger))
             .set("message.timeout.ms", ms(config.send_timeout))
