@@ -125,6 +125,8 @@ pub(crate) struct State {
     assignments: u64,
     dedup_window_ms: i64,
     prefetch: usize,
+    /// Set when the buffer reached `prefetch`; cleared once it is down to half.
+    full: bool,
 }
 
 /// What [`State::receive`] made of a record.
@@ -150,6 +152,7 @@ impl State {
             assignments: 0,
             dedup_window_ms: i64::try_from(dedup_window.as_millis()).unwrap_or(i64::MAX),
             prefetch,
+            full: false,
         }
     }
 
@@ -391,7 +394,14 @@ impl State {
                 released = true;
             }
         }
+        // Resuming at half rather than just below the limit lets the next fetch from the broker
+        // overlap with handling what is buffered.
         if self.ready.len() >= self.prefetch {
+            self.full = true;
+        } else if self.ready.len() <= self.prefetch / 2 {
+            self.full = false;
+        }
+        if self.full {
             pause.extend(self.partitions.keys().cloned());
         }
         let next_due = next_due_ms.map(|due| now + Duration::from_millis(u64::try_from(due - now_ms).unwrap_or(0)));
@@ -527,12 +537,18 @@ mod tests {
     }
 
     #[test]
-    fn a_full_buffer_pauses_every_partition() {
-        let mut s = State::new(Duration::ZERO, 2);
+    fn a_full_buffer_pauses_every_partition_until_half_empty() {
+        let mut s = State::new(Duration::ZERO, 4);
         s.assign([(("t".into(), 0), TopicRole::Main, 0), (("u".into(), 1), TopicRole::Main, 0)]);
-        s.receive(id(0), record("a"), true, 0);
+        for o in 0..3 {
+            s.receive(id(o), record(&format!("m{o}")), true, 0);
+        }
         assert!(s.tick(Instant::now(), 0).pause.is_empty());
-        s.receive(id(1), record("b"), true, 0);
+        s.receive(id(3), record("m3"), true, 0);
         assert_eq!(s.tick(Instant::now(), 0).pause.len(), 2);
+        s.take(1, &config(5), Instant::now());
+        assert_eq!(s.tick(Instant::now(), 0).pause.len(), 2, "3 of 4 buffered: still paused");
+        s.take(1, &config(5), Instant::now());
+        assert!(s.tick(Instant::now(), 0).pause.is_empty(), "half empty: resumed");
     }
 }
