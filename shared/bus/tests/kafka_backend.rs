@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use imagepipe_bus::kafka::KafkaBus;
-use imagepipe_bus::{BusError, ConsumerConfig, Delivery, KafkaConfig, Message, Selector, StartPosition, Subscription};
+use imagepipe_bus::{
+    Bus, BusConfig, BusError, BusKind, ConsumerConfig, Delivery, KafkaConfig, Message, Selector, StartPosition,
+    Subscription,
+};
 use imagepipe_contracts::names::{headers, queues};
 use kafka_support::{Cleanup, brokers, test_config, unique_prefix};
 
@@ -250,6 +253,19 @@ async fn topics_are_created_with_the_configured_partitions() {
     let again = connect(&cleanup, &prefix, &KafkaConfig { partitions: 2, ..test_config() }).await;
     again.clone().into_bus().queues.send("tasks.custom", Message::new("y")).await.expect("send");
     assert_eq!(again.partitions_of(&custom), Some(4), "an existing topic keeps its partitions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bus_kind_kafka_connects_through_the_bus_config() {
+    let cleanup = Cleanup::default();
+    let prefix = unique_prefix("config");
+    let config =
+        BusConfig { kind: BusKind::Kafka, prefix: prefix.clone(), kafka: test_config(), ..BusConfig::default() };
+    let bus = Bus::connect(&config).await.expect("connect");
+    assert!(bus.is_connected());
+    bus.queues.send(queues::SUBMIT, Message::new("{}").with_key("tsk_c")).await.expect("send");
+    let same_prefix = connect(&cleanup, &prefix, &test_config()).await;
+    assert_eq!(total_messages(&same_prefix, &format!("{prefix}.tasks.submit")).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
