@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use imagepipe_bus::kafka::KafkaBus;
 use imagepipe_bus::nats::NatsBus;
 use imagepipe_bus::{Bus, BusError, BusKind};
 use imagepipe_runtime::Settings;
@@ -24,6 +25,7 @@ pub struct RunBackend {
     pub counts: Counts,
     kind: BusKind,
     nats: Option<NatsBus>,
+    kafka: Option<KafkaBus>,
     prefix: String,
     redis_url: Option<String>,
 }
@@ -31,15 +33,15 @@ pub struct RunBackend {
 impl RunBackend {
     /// Connects the bus of `settings.bus` (whose prefix is the run's own).
     pub async fn connect(settings: &Settings) -> Result<Self, BusError> {
-        let (bus, nats) = if settings.bus.kind == BusKind::Nats {
-            let nats = NatsBus::connect(&settings.bus.prefix, &settings.bus.nats).await?;
-            (nats.clone().into_bus(), Some(nats))
-        } else {
-            (Bus::connect(&settings.bus).await?, None)
+        let (prefix, mut nats, mut kafka) = (&settings.bus.prefix, None, None);
+        let bus = match settings.bus.kind {
+            BusKind::Nats => nats.insert(NatsBus::connect(prefix, &settings.bus.nats).await?).clone().into_bus(),
+            BusKind::Kafka => kafka.insert(KafkaBus::connect(prefix, &settings.bus.kafka).await?).clone().into_bus(),
+            BusKind::Memory => Bus::connect(&settings.bus).await?,
         };
         let (bus, counts) = counting::counting(bus);
         let redis_url = (settings.store.kind == StoreKind::Redis).then(|| settings.store.redis.url.expose().to_owned());
-        Ok(Self { bus, counts, kind: settings.bus.kind, nats, prefix: settings.bus.prefix.clone(), redis_url })
+        Ok(Self { bus, counts, kind: settings.bus.kind, nats, kafka, prefix: prefix.clone(), redis_url })
     }
 
     /// What the broker itself says it stored, per stream (NATS: each stream's last sequence).
@@ -49,8 +51,12 @@ impl RunBackend {
         Ok(Some(STREAMS.iter().map(|s| (*s).to_owned()).zip(sequences).collect()))
     }
 
-    /// Deletes the run's streams and Redis keys; returns what could not be cleaned, to report.
+    /// Deletes the run's streams and Redis keys (and lets a Kafka client leave its groups);
+    /// returns what could not be cleaned, to report.
     pub async fn clean_up(self) -> Vec<String> {
+        if let Some(kafka) = &self.kafka {
+            kafka.shutdown().await;
+        }
         clean_up(self.kind, self.nats.as_ref(), &self.prefix, self.redis_url.as_deref()).await
     }
 }

@@ -329,7 +329,12 @@ fn servers(settings: &Settings) -> (Option<u32>, Option<u32>) {
     let port_of = |url: &str| url::Url::parse(url.split(',').next().unwrap_or_default()).ok()?.port();
     let broker = match settings.bus.kind {
         BusKind::Nats => port_of(&settings.bus.nats.url).and_then(|p| process::find_server("nats-server", p)),
-        _ => None,
+        BusKind::Kafka => {
+            let first = settings.bus.kafka.brokers.split(',').next().unwrap_or_default();
+            let port = first.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
+            port.and_then(|p| process::find_server("tansu", p))
+        }
+        BusKind::Memory => None,
     };
     let store = match settings.store.kind {
         StoreKind::Redis => {

@@ -58,16 +58,17 @@ pub enum MemoryField {
     Peak,
 }
 
-/// The one local process whose command name is `comm` and whose command line mentions
-/// `port` (how `nats-server -p 4222` or `redis-server 127.0.0.1:6379` are started); `None`
-/// when there is none, or more than one.
+/// The one local process whose command name starts with `comm` and whose command line mentions
+/// `port` (how `nats-server -p 4222`, `redis-server 127.0.0.1:6379` or
+/// `tansu-… --listener-url tcp://127.0.0.1:9092` are started); `None` when there is none, or
+/// more than one.
 pub fn find_server(comm: &str, port: u16) -> Option<u32> {
     let port = port.to_string();
     let mut found = None;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let dir = entry.path();
-        if std::fs::read_to_string(dir.join("comm")).ok().is_none_or(|c| c.trim() != comm) {
+        if std::fs::read_to_string(dir.join("comm")).ok().is_none_or(|c| !c.trim().starts_with(comm)) {
             continue;
         }
         let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();

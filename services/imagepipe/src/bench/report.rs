@@ -101,7 +101,7 @@ pub struct CpuFigures {
     /// This process: the coordinator, the stage workers and the driver.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub imagepipe: Option<f64>,
-    /// The local broker process (nats-server), when it could be identified.
+    /// The local broker process (nats-server, or a Tansu Kafka broker), when it could be identified.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub broker: Option<f64>,
     /// The local store process (redis-server), when it could be identified.
