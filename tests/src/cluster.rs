@@ -157,8 +157,9 @@ pub struct Cluster {
     processes: BTreeMap<ServiceKind, ServiceProcess>,
 }
 
-/// How long a service may take to report ready.
-const READY_WITHIN: Duration = Duration::from_secs(60);
+/// How long a service may take to report ready: a restarted Kafka member waits for its killed
+/// predecessor's session to expire and for the rebalance.
+const READY_WITHIN: Duration = Duration::from_secs(120);
 
 impl Cluster {
     /// Starts every service of `config` and waits until each reports ready.
