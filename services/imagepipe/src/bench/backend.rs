@@ -23,7 +23,6 @@ pub struct RunBackend {
     pub bus: Bus,
     /// Publishes through [`Self::bus`].
     pub counts: Counts,
-    kind: BusKind,
     nats: Option<NatsBus>,
     kafka: Option<KafkaBus>,
     prefix: String,
@@ -41,7 +40,7 @@ impl RunBackend {
         };
         let (bus, counts) = counting::counting(bus);
         let redis_url = (settings.store.kind == StoreKind::Redis).then(|| settings.store.redis.url.expose().to_owned());
-        Ok(Self { bus, counts, kind: settings.bus.kind, nats, kafka, prefix: prefix.clone(), redis_url })
+        Ok(Self { bus, counts, nats, kafka, prefix: prefix.clone(), redis_url })
     }
 
     /// What the broker itself says it stored, per stream (NATS: each stream's last sequence).
@@ -51,24 +50,30 @@ impl RunBackend {
         Ok(Some(STREAMS.iter().map(|s| (*s).to_owned()).zip(sequences).collect()))
     }
 
-    /// Deletes the run's streams and Redis keys (and lets a Kafka client leave its groups);
-    /// returns what could not be cleaned, to report.
-    pub async fn clean_up(self) -> Vec<String> {
-        if let Some(kafka) = &self.kafka {
+    /// Deletes the run's streams, topics and Redis keys (a Kafka client first leaves its
+    /// groups); returns what could not be cleaned, to report. Call it once the run's services
+    /// have stopped.
+    pub async fn clean_up(self, settings: &Settings) -> Vec<String> {
+        let Self { bus, nats, kafka, prefix, redis_url, .. } = self;
+        drop(bus);
+        let mut left = Vec::new();
+        if let Some(kafka) = kafka {
+            let topics = kafka.topics();
             kafka.shutdown().await;
+            drop(kafka);
+            if let Err(error) = KafkaBus::delete_topics(&settings.bus.kafka, &topics).await {
+                left.push(format!("Kafka topics of prefix {prefix}: {}", imagepipe_runtime::error_chain(&error)));
+            }
         }
-        clean_up(self.kind, self.nats.as_ref(), &self.prefix, self.redis_url.as_deref()).await
+        left.extend(clean_up(nats.as_ref(), &prefix, redis_url.as_deref()).await);
+        left
     }
 }
 
 /// Deletes the NATS streams of `nats` and the Redis keys under `prefix:` at `redis_url`;
-/// returns what could not be cleaned (the topics of a `kind` other than NATS and memory: the
-/// bus offers no way to delete them).
-pub async fn clean_up(kind: BusKind, nats: Option<&NatsBus>, prefix: &str, redis_url: Option<&str>) -> Vec<String> {
+/// returns what could not be cleaned.
+pub async fn clean_up(nats: Option<&NatsBus>, prefix: &str, redis_url: Option<&str>) -> Vec<String> {
     let mut left = Vec::new();
-    if !matches!(kind, BusKind::Memory | BusKind::Nats) {
-        left.push(format!("{kind:?} topics of prefix {prefix} (the bus has no call to delete them)"));
-    }
     if let Some(nats) = nats
         && let Err(error) = nats.delete_streams().await
     {

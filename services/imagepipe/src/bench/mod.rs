@@ -160,7 +160,11 @@ async fn measure_idle(settings: &Settings, mut launch: idle::Launch, left_behind
         _ => None,
     };
     let redis = (settings.store.kind == StoreKind::Redis).then(|| settings.store.redis.url.expose().to_owned());
-    left_behind.extend(backend::clean_up(settings.bus.kind, nats.as_ref(), &prefix, redis.as_deref()).await);
+    left_behind.extend(backend::clean_up(nats.as_ref(), &prefix, redis.as_deref()).await);
+    if settings.bus.kind == BusKind::Kafka {
+        // The binaries' topics are known to no client of this process.
+        left_behind.push(format!("Kafka topics of prefix {prefix}, created by the service binaries"));
+    }
     measured
 }
 
@@ -207,7 +211,7 @@ async fn one_run(
     settings.blob.dir = work.path().join("blobs");
     let backend = RunBackend::connect(&settings).await.map_err(BenchError::Bus)?;
     let measured = measure(&settings, options, classifier, &backend, &id).await;
-    left_behind.extend(backend.clean_up().await);
+    left_behind.extend(backend.clean_up(&settings).await);
     measured
 }
 
