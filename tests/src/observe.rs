@@ -103,6 +103,15 @@ impl EventRecorder {
     }
 }
 
+impl EventRecorder {
+    /// Stops recording and waits until the subscriber group's consumer and bus are dropped, so
+    /// that the run's topics can be deleted without a client of this process still reading them.
+    pub async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
 impl Drop for EventRecorder {
     fn drop(&mut self) {
         self.task.abort();

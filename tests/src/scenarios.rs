@@ -86,6 +86,7 @@ pub async fn every_task_completes_across_processes(backend: Backend, count: usiz
     check_stats(&cluster, &recorder).await;
 
     let failures = cluster.stop(Duration::from_secs(40)).await;
+    recorder.stop().await;
     assert!(failures.is_empty(), "services that did not stop cleanly on SIGTERM: {failures:?}");
 }
 
@@ -153,6 +154,7 @@ pub async fn every_task_finishes_once_through_kill_9(backend: Backend, count: us
     check_stats(&cluster, &recorder).await;
 
     let failures = cluster.stop(Duration::from_secs(40)).await;
+    recorder.stop().await;
     assert!(failures.is_empty(), "services that did not stop cleanly on SIGTERM: {failures:?}");
 }
 
