@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use imagepipe_bus::{Bus, BusConfig, BusError, Selector, StartPosition, Subscription};
+use imagepipe_bus::kafka::KafkaBus;
+use imagepipe_bus::{Bus, BusConfig, BusError, BusKind, Selector, StartPosition, Subscription};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
@@ -28,12 +29,20 @@ pub struct Seen {
 pub struct EventRecorder {
     seen: Arc<Mutex<Vec<Seen>>>,
     task: JoinHandle<()>,
+    /// On Kafka, the backend itself, to leave the group and close its clients on stop.
+    kafka: Option<KafkaBus>,
 }
 
 impl EventRecorder {
     /// Subscribes group `e2e-recorder` to every event of `config.prefix`, from the beginning.
     pub async fn start(config: &BusConfig) -> Result<Self, BusError> {
-        let bus = Bus::connect(config).await?;
+        let (bus, kafka) = match config.kind {
+            BusKind::Kafka => {
+                let kafka = KafkaBus::connect(&config.prefix, &config.kafka).await?;
+                (kafka.clone().into_bus(), Some(kafka))
+            }
+            _ => (Bus::connect(config).await?, None),
+        };
         let subscription = Subscription::new("e2e-recorder", Selector::all()).starting(StartPosition::Beginning);
         let consumer = bus.events.subscribe(subscription).await?;
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -61,7 +70,7 @@ impl EventRecorder {
                 }
             }
         });
-        Ok(Self { seen, task })
+        Ok(Self { seen, task, kafka })
     }
 
     /// Every event seen so far.
@@ -104,11 +113,15 @@ impl EventRecorder {
 }
 
 impl EventRecorder {
-    /// Stops recording and waits until the subscriber group's consumer and bus are dropped, so
-    /// that the run's topics can be deleted without a client of this process still reading them.
+    /// Stops recording, leaves the subscriber group and closes the bus's clients, so that the
+    /// run's topics can be deleted without a client of this process still reading them (a
+    /// librdkafka client that reads a deleted topic's metadata can crash the process).
     pub async fn stop(mut self) {
         self.task.abort();
         let _ = (&mut self.task).await;
+        if let Some(kafka) = self.kafka.take() {
+            kafka.shutdown().await;
+        }
     }
 }
 
