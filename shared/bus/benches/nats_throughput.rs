@@ -2,31 +2,19 @@
 //! NATS server at `IMAGEPIPE_BENCH_NATS_URL` (default 127.0.0.1:4222). A benchmark, not a test:
 //! `cargo bench -p imagepipe-bus --features nats --bench nats_throughput`.
 
-use std::time::{Duration, Instant};
+mod support;
+
+use std::time::Instant;
 
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, stream};
 use futures::StreamExt;
 use futures::future::join_all;
+use imagepipe_bus::NatsConfig;
 use imagepipe_bus::nats::NatsBus;
-use imagepipe_bus::{ConsumerConfig, Message, NatsConfig, TaskQueue};
+use support::{BATCH, FETCH, PAYLOAD, rate};
 
 const SINGLE: usize = 5_000;
 const BATCHED: usize = 50_000;
-const BATCH: usize = 500;
-const FETCH: usize = 256;
-const PAYLOAD: usize = 256;
-
-fn rate(what: &str, n: usize, took: Duration) {
-    println!("{what:<48} {n:>7} msgs in {:>7.2?}  {:>9.0} msgs/s", took, n as f64 / took.as_secs_f64());
-}
-
-fn message(i: usize) -> Message {
-    Message::new(vec![b'x'; PAYLOAD])
-        .with_key(format!("tsk_{}", i % 64))
-        .with_id(format!("bench-{i}"))
-        .with_header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-        .with_header("imagepipe-schema", "1")
-}
 
 async fn bus_benchmarks(url: &str) {
     let prefix = format!("bench_{}", uuid::Uuid::new_v4().simple());
@@ -34,45 +22,7 @@ async fn bus_benchmarks(url: &str) {
     let bus = NatsBus::connect(&prefix, &config).await.expect("connect");
     println!("server {} (file storage, 1 replica), payload {PAYLOAD} B + 4 headers", bus.server_version());
 
-    let started = Instant::now();
-    for i in 0..SINGLE {
-        bus.send("tasks.bench", message(i)).await.expect("send");
-    }
-    rate("bus: send, one at a time (await each ack)", SINGLE, started.elapsed());
-
-    let started = Instant::now();
-    for chunk in 0..BATCHED / BATCH {
-        let messages = (0..BATCH).map(|i| message(SINGLE + chunk * BATCH + i)).collect();
-        bus.send_batch("tasks.bench", messages).await.expect("send_batch");
-    }
-    rate(&format!("bus: send_batch of {BATCH} (pipelined)"), BATCHED, started.elapsed());
-
-    let total = SINGLE + BATCHED;
-    let consumer = bus
-        .consume("tasks.bench", ConsumerConfig { ack_wait: Duration::from_secs(30), max_deliveries: 5 })
-        .await
-        .expect("consume");
-    let started = Instant::now();
-    let mut done = 0;
-    while done < total / 2 {
-        for delivery in consumer.fetch(FETCH, Duration::from_secs(1)).await.expect("fetch") {
-            delivery.ack().await.expect("ack");
-            done += 1;
-        }
-    }
-    rate(&format!("bus: fetch({FETCH}) + ack each in turn"), done, started.elapsed());
-
-    let started = Instant::now();
-    let mut concurrent = 0;
-    while done + concurrent < total {
-        let batch = consumer.fetch(FETCH, Duration::from_secs(1)).await.expect("fetch");
-        concurrent += batch.len();
-        for result in join_all(batch.into_iter().map(|d| d.ack())).await {
-            result.expect("ack");
-        }
-    }
-    rate(&format!("bus: fetch({FETCH}) + acks concurrently"), concurrent, started.elapsed());
-    drop(consumer);
+    support::trait_phases(&bus, SINGLE, BATCHED).await;
     bus.delete_streams().await.expect("cleanup");
 }
 
