@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use imagepipe_ai_worker::preprocess::preprocess;
-use imagepipe_ai_worker::{AnalysisSettings, Model, analyze};
+use imagepipe_ai_worker::{AnalysisOptions, Model, analyze};
 
 const RUNS: usize = 30;
 
@@ -33,7 +33,7 @@ fn main() {
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("verification.json")).unwrap()).unwrap();
     let photo_dir = PathBuf::from(report["photo_dir"].as_str().unwrap());
-    let settings = AnalysisSettings { top_k: 5, tag_min_score: 0.05, max_pixels: 100_000_000 };
+    let settings = AnalysisOptions { top_k: 5, tag_min_score: 0.05, max_pixels: 100_000_000 };
     let mut all = Vec::new();
     for name in ["chelsea", "coffee", "rocket", "astronaut"] {
         let bytes = std::fs::read(photo_dir.join(report["photos"][name]["file"].as_str().unwrap())).unwrap();

@@ -16,7 +16,7 @@ use crate::preprocess::preprocess;
 
 /// What an analysis reports, from the `ai` settings.
 #[derive(Debug, Clone, PartialEq)]
-pub struct AnalysisSettings {
+pub struct AnalysisOptions {
     /// Classes reported.
     pub top_k: usize,
     /// Least score of a reported tag.
@@ -25,7 +25,7 @@ pub struct AnalysisSettings {
     pub max_pixels: u64,
 }
 
-impl From<&AiConfig> for AnalysisSettings {
+impl From<&AiConfig> for AnalysisOptions {
     fn from(ai: &AiConfig) -> Self {
         Self { top_k: ai.top_k, tag_min_score: ai.tag_min_score, max_pixels: ai.max_pixels }
     }
@@ -35,13 +35,13 @@ impl From<&AiConfig> for AnalysisSettings {
 #[derive(Clone)]
 pub struct Classifier {
     model: Arc<Model>,
-    settings: Arc<AnalysisSettings>,
+    settings: Arc<AnalysisOptions>,
     slots: Arc<Semaphore>,
 }
 
 impl Classifier {
     /// A classifier over `model` running at most `threads` analyses at once.
-    pub fn new(model: Arc<Model>, settings: AnalysisSettings, threads: usize) -> Self {
+    pub fn new(model: Arc<Model>, settings: AnalysisOptions, threads: usize) -> Self {
         Self { model, settings: Arc::new(settings), slots: Arc::new(Semaphore::new(threads.max(1))) }
     }
 
@@ -55,7 +55,7 @@ impl Classifier {
             .unwrap_or_else(|join| std::panic::resume_unwind(join.into_panic()))?;
         tracing::info!(model = model.name(), dir = %ai.model_dir.display(), load_ms = started.elapsed().as_millis(),
             threads = ai.threads, "model loaded");
-        Ok(Self::new(Arc::new(model), AnalysisSettings::from(ai), ai.threads))
+        Ok(Self::new(Arc::new(model), AnalysisOptions::from(ai), ai.threads))
     }
 
     /// The model.
@@ -87,7 +87,7 @@ impl Classifier {
 }
 
 /// Decodes, preprocesses and classifies one image, and tags it. CPU-bound.
-pub fn analyze(model: &Model, settings: &AnalysisSettings, bytes: &[u8]) -> Result<AnalysisOutput, AnalyzeError> {
+pub fn analyze(model: &Model, settings: &AnalysisOptions, bytes: &[u8]) -> Result<AnalysisOutput, AnalyzeError> {
     let input = preprocess(bytes, settings.max_pixels)?;
     let probabilities = model.probabilities(input)?;
     let (predictions, tags) = model.taxonomy().analyze(&probabilities, settings.top_k, settings.tag_min_score);

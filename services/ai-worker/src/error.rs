@@ -10,14 +10,6 @@ pub mod codes {
     pub const PIXEL_LIMIT: &str = "pixel_limit";
     /// The model failed on a well-formed input, or the analysis crashed (retryable).
     pub const INFERENCE_FAILED: &str = "inference_failed";
-    /// The command's blob key is not a blob key.
-    pub const INVALID_BLOB_KEY: &str = "invalid_blob_key";
-    /// No blob is stored under the command's key.
-    pub const BLOB_NOT_FOUND: &str = "blob_not_found";
-    /// The stored blob does not hash to its key.
-    pub const BLOB_CORRUPT: &str = "blob_corrupt";
-    /// Reading the blob store failed (retryable).
-    pub const BLOB_IO: &str = "blob_io";
 }
 
 /// The command that writes a model directory; every "model missing" error names it.

@@ -6,8 +6,8 @@
 //! - [`preprocess`]: bytes → decoded image → the model's `[1,3,224,224]` input.
 //! - [`taxonomy`]: class names, tag ancestors, top-k and tag scores.
 //! - [`classifier`]: analysis on a blocking pool of `ai.threads`.
-//! - [`handler`]: the worker's [`Handler`](imagepipe_runtime::Handler): blob store, analysis,
-//!   reporting.
+//! - [`handler`]: the step's [`StepHandler`](imagepipe_runtime::step::StepHandler): blob
+//!   store and analysis.
 //! - [`run`]: the worker loop on a connected bus, for the binary, `imagepipe run` and tests.
 
 pub mod classifier;
@@ -23,11 +23,11 @@ use imagepipe_blob::BlobConfigError;
 use imagepipe_bus::{Bus, BusError};
 use imagepipe_contracts::names::queues;
 use imagepipe_runtime::clock::SystemClock;
-use imagepipe_runtime::step::StepReporter;
+use imagepipe_runtime::step::{Reporting, StepReporter};
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig, error_chain};
+use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker};
 
-pub use classifier::{AnalysisSettings, Classifier, analyze};
+pub use classifier::{AnalysisOptions, Classifier, analyze};
 pub use error::{AnalyzeError, ModelError, PREPARE_COMMAND};
 pub use handler::AiHandler;
 pub use model::Model;
@@ -49,6 +49,9 @@ pub mod metrics {
 /// The worker could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The model of `ai.model_dir` could not be loaded.
+    #[error("loading the model")]
+    Model(#[source] ModelError),
     /// The blob store of `blob.*` could not be opened.
     #[error("opening the blob store")]
     BlobStore(#[source] BlobConfigError),
@@ -60,17 +63,25 @@ pub enum RunError {
     Worker(#[source] WorkerError),
 }
 
+/// The service as its binary runs it, on a started [`Service`]: loads the model of `ai.model_dir`
+/// (a missing model names `scripts/prepare-model.sh`), then consumes `tasks.ai` until the
+/// service's shutdown.
+pub async fn serve(service: &Service) -> Result<(), RunError> {
+    let classifier = Classifier::load(&service.settings.ai).await.map_err(RunError::Model)?;
+    tracing::info!(model = classifier.model().name(), dir = %service.settings.ai.model_dir.display(), "model ready");
+    run(service.bus.clone(), &service.settings, classifier, service.shutdown.clone()).await
+}
+
 /// Consumes `tasks.ai` on `bus`, analysing with `classifier` (see [`Classifier::load`]) and
 /// reading images from the blob store of `settings`, until `shutdown` fires and in-flight
 /// images are finished.
 pub async fn run(bus: Bus, settings: &Settings, classifier: Classifier, shutdown: Shutdown) -> Result<(), RunError> {
     let consumer =
         bus.queues.consume(queues::AI, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
-    let handler = AiHandler::new(
-        settings.blob.open().map_err(RunError::BlobStore)?,
+    let handler = Reporting::new(
+        AiHandler::new(settings.blob.open().map_err(RunError::BlobStore)?, classifier),
         StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
-        classifier,
     );
-    let config = WorkerConfig::from_settings(queues::AI, &settings.worker);
+    let config = LoopConfig::from_settings(queues::AI, &settings.worker);
     Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
 }

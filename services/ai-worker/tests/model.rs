@@ -3,13 +3,13 @@
 mod common;
 
 use imagepipe_ai_worker::preprocess::{INPUT_SIZE, preprocess};
-use imagepipe_ai_worker::{AnalysisSettings, analyze};
+use imagepipe_ai_worker::{AnalysisOptions, analyze};
 use tract_onnx::prelude::tract_ndarray::Array4;
 
 const CATS: [&str; 5] = ["tabby", "tiger cat", "Egyptian cat", "Persian cat", "Siamese cat"];
 
-fn settings() -> AnalysisSettings {
-    AnalysisSettings { top_k: 5, tag_min_score: 0.05, max_pixels: 100_000_000 }
+fn settings() -> AnalysisOptions {
+    AnalysisOptions { top_k: 5, tag_min_score: 0.05, max_pixels: 100_000_000 }
 }
 
 #[test]

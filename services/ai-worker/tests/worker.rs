@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use imagepipe_ai_worker::{AnalysisSettings, Classifier, run};
+use imagepipe_ai_worker::{AnalysisOptions, Classifier, run};
 use imagepipe_blob::{BlobStore, LocalBlobStore};
 use imagepipe_bus::{Bus, BusConfig, ConsumerConfig, Message, Selector, Subscription};
 use imagepipe_contracts::command::AnalyzeCommand;
@@ -43,7 +43,7 @@ async fn the_worker_analyses_stored_images_and_reports_failures() {
     let events = bus.events.subscribe(Subscription::new("ai-test", Selector::all())).await.unwrap();
     let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
     let dead = bus.queues.consume(&dead_letter_queue(queues::AI), ConsumerConfig::default()).await.unwrap();
-    let classifier = Classifier::new(model, AnalysisSettings { top_k: 3, tag_min_score: 0.05, max_pixels: 1 << 26 }, 2);
+    let classifier = Classifier::new(model, AnalysisOptions { top_k: 3, tag_min_score: 0.05, max_pixels: 1 << 26 }, 2);
     let shutdown = Shutdown::new();
     let worker = tokio::spawn({
         let (bus, shutdown) = (bus.clone(), shutdown.clone());

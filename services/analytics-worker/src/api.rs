@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use imagepipe_contracts::EventType;
+use imagepipe_runtime::http::ApiError;
 use serde::{Deserialize, Serialize};
 
 use crate::histogram::{BUCKETS_MS, Histogram};
@@ -120,12 +119,7 @@ pub fn routes(store: Arc<dyn StatsStore>) -> Router {
     Router::new().route("/v1/stats", get(stats)).with_state(store)
 }
 
-async fn stats(State(store): State<Arc<dyn StatsStore>>) -> Response {
-    match store.snapshot().await {
-        Ok(stats) => Json(StatsResponse::from(stats)).into_response(),
-        Err(error) => {
-            tracing::error!(error = %crate::error_chain(&error), "reading statistics failed");
-            (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": error.to_string() }))).into_response()
-        }
-    }
+async fn stats(State(store): State<Arc<dyn StatsStore>>) -> Result<Json<StatsResponse>, ApiError> {
+    let stats = store.snapshot().await.map_err(|e| ApiError::unavailable(crate::error_chain(&e)))?;
+    Ok(Json(StatsResponse::from(stats)))
 }

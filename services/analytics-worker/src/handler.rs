@@ -1,13 +1,15 @@
-//! The analytics [`Handler`]: every event → its [`Update`] into the store, once per `eventId`,
-//! and the same counts and latencies as Prometheus metrics.
+//! The analytics [`EventHandler`]: every event → its [`Update`] into the store, and the same
+//! counts and latencies as Prometheus metrics. Run it inside [`Deduplicated`] (as [`crate::run`]
+//! does), which applies each `eventId` once.
+//!
+//! [`Deduplicated`]: imagepipe_runtime::dedup::Deduplicated
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use imagepipe_bus::Delivery;
-use imagepipe_contracts::{Event, decode};
-use imagepipe_runtime::dedup::Dedup;
-use imagepipe_runtime::{Handler, Outcome};
+use imagepipe_contracts::Event;
+use imagepipe_runtime::Outcome;
+use imagepipe_runtime::dedup::{EventHandler, Seen};
 use serde_json::Value;
 
 use crate::metrics;
@@ -17,13 +19,12 @@ use crate::update::{Span, Update};
 /// Records every event (see the module docs).
 pub struct StatsHandler {
     store: Arc<dyn StatsStore>,
-    dedup: Box<dyn Dedup>,
 }
 
 impl StatsHandler {
-    /// A handler recording into `store`, remembering handled events in `dedup`.
-    pub fn new(store: Arc<dyn StatsStore>, dedup: Box<dyn Dedup>) -> Self {
-        Self { store, dedup }
+    /// A handler recording into `store`.
+    pub fn new(store: Arc<dyn StatsStore>) -> Self {
+        Self { store }
     }
 }
 
@@ -45,21 +46,9 @@ fn observe(update: &Update, latencies: &[(Span, u64)]) {
 }
 
 #[async_trait]
-impl Handler for StatsHandler {
-    async fn handle(&self, delivery: &Delivery) -> Outcome {
-        let event: Event<Value> = match decode(&delivery.message.payload) {
-            Ok(event) => event,
-            Err(error) => return Outcome::reject(error),
-        };
-        let event_id = event.event_id.to_string();
-        match self.dedup.is_done(&event_id).await {
-            Ok(true) => {
-                ::metrics::counter!(metrics::DUPLICATES).increment(1);
-                return Outcome::Ack;
-            }
-            Ok(false) => {}
-            Err(error) => return Outcome::retry(crate::error_chain(&error)),
-        }
+impl EventHandler for StatsHandler {
+    async fn apply(&self, event: Event<Value>, _: &Seen<'_>) -> Outcome {
+        let event_id = event.event_id;
         let update = match Update::from_event(event) {
             Ok(update) => update,
             Err(error) => return Outcome::reject(crate::error_chain(&error)),
@@ -69,11 +58,8 @@ impl Handler for StatsHandler {
             Err(error) => return Outcome::retry(crate::error_chain(&error)),
         };
         observe(&update, &latencies);
-        tracing::debug!(event_id, event_type = %update.event_type, task_id = update.task_id, "event counted");
-        match self.dedup.mark_done(&event_id).await {
-            Ok(_) => Outcome::Ack,
-            Err(error) => Outcome::retry(crate::error_chain(&error)),
-        }
+        tracing::debug!(%event_id, event_type = %update.event_type, task_id = update.task_id, "event counted");
+        Outcome::Ack
     }
 }
 
@@ -82,10 +68,11 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use imagepipe_bus::{AckHandle, BusError, Message};
+    use imagepipe_bus::{AckHandle, BusError, Delivery, Message};
     use imagepipe_contracts::payload::TaskCreated;
     use imagepipe_contracts::{ImageSource, TraceId};
-    use imagepipe_runtime::dedup::MemoryDedup;
+    use imagepipe_runtime::Handler;
+    use imagepipe_runtime::dedup::{Deduplicated, MemoryDedup};
 
     use super::*;
     use crate::store::{MemoryStore, Stats, StoreError};
@@ -143,10 +130,10 @@ mod tests {
         }
     }
 
-    fn handler() -> (Arc<Flaky>, StatsHandler) {
+    fn handler() -> (Arc<Flaky>, Deduplicated<StatsHandler>) {
         let store = Arc::new(Flaky { down: AtomicBool::new(false), inner: MemoryStore::default() });
         let dedup = Box::new(MemoryDedup::new(Duration::from_secs(60), 100));
-        (store.clone(), StatsHandler::new(store, dedup))
+        (store.clone(), Deduplicated::new(StatsHandler::new(store), dedup, crate::GROUP))
     }
 
     async fn created_count(store: &Flaky) -> u64 {

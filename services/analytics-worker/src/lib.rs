@@ -7,7 +7,8 @@
 //! - [`update`]: what one event adds.
 //! - [`histogram`]: fixed-bucket latency histograms and quantile estimates.
 //! - [`store`]: the [`StatsStore`] seam, in Redis (`store.kind = redis`) or in process.
-//! - [`handler`]: the [`Handler`](imagepipe_runtime::Handler) recording events.
+//! - [`handler`]: the [`EventHandler`](imagepipe_runtime::dedup::EventHandler) recording
+//!   events, run inside the dedup layer.
 //! - [`api`]: the stats route.
 //! - [`open_store`] then [`run`]: the subscriber on a connected bus; serve [`api::routes`] of
 //!   the same store.
@@ -22,9 +23,9 @@ use std::sync::Arc;
 
 use imagepipe_bus::{Bus, BusError, Selector, Subscription};
 use imagepipe_runtime::config::StoreKind;
-use imagepipe_runtime::dedup::{self, DedupError};
+use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig, error_chain};
+use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
 
 pub use handler::StatsHandler;
 pub use histogram::{BUCKETS_MS, Histogram};
@@ -49,8 +50,6 @@ pub mod metrics {
     pub const BYTES_DOWNLOADED: &str = "imagepipe_analytics_downloaded_bytes_total";
     /// Seconds between two task stages, by `span`.
     pub const STAGE_LATENCY: &str = "imagepipe_analytics_stage_latency_seconds";
-    /// Events skipped because their `eventId` was already counted.
-    pub const DUPLICATES: &str = "imagepipe_analytics_duplicates_total";
     /// Label: the event type.
     pub const EVENT_TYPE: &str = "event_type";
     /// Label: how a task ended.
@@ -101,6 +100,14 @@ pub fn subscription(settings: &Settings) -> Subscription {
     Subscription::new(GROUP, Selector::all()).with_consumer(settings.worker.consumer_config())
 }
 
+/// The service as its binary runs it, on a started [`Service`]: opens the store, serves
+/// `/v1/stats` from it and counts events until the service's shutdown.
+pub async fn serve(service: &Service) -> Result<(), RunError> {
+    let store = open_store(&service.settings).await?;
+    service.serve(api::routes(store.clone()));
+    run(service.bus.clone(), &service.settings, store, service.shutdown.clone()).await
+}
+
 /// Counts the events on `bus` into `store` until `shutdown` fires and in-flight events are done.
 ///
 /// Orderly: one event per task (message key) at a time, so a redelivered event never races its
@@ -113,7 +120,7 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
     let consumer = bus.events.subscribe(subscription(settings)).await.map_err(RunError::Subscribe)?;
-    let handler = StatsHandler::new(store, dedup);
-    let config = WorkerConfig::from_settings(GROUP, &settings.worker).orderly();
+    let handler = Deduplicated::new(StatsHandler::new(store), dedup, GROUP);
+    let config = LoopConfig::from_settings(GROUP, &settings.worker).orderly();
     Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
 }

@@ -279,7 +279,7 @@ async fn events_are_counted_once_and_served_as_stats() {
         r#"imagepipe_analytics_tasks_total{outcome="failed"} 1"#,
         r#"imagepipe_analytics_images_total{format="png"} 1"#,
         "imagepipe_analytics_downloaded_bytes_total 2148",
-        "imagepipe_analytics_duplicates_total 1",
+        r#"imagepipe_subscriber_duplicates_total{source="analytics"} 1"#,
         r#"imagepipe_analytics_stage_latency_seconds_bucket{span="download",le="0.025"} 1"#,
         r#"imagepipe_analytics_stage_latency_seconds_count{span="download"} 2"#,
     ] {

@@ -1,6 +1,8 @@
-//! The coordinator's HTTP API (axum): tasks, their history, events as SSE, dead letters, and
-//! the OpenAPI document generated from the handlers' types.
+//! The coordinator's HTTP API (axum): tasks, their history, events as SSE, dead letters,
+//! uploaded blobs ([`blobs`]), and the OpenAPI document generated from the handlers' types.
+//! Errors are the runtime's one [`ApiError`] shape.
 
+pub mod blobs;
 mod openapi;
 
 use std::convert::Infallible;
@@ -9,18 +11,19 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::Stream;
+use imagepipe_blob::BlobStore;
 use imagepipe_bus::{Message, Selector};
 use imagepipe_contracts::command::is_valid_id;
 use imagepipe_contracts::names::queues;
 use imagepipe_contracts::{StepError, SubmitTask, decode};
+use imagepipe_runtime::http::ApiError;
 use imagepipe_runtime::telemetry::continue_http_trace;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -42,14 +45,13 @@ const MAX_LIMIT: usize = 500;
 pub struct ApiState {
     engine: Engine,
     hub: EventHub,
-    token: Option<Arc<str>>,
 }
 
-/// The API routes (`/v1/...`), requiring `Authorization: Bearer <token>` when `token` is set
-/// (except the OpenAPI document).
-pub fn router(engine: Engine, hub: EventHub, token: Option<String>) -> Router {
-    let state = ApiState { engine, hub, token: token.map(Into::into) };
-    let protected = Router::new()
+/// The coordinator's API routes (`/v1/...`): tasks, events, dead letters, blobs and the OpenAPI
+/// document. The service's HTTP edge puts them behind the `http.auth_token` check.
+pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_upload_bytes: u64) -> Router {
+    let state = ApiState { engine, hub };
+    Router::new()
         .route("/v1/tasks", post(submit).get(list))
         .route("/v1/tasks/{id}", get(get_task))
         .route("/v1/tasks/{id}/history", get(history))
@@ -58,48 +60,9 @@ pub fn router(engine: Engine, hub: EventHub, token: Option<String>) -> Router {
         .route("/v1/dlq", get(dead_letters))
         .route("/v1/dlq/{id}", axum::routing::delete(purge_dead_letter))
         .route("/v1/dlq/{id}/replay", post(replay_dead_letter))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
-        .with_state(state);
-    Router::new().route("/v1/openapi.json", get(openapi_document)).merge(protected)
-}
-
-/// An error answer: `{"error": "<code>", "message": "..."}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct ApiError {
-    /// HTTP status.
-    #[serde(skip)]
-    #[schemars(skip)]
-    pub status: u16,
-    /// Stable code: `invalid_request`, `not_found`, `conflict`, `unauthorized`, `unavailable`.
-    pub error: String,
-    /// What is wrong, naming the field or value.
-    pub message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, error: &str, message: impl Into<String>) -> Self {
-        Self { status: status.as_u16(), error: error.to_owned(), message: message.into() }
-    }
-
-    fn invalid(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
-    }
-
-    fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-
-    fn unavailable(e: impl std::fmt::Display) -> Self {
-        tracing::warn!(error = %e, "API request failed on a dependency");
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("try again: {e}"))
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(self)).into_response()
-    }
+        .route("/v1/openapi.json", get(openapi_document))
+        .with_state(state)
+        .merge(blobs::router(blobs, max_upload_bytes))
 }
 
 impl From<StoreError> for ApiError {
@@ -109,39 +72,6 @@ impl From<StoreError> for ApiError {
             e => Self::unavailable(e),
         }
     }
-}
-
-impl From<PathRejection> for ApiError {
-    fn from(e: PathRejection) -> Self {
-        Self::invalid(e.body_text())
-    }
-}
-
-impl From<QueryRejection> for ApiError {
-    fn from(e: QueryRejection) -> Self {
-        Self::invalid(e.body_text())
-    }
-}
-
-async fn require_token(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    if let Some(token) = &state.token {
-        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        let ok = given
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes()));
-        if !ok {
-            let mut response =
-                ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send `Authorization: Bearer <token>`")
-                    .into_response();
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
-        }
-    }
-    next.run(request).await
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn task_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
@@ -315,7 +245,7 @@ async fn cancel(
             state.engine.store().get(&id).await?.ok_or_else(|| ApiError::not_found(format!("no task {id}")))?
         }
         Err(EngineError::UnknownTask(_)) => return Err(ApiError::not_found(format!("no task {id}"))),
-        Err(EngineError::Illegal(e)) => return Err(ApiError::new(StatusCode::CONFLICT, "conflict", e.reason)),
+        Err(EngineError::Illegal(e)) => return Err(ApiError::conflict(e.reason)),
         Err(e) => return Err(ApiError::unavailable(e)),
     };
     Ok((StatusCode::ACCEPTED, Json(task.into())))
@@ -406,15 +336,11 @@ async fn replay_dead_letter(
     let store = state.engine.store();
     let letter = store.dead_letter(&id).await?.ok_or_else(|| ApiError::not_found(format!("no dead letter {id}")))?;
     if !queues::ALL.contains(&letter.source.as_str()) {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "conflict",
-            format!(
-                "dead letters from {:?} cannot be replayed: only task queues ({}) can",
-                letter.source,
-                queues::ALL.join(", ")
-            ),
-        ));
+        return Err(ApiError::conflict(format!(
+            "dead letters from {:?} cannot be replayed: only task queues ({}) can",
+            letter.source,
+            queues::ALL.join(", ")
+        )));
     }
     let mut message =
         Message::new(letter.body.clone().into_bytes()).with_id(format!("replay-{}", uuid::Uuid::new_v4()));

@@ -1,22 +1,23 @@
 //! The coordinator assembled from [`Settings`]: store, engine, API routes and loops. Used by
-//! the binary and by `imagepipe run`.
+//! the binary ([`serve`]) and by `imagepipe run`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use imagepipe_blob::BlobStore;
 use imagepipe_bus::Bus;
 use imagepipe_contracts::Step;
-use imagepipe_runtime::Settings;
-use imagepipe_runtime::clock::Clock;
-use imagepipe_runtime::config::{CoordinatorSettings, StoreKind};
+use imagepipe_runtime::clock::{Clock, SystemClock};
+use imagepipe_runtime::config::{CoordinatorConfig, StoreKind};
 use imagepipe_runtime::shutdown::Shutdown;
-use imagepipe_runtime::worker::WorkerConfig;
+use imagepipe_runtime::worker::LoopConfig;
+use imagepipe_runtime::{Service, Settings};
 
 use crate::engine::{Engine, EngineConfig};
 use crate::events::EventHub;
+use crate::loops::{self, LoopsConfig, RunError};
 use crate::machine::{Policy, StepPolicy};
-use crate::service::{self, ServiceConfig, ServiceError};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
 use crate::store::{StoreError, TaskStore};
@@ -36,7 +37,7 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn TaskStore>, Store
 }
 
 /// The retry and deadline rules of the `coordinator` section.
-pub fn policy(settings: &CoordinatorSettings) -> Policy {
+pub fn policy(settings: &CoordinatorConfig) -> Policy {
     let step = |step: Step| {
         let deadline = match step {
             Step::Download => settings.download_deadline,
@@ -53,14 +54,25 @@ pub fn policy(settings: &CoordinatorSettings) -> Policy {
     }
 }
 
+/// The coordinator as its binary runs it, on a started [`Service`]: opens the store and the
+/// blob store, serves the API and runs every loop until the service's shutdown.
+pub async fn serve(service: &Service) -> Result<(), RunError> {
+    let settings = &service.settings;
+    let store = open_store(settings).await.map_err(RunError::Store)?;
+    let blobs = settings.blob.open().map_err(RunError::BlobStore)?;
+    let coordinator = Coordinator::new(settings, store, service.bus.clone(), Arc::new(SystemClock));
+    service.serve(coordinator.routes(blobs));
+    coordinator.run(service.shutdown.clone()).await
+}
+
 /// A coordinator ready to serve and run.
 pub struct Coordinator {
     /// The engine.
     pub engine: Engine,
     /// The event fan-out behind `/v1/events`.
     pub hub: EventHub,
-    token: Option<String>,
-    config: ServiceConfig,
+    max_upload_bytes: u64,
+    config: LoopsConfig,
 }
 
 impl Coordinator {
@@ -70,25 +82,26 @@ impl Coordinator {
         let engine_config =
             EngineConfig { policy: policy(c), max_in_flight: c.max_in_flight, ..EngineConfig::default() };
         let engine = Engine::new(store, bus, clock, engine_config);
-        let config = ServiceConfig {
-            worker: WorkerConfig::from_settings("coordinator", &settings.worker),
+        let config = LoopsConfig {
+            worker: LoopConfig::from_settings("coordinator", &settings.worker),
             consumer: settings.worker.consumer_config(),
             sweep_interval: c.sweep_interval,
             cap_recheck: Duration::from_millis(500),
             dlq_groups: c.dlq_groups.clone(),
             events_group: format!("coordinator-sse-{}", uuid::Uuid::new_v4().simple()),
         };
-        let token = settings.http.auth_token.as_ref().map(|t| t.expose().clone());
-        Self { engine, hub: EventHub::new(SSE_BUFFER), token, config }
+        let max_upload_bytes = settings.download.max_bytes;
+        Self { engine, hub: EventHub::new(SSE_BUFFER), max_upload_bytes, config }
     }
 
-    /// The `/v1` API routes, to merge into the service's HTTP server.
-    pub fn routes(&self) -> Router {
-        crate::api::router(self.engine.clone(), self.hub.clone(), self.token.clone())
+    /// The `/v1` API routes, uploads going into `blobs` (at most `download.max_bytes` each),
+    /// to serve with [`Service::serve`].
+    pub fn routes(&self, blobs: Arc<dyn BlobStore>) -> Router {
+        crate::api::router(self.engine.clone(), self.hub.clone(), blobs, self.max_upload_bytes)
     }
 
     /// Runs the sweeper and every consumer until `shutdown`.
-    pub async fn run(self, shutdown: Shutdown) -> Result<(), ServiceError> {
-        service::run(self.engine, self.hub, self.config, shutdown).await
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), RunError> {
+        loops::run(self.engine, self.hub, self.config, shutdown).await
     }
 }

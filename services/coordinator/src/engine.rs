@@ -13,7 +13,7 @@ use imagepipe_runtime::telemetry::{current_trace_id, inject_trace, join_trace};
 use metrics::{counter, gauge};
 use tracing::{Instrument, Span};
 
-use crate::machine::{self, Context, Ignored, IllegalTransition, Input, Outcome, Policy};
+use crate::machine::{self, Context, Ignored, IllegalTransition, Input, Policy, Verdict};
 use crate::metrics as m;
 use crate::store::{Applied, Created, ListQuery, StoreError, TaskStore};
 use crate::task::{Destination, OutboxEntry, Task, TaskState};
@@ -196,8 +196,8 @@ impl Engine {
             }
             let ctx = Context { now: self.clock.unix_ms(), seed: rand::random() };
             let decision = match machine::decide(&task, &input, &ctx, &self.config.policy) {
-                Ok(Outcome::Apply(decision)) => decision,
-                Ok(Outcome::Ignore(why)) => {
+                Ok(Verdict::Apply(decision)) => decision,
+                Ok(Verdict::Ignore(why)) => {
                     counter!(m::IGNORED, "reason" => why.as_str()).increment(1);
                     tracing::debug!(task_id = id, input = input.kind(), reason = why.as_str(), "input ignored");
                     return Ok(Handled::Ignored(why));

@@ -6,7 +6,7 @@
 //! - [`engine`]: applies inputs with compare-and-set, relays the outbox, sweeps due timers,
 //!   starts queued tasks under the in-flight cap.
 //! - [`consumers`]: handlers of `tasks.submit`, `tasks.results` and the dead-letter queues.
-//! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`service`]: the loops;
+//! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`loops`]: the loops;
 //!   [`app`]: assembly from the runtime `Settings`.
 
 pub mod api;
@@ -14,11 +14,15 @@ pub mod app;
 pub mod consumers;
 pub mod engine;
 pub mod events;
+pub mod loops;
 pub mod machine;
 pub mod metrics;
-pub mod service;
 pub mod store;
 pub mod task;
 
-pub use machine::{Context, Decision, Ignored, IllegalTransition, Input, Outcome, Policy, StepPolicy};
+pub use app::serve;
+
+/// The service's name: the `source` of its events, and its name in logs and traces.
+pub const SERVICE: &str = machine::SOURCE;
+pub use machine::{Context, Decision, Ignored, IllegalTransition, Input, Policy, StepPolicy, Verdict};
 pub use task::{HistoryEntry, OutboxEntry, Task, TaskState, Timer, TimerKind};

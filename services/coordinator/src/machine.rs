@@ -2,7 +2,7 @@
 //!
 //! [`decide`] never performs I/O: it returns the new task, the history entry and the outbox
 //! messages of the transition, which a [`crate::store::TaskStore`] then writes atomically. A
-//! duplicate or stale input is [`Outcome::Ignore`]d; an input that has no edge from the task's
+//! duplicate or stale input is [`Verdict::Ignore`]d; an input that has no edge from the task's
 //! state is an [`IllegalTransition`], which the caller logs and counts and never applies.
 
 use std::time::Duration;
@@ -168,7 +168,7 @@ impl Ignored {
 
 /// What to do with an input.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub enum Verdict {
     /// Write this transition.
     Apply(Box<Decision>),
     /// Acknowledge the input and change nothing.
@@ -215,13 +215,13 @@ pub fn create(id: String, submit: &SubmitTask, source: ImageSource, trace_id: Tr
 }
 
 /// Decides what `input` does to `task`.
-pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Result<Outcome, IllegalTransition> {
+pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Result<Verdict, IllegalTransition> {
     let illegal =
         |reason: String| IllegalTransition { task_id: task.id.clone(), state: task.state, input: input.kind(), reason };
     let outcome = match input {
         Input::Start => {
             if task.state != TaskState::Queued {
-                return Ok(Outcome::Ignore(Ignored::AlreadyStarted));
+                return Ok(Verdict::Ignore(Ignored::AlreadyStarted));
             }
             let mut t = Transition::new(task, ctx.now);
             t.dispatch(Step::Download, 1, policy).map_err(illegal)?;
@@ -234,7 +234,7 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
             let running = matches!(task.timer, Some(Timer { kind: TimerKind::Deadline, .. }));
             if running {
                 if task.cancel_requested.is_some() {
-                    return Ok(Outcome::Ignore(Ignored::AlreadyCancelling));
+                    return Ok(Verdict::Ignore(Ignored::AlreadyCancelling));
                 }
                 let mut t = Transition::new(task, ctx.now);
                 t.task.cancel_requested = Some(CancelRequest { reason: reason.clone(), at: ctx.now });
@@ -255,7 +255,7 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
         Input::Result(result) => return on_result(task, result, ctx, policy).map_err(illegal),
         Input::Redispatch => {
             let Some(Timer { kind: TimerKind::Deadline, step, attempt, .. }) = task.timer else {
-                return Ok(Outcome::Ignore(Ignored::NotRunning));
+                return Ok(Verdict::Ignore(Ignored::NotRunning));
             };
             let mut t = Transition::new(task, ctx.now);
             t.dispatch(step, attempt, policy).map_err(illegal)?;
@@ -269,10 +269,10 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
         }
         Input::Timer(timer) => {
             if task.timer != Some(*timer) {
-                return Ok(Outcome::Ignore(Ignored::StaleTimer));
+                return Ok(Verdict::Ignore(Ignored::StaleTimer));
             }
             if timer.due_at > ctx.now {
-                return Ok(Outcome::Ignore(Ignored::TimerNotDue));
+                return Ok(Verdict::Ignore(Ignored::TimerNotDue));
             }
             let mut t = Transition::new(task, ctx.now);
             match timer.kind {
@@ -298,12 +298,12 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
             }
         }
     };
-    Ok(Outcome::Apply(Box::new(outcome)))
+    Ok(Verdict::Apply(Box::new(outcome)))
 }
 
-fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -> Result<Outcome, String> {
+fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -> Result<Verdict, String> {
     if task.state.is_terminal() {
-        return Ok(Outcome::Ignore(Ignored::StaleResult));
+        return Ok(Verdict::Ignore(Ignored::StaleResult));
     }
     if result.attempt == 0 {
         return Err("attempts count from 1".into());
@@ -317,7 +317,7 @@ fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -
         return Err(format!("a {} result arrived for a task that has not started", result.step));
     };
     if result.step < current {
-        return Ok(Outcome::Ignore(Ignored::StaleResult));
+        return Ok(Verdict::Ignore(Ignored::StaleResult));
     }
     if result.step > current {
         return Err(format!("a {} result arrived while the task is at step {current}", result.step));
@@ -327,13 +327,13 @@ fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -
         return Err(format!("{current} attempt {} was never dispatched (latest is {dispatched})", result.attempt));
     }
     if result.attempt < dispatched {
-        return Ok(Outcome::Ignore(Ignored::StaleResult));
+        return Ok(Verdict::Ignore(Ignored::StaleResult));
     }
     let running = matches!(task.timer, Some(Timer { kind: TimerKind::Deadline, attempt, .. }) if attempt == dispatched);
     let mut t = Transition::new(task, ctx.now);
     let decision = match &result.outcome {
         StepOutcome::Ok { output } => t.succeeded(current, result.attempt, output.clone(), policy)?,
-        _ if !running => return Ok(Outcome::Ignore(Ignored::DuplicateResult)),
+        _ if !running => return Ok(Verdict::Ignore(Ignored::DuplicateResult)),
         StepOutcome::Retryable { error, retry_after_ms } => {
             t.failed_attempt(current, result.attempt, error.clone(), *retry_after_ms, ctx, policy)
         }
@@ -342,7 +342,7 @@ fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -
             t.fail(current, result.attempt, error.clone())
         }
     };
-    Ok(Outcome::Apply(Box::new(decision)))
+    Ok(Verdict::Apply(Box::new(decision)))
 }
 
 /// A transition being built from a task.

@@ -7,13 +7,16 @@ use std::time::Duration;
 
 use common::*;
 use futures::StreamExt;
+use imagepipe_blob::LocalBlobStore;
 use imagepipe_contracts::names::queues;
 use imagepipe_coordinator::api;
 use imagepipe_coordinator::engine::Engine;
 use imagepipe_coordinator::events::{EventHub, HubEvent};
 use imagepipe_coordinator::store::DeadLetter;
 use imagepipe_coordinator::store::embedded::EmbeddedStore;
+use imagepipe_runtime::Shutdown;
 use imagepipe_runtime::clock::ManualClock;
+use imagepipe_runtime::http::{ApiRoutes, HealthServer, Readiness};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -33,10 +36,15 @@ async fn serve(max_in_flight: u64, token: Option<&str>) -> Server {
     let store = Arc::new(EmbeddedStore::open(dir.path(), Duration::from_secs(10)).unwrap());
     let engine = engine(store, &bus, &clock, max_in_flight);
     let hub = EventHub::new(64);
-    let router = api::router(engine.clone(), hub.clone(), token.map(str::to_owned));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let blobs = Arc::new(LocalBlobStore::new(dir.path().join("blobs")));
+    // Served through the runtime's HTTP edge, as every service serves its routes.
+    let routes = ApiRoutes::new(token.map(|t| t.to_owned().into()));
+    routes.add(api::router(engine.clone(), hub.clone(), blobs, 1024 * 1024));
+    let metrics = imagepipe_runtime::metrics::install().unwrap();
+    let server = HealthServer::new(Readiness::new(), metrics).api(routes);
+    let bound = server.bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let base = format!("http://{}", bound.local_addr());
+    tokio::spawn(bound.serve(Shutdown::new()));
     Server { base, engine, hub, bus, client: reqwest::Client::new(), _dir: dir }
 }
 
@@ -186,7 +194,7 @@ async fn cancel_stops_a_queued_task_at_once_and_a_running_one_at_the_boundary() 
 }
 
 #[tokio::test]
-async fn a_bearer_token_guards_everything_but_the_openapi_document() {
+async fn a_bearer_token_guards_every_v1_route() {
     let s = serve(10, Some("s3cret")).await;
     let response = s.client.get(format!("{}/v1/tasks", s.base)).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
@@ -198,8 +206,13 @@ async fn a_bearer_token_guards_everything_but_the_openapi_document() {
     let right = s.client.get(format!("{}/v1/tasks", s.base)).bearer_auth("s3cret").send().await.unwrap();
     assert_eq!(right.status(), StatusCode::OK);
 
-    let (status, doc) = s.get("/v1/openapi.json").await;
-    assert_eq!(status, StatusCode::OK);
+    for (method, path) in [("GET", "/v1/openapi.json"), ("POST", "/v1/blobs"), ("GET", "/v1/no-such-route")] {
+        let request = s.client.request(method.parse().unwrap(), format!("{}{path}", s.base));
+        assert_eq!(request.send().await.unwrap().status(), StatusCode::UNAUTHORIZED, "{method} {path}");
+    }
+    let response = s.client.get(format!("{}/v1/openapi.json", s.base)).bearer_auth("s3cret").send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let doc: Value = response.json().await.unwrap();
     assert_eq!(doc["openapi"], "3.1.0");
     for path in [
         "/v1/tasks",
@@ -210,6 +223,8 @@ async fn a_bearer_token_guards_everything_but_the_openapi_document() {
         "/v1/dlq",
         "/v1/dlq/{id}",
         "/v1/dlq/{id}/replay",
+        "/v1/blobs",
+        "/v1/blobs/{key}",
     ] {
         assert!(doc["paths"][path].is_object(), "{path} missing");
     }
@@ -295,4 +310,33 @@ async fn events_stream_as_sse_filtered_by_task_and_type() {
     assert!(text.contains("event: task.completed"), "{text}");
     assert!(text.contains("id: e3"), "{text}");
     assert!(!text.contains("e1") && !text.contains("e2"), "{text}");
+}
+
+#[tokio::test]
+async fn blobs_are_uploaded_and_read_back_through_the_coordinator() {
+    let s = serve(10, None).await;
+    let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89".to_vec();
+    let response = s.client.post(format!("{}/v1/blobs", s.base)).body(png.clone()).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let location = response.headers()["location"].to_str().unwrap().to_owned();
+    let uploaded: Value = response.json().await.unwrap();
+    let key = uploaded["key"].as_str().unwrap();
+    assert!(key.starts_with("sha256:"), "{uploaded}");
+    assert_eq!(
+        (location.as_str(), uploaded["size"].as_u64()),
+        (format!("/v1/blobs/{key}").as_str(), Some(png.len() as u64))
+    );
+
+    let read = s.client.get(format!("{}{location}", s.base)).send().await.unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+    assert_eq!(read.headers()["content-type"], "image/png");
+    assert_eq!(read.bytes().await.unwrap().as_ref(), png.as_slice());
+
+    let empty = s.client.post(format!("{}/v1/blobs", s.base)).send().await.unwrap();
+    assert_eq!(empty.status(), StatusCode::BAD_REQUEST);
+    let (status, body) = s.get("/v1/blobs/not-a-key").await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
+    let missing = format!("/v1/blobs/sha256:{}", "0".repeat(64));
+    let (status, body) = s.get(&missing).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
 }

@@ -21,9 +21,9 @@ use imagepipe_coordinator::store::redis::RedisStore;
 use imagepipe_coordinator::task::{HistoryEvent, TaskState, TimerKind};
 use imagepipe_coordinator::{Ignored, Input};
 use imagepipe_runtime::clock::ManualClock;
-use imagepipe_runtime::config::WorkerSettings;
+use imagepipe_runtime::config::WorkerConfig;
 use imagepipe_runtime::shutdown::Shutdown;
-use imagepipe_runtime::worker::{Handler, Outcome, Worker, WorkerConfig};
+use imagepipe_runtime::worker::{Handler, LoopConfig, Outcome, Worker};
 
 const GRACE: Duration = Duration::from_secs(10);
 
@@ -92,7 +92,7 @@ async fn malformed_and_invalid_submissions_are_dead_lettered_with_the_reason() {
     let clock = ManualClock::at_unix_ms(T0);
     let engine = engine(embedded(dir.path()), &bus, &clock, 10);
     let consumer = bus.queues.consume(queues::SUBMIT, consumer_config()).await.unwrap();
-    let mut config = WorkerConfig::from_settings(queues::SUBMIT, &WorkerSettings::default());
+    let mut config = LoopConfig::from_settings(queues::SUBMIT, &WorkerConfig::default());
     config.fetch_wait = Duration::from_millis(20);
     let shutdown = Shutdown::new();
     let worker = tokio::spawn(Worker::new(consumer, SubmitHandler::new(engine.clone()), config).run(shutdown.clone()));

@@ -6,12 +6,14 @@ use std::time::Duration;
 use imagepipe_blob::{BlobError, InvalidBlobKey};
 use imagepipe_contracts::StepError;
 use imagepipe_net::{FetchError, StatusCode};
+use imagepipe_runtime::step::{self, StepFailure};
 
 /// Longest `Retry-After` honoured; a server asking for more is retried after this.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// Stable error codes of the download step (the `code` of its [`StepError`]s). An HTTP status
-/// the server answered with is `http_<status>` (`http_404`, `http_503`).
+/// the server answered with is `http_<status>` (`http_404`, `http_503`); blob store failures
+/// have the codes every step shares ([`imagepipe_runtime::step::codes`]).
 pub mod codes {
     /// The bytes are not an image.
     pub const NOT_AN_IMAGE: &str = "not_an_image";
@@ -33,14 +35,6 @@ pub mod codes {
     pub const CONNECT_FAILED: &str = "connect_failed";
     /// The connection failed during the transfer.
     pub const TRANSFER_FAILED: &str = "transfer_failed";
-    /// The command's blob key is not a blob key.
-    pub const INVALID_BLOB_KEY: &str = "invalid_blob_key";
-    /// No blob is stored under the command's key.
-    pub const BLOB_NOT_FOUND: &str = "blob_not_found";
-    /// The stored blob does not hash to its key.
-    pub const BLOB_CORRUPT: &str = "blob_corrupt";
-    /// Reading or writing the blob store failed.
-    pub const BLOB_IO: &str = "blob_io";
 }
 
 /// Why an image could not be downloaded or validated.
@@ -99,10 +93,8 @@ impl DownloadError {
             DownloadError::Status { status, .. } => return format!("http_{}", status.as_u16()),
             DownloadError::NotAnImage { .. } => codes::NOT_AN_IMAGE,
             DownloadError::BlobTooLarge { .. } => codes::TOO_LARGE,
-            DownloadError::InvalidBlobKey(_) => codes::INVALID_BLOB_KEY,
-            DownloadError::Blob(BlobError::NotFound(_)) => codes::BLOB_NOT_FOUND,
-            DownloadError::Blob(BlobError::Corrupt { .. }) => codes::BLOB_CORRUPT,
-            DownloadError::Blob(BlobError::Io { .. }) => codes::BLOB_IO,
+            DownloadError::InvalidBlobKey(_) => step::codes::INVALID_BLOB_KEY,
+            DownloadError::Blob(error) => step::blob_code(error),
         };
         code.to_owned()
     }
@@ -132,6 +124,18 @@ impl DownloadError {
     /// The error as a step result reports it: its code, and its message with every cause.
     pub fn to_step_error(&self) -> StepError {
         StepError::new(self.code(), crate::error_chain(self))
+    }
+}
+
+impl From<DownloadError> for StepFailure {
+    fn from(error: DownloadError) -> Self {
+        let retry_after = error.retry_after();
+        let step_error = error.to_step_error();
+        if error.is_retryable() {
+            StepFailure::Retryable { error: step_error, retry_after }
+        } else {
+            StepFailure::Permanent(step_error)
+        }
     }
 }
 

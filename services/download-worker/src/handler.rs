@@ -1,6 +1,5 @@
-//! The download step's [`Handler`]: fetch the image (or read the uploaded blob), check by its
-//! magic bytes that it is an image, store it under its content address, then report (event,
-//! then step result).
+//! The download step's [`StepHandler`]: fetch the image (or read the uploaded blob), check by
+//! its magic bytes that it is an image, and store it under its content address.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -8,31 +7,26 @@ use std::time::{Instant, SystemTime};
 use async_trait::async_trait;
 use bytes::Bytes;
 use imagepipe_blob::{BlobKey, BlobStore};
-use imagepipe_bus::Delivery;
 use imagepipe_contracts::command::{DownloadCommand, ImageSource};
-use imagepipe_contracts::payload::ImageDownloaded;
 use imagepipe_contracts::step::DownloadOutput;
-use imagepipe_contracts::{Step, StepOutput, decode};
 use imagepipe_net::{GuardedClient, redacted_url};
-use imagepipe_runtime::step::{Attempt, StepReporter};
-use imagepipe_runtime::{Handler, Outcome};
+use imagepipe_runtime::step::{StepFailure, StepHandler};
 
 use crate::error::{DownloadError, MAX_RETRY_AFTER};
 use crate::metrics;
-use crate::sniff::{ImageFormat, Sniffed, sniff};
+use imagepipe_blob::sniff::{ImageFormat, Sniffed, sniff};
 
 /// Handles `tasks.download` commands (see the module docs).
 pub struct DownloadHandler {
     client: GuardedClient,
     blobs: Arc<dyn BlobStore>,
-    reporter: StepReporter,
 }
 
 impl DownloadHandler {
-    /// A handler fetching with `client` (whose limits apply to uploaded blobs too), storing into
-    /// `blobs` and reporting through `reporter`.
-    pub fn new(client: GuardedClient, blobs: Arc<dyn BlobStore>, reporter: StepReporter) -> Self {
-        Self { client, blobs, reporter }
+    /// A handler fetching with `client` (whose limits apply to uploaded blobs too) and storing
+    /// into `blobs`.
+    pub fn new(client: GuardedClient, blobs: Arc<dyn BlobStore>) -> Self {
+        Self { client, blobs }
     }
 
     /// Brings the image of `source` into the blob store and describes it.
@@ -96,35 +90,13 @@ fn output(key: BlobKey, size: u64, format: ImageFormat, final_url: Option<String
 }
 
 #[async_trait]
-impl Handler for DownloadHandler {
-    async fn handle(&self, delivery: &Delivery) -> Outcome {
-        let command: DownloadCommand = match decode(&delivery.message.payload) {
-            Ok(command) => command,
-            Err(error) => return Outcome::reject(error),
-        };
-        let attempt = Attempt { task_id: command.task_id.clone(), step: Step::Download, attempt: command.attempt };
-        let reported = match self.download(&command.source).await {
-            Ok(image) => {
-                tracing::info!(task_id = %attempt.task_id, blob_key = %image.blob_key, size = image.size,
-                    format = %image.format, "image downloaded");
-                let payload = ImageDownloaded { image: image.clone(), labels: command.labels.clone() };
-                self.reporter.succeeded(&attempt, payload, StepOutput::Download(image)).await
-            }
-            Err(error) if error.is_retryable() => {
-                let retry_after = error.retry_after();
-                tracing::warn!(task_id = %attempt.task_id, error = %crate::error_chain(&error), ?retry_after,
-                    "download failed; the coordinator retries it");
-                self.reporter.retryable(&attempt, error.to_step_error(), retry_after).await
-            }
-            Err(error) => {
-                tracing::info!(task_id = %attempt.task_id, error = %crate::error_chain(&error),
-                    "download failed permanently");
-                self.reporter.permanent(&attempt, error.to_step_error()).await
-            }
-        };
-        match reported {
-            Ok(()) => Outcome::Ack,
-            Err(error) => Outcome::retry(format!("reporting the download step: {}", crate::error_chain(&error))),
-        }
+impl StepHandler for DownloadHandler {
+    type Command = DownloadCommand;
+
+    async fn process(&self, command: &DownloadCommand) -> Result<DownloadOutput, StepFailure> {
+        let image = self.download(&command.source).await?;
+        tracing::info!(task_id = %command.task_id, blob_key = %image.blob_key, size = image.size,
+            format = %image.format, "image downloaded");
+        Ok(image)
     }
 }

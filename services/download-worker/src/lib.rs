@@ -3,31 +3,30 @@
 //! checks by its magic bytes that it is an image, stores it in the blob store under its sha256,
 //! publishes `image.downloaded` and reports the step.
 //!
-//! - [`sniff`]: what the bytes are (JPEG, PNG, GIF, WebP, BMP, TIFF, AVIF, HEIC, ICO), never
-//!   trusting `Content-Type`.
+//! - [`sniff`](imagepipe_blob::sniff): what the bytes are (JPEG, PNG, GIF, WebP, BMP, TIFF,
+//!   AVIF, HEIC, ICO), never trusting `Content-Type`; shared with the upload API.
 //! - [`error`]: failures, their stable codes, and which are retryable.
-//! - [`handler`]: the worker's [`Handler`](imagepipe_runtime::Handler).
+//! - [`handler`]: the step's [`StepHandler`](imagepipe_runtime::step::StepHandler).
 //! - [`run`]: the worker loop on a connected bus, for the binary, `imagepipe run` and tests.
 
 pub mod error;
 pub mod handler;
-pub mod sniff;
 
 use std::sync::Arc;
 
 use imagepipe_blob::BlobConfigError;
 use imagepipe_bus::{Bus, BusError};
 use imagepipe_contracts::names::queues;
-use imagepipe_net::{BuildError, ClientBuilder, GuardedClient, Limits};
+use imagepipe_net::{BuildError, ClientBuilder, GuardedClient};
 use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::config::ConfigError;
-use imagepipe_runtime::step::StepReporter;
+use imagepipe_runtime::step::{Reporting, StepReporter};
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig, error_chain};
+use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
 
 pub use error::DownloadError;
 pub use handler::DownloadHandler;
-pub use sniff::{ImageFormat, Sniffed, sniff};
+pub use imagepipe_blob::sniff::{ImageFormat, Sniffed, sniff};
 
 /// The service's name: the `source` of its events, and its name in logs and traces.
 pub const SERVICE: &str = "download-worker";
@@ -75,13 +74,13 @@ pub enum RunError {
 pub fn client_builder(settings: &Settings) -> Result<ClientBuilder, RunError> {
     let allow = settings.net.allowed_networks().map_err(|e| RunError::Allowlist(Box::new(e)))?;
     let download = &settings.download;
-    let limits = Limits {
-        max_bytes: download.max_bytes,
-        connect_timeout: download.connect_timeout,
-        total_timeout: download.total_timeout,
-        max_redirects: download.max_redirects,
-    };
-    Ok(GuardedClient::builder().allow(allow).limits(limits).user_agent(download.user_agent.clone()))
+    Ok(GuardedClient::builder().allow(allow).limits(download.limits()).user_agent(download.user_agent.clone()))
+}
+
+/// The service as its binary runs it, on a started [`Service`]: consumes `tasks.download` until
+/// the service's shutdown.
+pub async fn serve(service: &Service) -> Result<(), RunError> {
+    run(service.bus.clone(), &service.settings, service.shutdown.clone()).await
 }
 
 /// Consumes `tasks.download` on `bus` with the client, blob store and limits of `settings`
@@ -100,11 +99,10 @@ pub async fn run_with_client(
 ) -> Result<(), RunError> {
     let consumer =
         bus.queues.consume(queues::DOWNLOAD, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
-    let handler = DownloadHandler::new(
-        client,
-        settings.blob.open().map_err(RunError::BlobStore)?,
+    let handler = Reporting::new(
+        DownloadHandler::new(client, settings.blob.open().map_err(RunError::BlobStore)?),
         StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
     );
-    let config = WorkerConfig::from_settings(queues::DOWNLOAD, &settings.worker);
+    let config = LoopConfig::from_settings(queues::DOWNLOAD, &settings.worker);
     Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
 }

@@ -11,12 +11,9 @@ use image::codecs::jpeg::JpegEncoder;
 use image::codecs::webp::WebPEncoder;
 use image::{DynamicImage, ExtendedColorType, Frame, ImageEncoder, ImageFormat, Rgb, RgbImage, Rgba, RgbaImage};
 use imagepipe_blob::LocalBlobStore;
-use imagepipe_bus::{Bus, BusConfig};
 use imagepipe_download_worker::DownloadHandler;
 use imagepipe_net::testing::LoopbackOnly;
 use imagepipe_net::{GuardedClient, Limits, StaticResolver};
-use imagepipe_runtime::clock::ManualClock;
-use imagepipe_runtime::step::StepReporter;
 
 /// The test client's allowlist: the fixture servers on 127.0.0.1, nothing else.
 pub const LOOPBACK: &str = "127.0.0.1/32";
@@ -148,8 +145,8 @@ fn exif_with_gps() -> Vec<u8> {
     tiff
 }
 
-/// A handler over a memory bus and a blob store in `dir`, whose client reaches only `allow`
-/// through `resolver`, and refuses (and records) any dial beyond loopback.
+/// A handler over a blob store in `dir`, whose client reaches only `allow` through
+/// `resolver`, and refuses (and records) any dial beyond loopback.
 pub async fn handler(
     dir: &std::path::Path,
     allow: &[&str],
@@ -165,7 +162,5 @@ pub async fn handler(
         .build()
         .unwrap();
     let blobs = Arc::new(LocalBlobStore::new(dir));
-    let bus = Bus::connect(&BusConfig::default()).await.unwrap();
-    let reporter = StepReporter::new(bus, "download-worker", Arc::new(ManualClock::at_unix_ms(0)));
-    (DownloadHandler::new(client, blobs.clone(), reporter), blobs, dial)
+    (DownloadHandler::new(client, blobs.clone()), blobs, dial)
 }

@@ -3,13 +3,14 @@
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use imagepipe_contracts::SubmitTask;
-use imagepipe_coordinator::api::{Accepted, ApiError, Replayed, TaskView};
+use imagepipe_coordinator::api::{Accepted, Replayed, TaskView};
 use imagepipe_coordinator::store::DeadLetterPage;
+use imagepipe_runtime::http::ApiError;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
 
-use crate::blob_api::Uploaded;
 use crate::sse::{SseEvent, SseParser};
+use imagepipe_coordinator::api::blobs::Uploaded;
 
 /// The default API address.
 pub const DEFAULT_API: &str = "http://127.0.0.1:8080";

@@ -1,6 +1,8 @@
 //! Every service in one process: the coordinator, the download, metadata and AI workers and the
-//! notification, tag-indexer and analytics subscribers on one bus, the coordinator's store, a local blob
-//! directory, and one HTTP server for all of their APIs.
+//! notification, tag-indexer and analytics subscribers (seven services) on one bus, the
+//! coordinator's store, a local blob directory, and one HTTP server for all of their APIs. It
+//! starts like any service ([`Service::start_with`]): the same readiness checks, the same `/v1`
+//! edge and token check, the same connect with retry.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,18 +18,15 @@ use imagepipe_coordinator::app::{Coordinator, open_store};
 use imagepipe_coordinator::engine::Engine;
 use imagepipe_coordinator::store::StoreError;
 use imagepipe_runtime::clock::SystemClock;
-use imagepipe_runtime::http::{HealthServer, HttpError, Readiness};
-use imagepipe_runtime::metrics::MetricsError;
+use imagepipe_runtime::service::{Service, ServiceError};
 use imagepipe_runtime::{Settings, Shutdown};
 use tokio::task::JoinSet;
 
-use crate::blob_api;
+/// The pipeline's name in logs and traces.
+const NAME: &str = "imagepipe";
 
 /// How often [`Pipeline::wait_for`] looks at the store.
 const WAIT_POLL: Duration = Duration::from_millis(100);
-
-/// How long open HTTP connections (SSE watchers) may keep the server up after a stop.
-const HTTP_DRAIN: Duration = Duration::from_secs(5);
 
 /// The in-process pipeline could not start, or one of its services failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,9 +34,9 @@ pub enum PipelineError {
     /// The AI model could not be loaded.
     #[error("loading the AI model")]
     Model(#[source] ModelError),
-    /// The bus could not be connected.
-    #[error("connecting the bus")]
-    Bus(#[source] BusError),
+    /// The service start-up (telemetry, metrics, HTTP server, bus) failed, or its stop did.
+    #[error(transparent)]
+    Start(Box<ServiceError>),
     /// The blob store of `blob.*` could not be opened.
     #[error("opening the blob store")]
     BlobStore(#[source] BlobConfigError),
@@ -59,12 +58,6 @@ pub enum PipelineError {
     /// The coordinator's store could not be opened.
     #[error("opening the task store")]
     Store(#[source] StoreError),
-    /// The metrics recorder could not be installed.
-    #[error(transparent)]
-    Metrics(#[from] MetricsError),
-    /// The HTTP server could not bind or serve.
-    #[error(transparent)]
-    Http(#[from] HttpError),
     /// A submit command could not be sent.
     #[error("sending the submit command of task {task_id}")]
     Submit {
@@ -99,19 +92,21 @@ pub enum PipelineError {
     },
 }
 
+impl From<ServiceError> for PipelineError {
+    fn from(error: ServiceError) -> Self {
+        Self::Start(Box::new(error))
+    }
+}
+
 type ServiceResult = (&'static str, Result<(), Box<dyn std::error::Error + Send + Sync>>);
 
 /// The running pipeline. Stop it with [`Pipeline::stop`] (or [`Pipeline::run_until`]).
 pub struct Pipeline {
-    addr: SocketAddr,
-    bus: Bus,
+    service: Service,
     engine: Engine,
     blobs: Arc<dyn BlobStore>,
     settings: Arc<Settings>,
     services: JoinSet<ServiceResult>,
-    stop_services: Shutdown,
-    stop_http: Shutdown,
-    http: tokio::task::JoinHandle<Result<(), HttpError>>,
 }
 
 impl Pipeline {
@@ -120,7 +115,8 @@ impl Pipeline {
     /// every service. Tasks the store holds unfinished are resumed by the coordinator's sweeper.
     pub async fn start(settings: Settings) -> Result<Self, PipelineError> {
         let classifier = Classifier::load(&settings.ai).await.map_err(PipelineError::Model)?;
-        let bus = Bus::connect(&settings.bus).await.map_err(PipelineError::Bus)?;
+        let service = Service::start_with(NAME, settings, Shutdown::new()).await.map_err(PipelineError::from)?;
+        let (bus, settings) = (service.bus.clone(), service.settings.clone());
         let store = open_store(&settings).await.map_err(PipelineError::Store)?;
         let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock));
         let engine = coordinator.engine.clone();
@@ -147,23 +143,12 @@ impl Pipeline {
             bus.events.subscribe(subscription).await.map_err(|source| PipelineError::Subscribe { group, source })?;
         }
 
-        let readiness = Readiness::new();
-        let bus_check = bus.clone();
-        readiness.add("bus", move || bus_check.is_connected());
-        let token = settings.http.auth_token.as_ref().map(|t| t.expose().clone());
-        let routes = coordinator
-            .routes()
-            .merge(blob_api::router(blobs.clone(), token, settings.download.max_bytes))
-            .merge(imagepipe_tag_indexer_worker::api::routes(tag_index.clone()))
-            .merge(imagepipe_analytics_worker::api::routes(stats.clone()));
-        let server = HealthServer::new(readiness, imagepipe_runtime::metrics::install()?)
-            .merge(routes)
-            .bind(settings.http.socket_addr())
-            .await?;
-        let addr = server.local_addr();
+        service.serve(coordinator.routes(blobs.clone()));
+        service.serve(imagepipe_tag_indexer_worker::api::routes(tag_index.clone()));
+        service.serve(imagepipe_analytics_worker::api::routes(stats.clone()));
 
         let settings = Arc::new(settings);
-        let stop_services = Shutdown::new();
+        let stop_services = service.shutdown.clone();
         let mut services = JoinSet::new();
         let stop = stop_services.clone();
         services.spawn(async move { ("coordinator", coordinator.run(stop).await.map_err(boxed)) });
@@ -191,21 +176,19 @@ impl Pipeline {
         services.spawn(async move {
             ("analytics worker", imagepipe_analytics_worker::run(b, &s, stats, stop).await.map_err(boxed))
         });
-        let stop_http = Shutdown::new();
-        let http = tokio::spawn(server.serve(stop_http.clone()));
-        tracing::info!(%addr, "pipeline running");
-        Ok(Self { addr, bus, engine, blobs, settings, services, stop_services, stop_http, http })
+        tracing::info!(addr = %service.http_addr(), "pipeline running");
+        Ok(Self { service, engine, blobs, settings, services })
     }
 
     /// The address the HTTP API listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.service.http_addr()
     }
 
     /// The API's base URL, e.g. `http://127.0.0.1:8080` (an unspecified bind address becomes
     /// loopback).
     pub fn api_url(&self) -> String {
-        let mut addr = self.addr;
+        let mut addr = self.local_addr();
         if addr.ip().is_unspecified() {
             addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }
@@ -214,7 +197,7 @@ impl Pipeline {
 
     /// The bus every service runs on.
     pub fn bus(&self) -> &Bus {
-        &self.bus
+        &self.service.bus
     }
 
     /// The coordinator's engine (its store holds every task).
@@ -238,7 +221,12 @@ impl Pipeline {
         let task_id = submit.task_id.clone().unwrap_or_default();
         let body = serde_json::to_vec(submit).expect("a submit command serializes");
         let message = Message::new(body).with_key(task_id.clone());
-        self.bus.queues.send(queues::SUBMIT, message).await.map_err(|source| PipelineError::Submit { task_id, source })
+        self.service
+            .bus
+            .queues
+            .send(queues::SUBMIT, message)
+            .await
+            .map_err(|source| PipelineError::Submit { task_id, source })
     }
 
     /// Waits until every task of `ids` reached a terminal state (completed, failed, cancelled)
@@ -283,7 +271,7 @@ impl Pipeline {
     /// Stops every service (in-flight work finishes within `worker.shutdown_grace`), then the
     /// HTTP server; returns the first error of any of them.
     pub async fn stop(mut self) -> Result<(), PipelineError> {
-        self.stop_services.trigger();
+        self.service.shutdown.trigger();
         let mut outcome = Ok(());
         while let Some(joined) = self.services.join_next().await {
             if let Err(e) = service_outcome(joined)
@@ -292,17 +280,8 @@ impl Pipeline {
                 outcome = Err(e);
             }
         }
-        self.stop_http.trigger();
-        match tokio::time::timeout(HTTP_DRAIN, &mut self.http).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => outcome = outcome.and(Err(e.into())),
-            Ok(Err(_)) => outcome = outcome.and(Err(PipelineError::Panicked { service: "HTTP server" })),
-            Err(_) => {
-                tracing::info!("closing HTTP connections still open after {HTTP_DRAIN:?}");
-                self.http.abort();
-            }
-        }
-        outcome
+        let stopped = self.service.stop().await.map_err(PipelineError::from);
+        outcome.and(stopped)
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use imagepipe::bench::report::{Report, RunFigures};
 use imagepipe::bench::stats::Percentiles;
-use imagepipe::bench::{self, BenchOptions, Mode};
+use imagepipe::bench::{self, BenchOptions, Stages};
 use imagepipe_bus::BusKind;
 use imagepipe_runtime::Settings;
 use imagepipe_runtime::config::StoreKind;
@@ -27,7 +27,7 @@ const FLOW: [(&str, f64); 10] = [
     ("task.completed", 1.0),
 ];
 
-fn options(mode: Mode, tasks: usize, low_load_tasks: usize, runs: usize) -> BenchOptions {
+fn options(mode: Stages, tasks: usize, low_load_tasks: usize, runs: usize) -> BenchOptions {
     BenchOptions { mode, tasks, low_load_tasks, runs, timeout: Duration::from_secs(120) }
 }
 
@@ -70,7 +70,7 @@ fn check(report: &Report, options: &BenchOptions) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_and_embedded_runs_complete_every_task_with_twelve_messages_each() {
     let settings = Settings::default();
-    let options = options(Mode::Noop, 60, 10, 2);
+    let options = options(Stages::Noop, 60, 10, 2);
     let report = bench::report(&settings, &options, None).await.unwrap();
     check(&report, &options);
     assert_eq!((report.bus.as_str(), report.store.as_str()), ("memory", "embedded"));
@@ -83,7 +83,7 @@ async fn nats_and_redis_runs_are_counted_by_the_broker_and_cleaned_up() {
     let mut settings = Settings::default();
     settings.bus.kind = BusKind::Nats;
     settings.store.kind = StoreKind::Redis;
-    let options = options(Mode::Noop, 60, 10, 1);
+    let options = options(Stages::Noop, 60, 10, 1);
     let report = bench::report(&settings, &options, None).await.unwrap();
     check(&report, &options);
     assert_eq!(report.median.messages.counted_by, "broker");
@@ -99,10 +99,10 @@ async fn real_mode_runs_the_sample_photos_through_the_real_workers() {
     let mut settings = Settings::default();
     settings.ai.model_dir = model_dir;
     settings.ai.threads = 2;
-    let options = options(Mode::Real, 4, 2, 1);
+    let options = options(Stages::Real, 4, 2, 1);
     let report = bench::report(&settings, &options, None).await.unwrap();
     check(&report, &options);
-    assert_eq!(report.mode, Mode::Real);
+    assert_eq!(report.mode, Stages::Real);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

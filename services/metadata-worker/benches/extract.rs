@@ -9,7 +9,7 @@ use std::time::Instant;
 use image::codecs::jpeg::JpegEncoder;
 use image::{ImageEncoder, Rgb, RgbImage};
 use imagepipe_metadata_worker::extract;
-use imagepipe_runtime::config::MetadataSettings;
+use imagepipe_runtime::config::MetadataConfig;
 
 const ROUNDS: usize = 7;
 
@@ -48,7 +48,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let settings = MetadataSettings::default();
+    let settings = MetadataConfig::default();
     let photos: Vec<Vec<u8>> =
         [(1600, 1200, 1), (1200, 1600, 2), (1920, 1080, 3), (1024, 768, 4)].map(|(w, h, s)| photo(w, h, s)).to_vec();
     let pixels: u64 = [1600 * 1200, 1200 * 1600, 1920 * 1080, 1024 * 768].iter().sum();

@@ -5,7 +5,7 @@
 use std::io::Cursor;
 
 use image::{ColorType, DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Limits};
-use imagepipe_runtime::config::MetadataSettings;
+use imagepipe_runtime::config::MetadataConfig;
 
 use crate::error::ExtractError;
 
@@ -61,7 +61,7 @@ pub fn bit_depth(color: ColorType) -> u8 {
 }
 
 /// Detects the format by magic bytes and decodes `bytes` within `settings`' limits.
-pub fn decode(bytes: &[u8], settings: &MetadataSettings) -> Result<Decoded, ExtractError> {
+pub fn decode(bytes: &[u8], settings: &MetadataConfig) -> Result<Decoded, ExtractError> {
     let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().expect("reading from memory cannot fail");
     let (format, name) =
         reader.format().and_then(|f| Some((f, format_name(f)?))).ok_or(ExtractError::UnsupportedFormat)?;
@@ -135,7 +135,7 @@ fn jpeg_has_end(bytes: &[u8]) -> bool {
     }
 }
 
-fn limits(settings: &MetadataSettings) -> Limits {
+fn limits(settings: &MetadataConfig) -> Limits {
     let mut limits = Limits::no_limits();
     limits.max_image_width = Some(settings.max_width);
     limits.max_image_height = Some(settings.max_height);

@@ -12,14 +12,6 @@ pub mod codes {
     pub const DECODE_FAILED: &str = "decode_failed";
     /// The thumbnail could not be encoded.
     pub const THUMBNAIL_FAILED: &str = "thumbnail_failed";
-    /// The command's blob key is not a blob key.
-    pub const INVALID_BLOB_KEY: &str = "invalid_blob_key";
-    /// No blob is stored under the command's key.
-    pub const BLOB_NOT_FOUND: &str = "blob_not_found";
-    /// The stored blob does not hash to its key.
-    pub const BLOB_CORRUPT: &str = "blob_corrupt";
-    /// Reading or writing the blob store failed (retryable).
-    pub const BLOB_IO: &str = "blob_io";
     /// The decoding task was cancelled (the runtime is shutting down; retryable).
     pub const INTERRUPTED: &str = "interrupted";
 }

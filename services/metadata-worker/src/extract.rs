@@ -5,7 +5,7 @@ use bytes::Bytes;
 use image::DynamicImage;
 use imagepipe_blob::BlobKey;
 use imagepipe_contracts::step::MetadataOutput;
-use imagepipe_runtime::config::MetadataSettings;
+use imagepipe_runtime::config::MetadataConfig;
 
 use crate::decode::{self, Decoded};
 use crate::error::ExtractError;
@@ -29,7 +29,7 @@ pub struct Extracted {
 ///
 /// Colours, brightness, hashes and the thumbnail are computed from the upright image scaled to
 /// `thumbnail_size`; dimensions are those of the stored image (before orientation).
-pub fn extract(bytes: &[u8], settings: &MetadataSettings) -> Result<Extracted, ExtractError> {
+pub fn extract(bytes: &[u8], settings: &MetadataConfig) -> Result<Extracted, ExtractError> {
     let Decoded { image, format, format_name, has_icc_profile, exif } = decode::decode(bytes, settings)?;
     let color = image.color();
     let exif = exif.and_then(|raw| match exif::parse(raw) {

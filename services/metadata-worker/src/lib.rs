@@ -5,8 +5,8 @@
 //! - [`decode`]: format detection and decoding under limits (pixel bombs fail before allocating).
 //! - [`exif`], [`frames`], [`colors`], [`phash`], [`thumbnail`]: one fact each.
 //! - [`extract`]: all of them from an image's bytes, pure CPU work.
-//! - [`handler`]: the worker's [`Handler`](imagepipe_runtime::Handler): blob store, blocking
-//!   pool, reporting.
+//! - [`handler`]: the step's [`StepHandler`](imagepipe_runtime::step::StepHandler): blob
+//!   store and blocking pool.
 //! - [`run`]: the worker loop on a connected bus, for the binary, `imagepipe run` and tests.
 
 pub mod colors;
@@ -25,9 +25,9 @@ use imagepipe_blob::BlobConfigError;
 use imagepipe_bus::{Bus, BusError};
 use imagepipe_contracts::names::queues;
 use imagepipe_runtime::clock::SystemClock;
-use imagepipe_runtime::step::StepReporter;
+use imagepipe_runtime::step::{Reporting, StepReporter};
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig, error_chain};
+use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker};
 
 pub use error::ExtractError;
 pub use extract::{Extracted, extract};
@@ -60,17 +60,22 @@ pub enum RunError {
     Worker(#[source] WorkerError),
 }
 
+/// The service as its binary runs it, on a started [`Service`]: consumes `tasks.metadata` until
+/// the service's shutdown.
+pub async fn serve(service: &Service) -> Result<(), RunError> {
+    run(service.bus.clone(), &service.settings, service.shutdown.clone()).await
+}
+
 /// Consumes `tasks.metadata` on `bus` with the blob store and limits of `settings` until
 /// `shutdown` fires and in-flight images are finished.
 pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
     let consumer =
         bus.queues.consume(queues::METADATA, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
-    let handler = MetadataHandler::new(
-        settings.blob.open().map_err(RunError::BlobStore)?,
+    let blobs = settings.blob.open().map_err(RunError::BlobStore)?;
+    let handler = Reporting::new(
+        MetadataHandler::new(blobs, settings.metadata.clone(), settings.worker.concurrency),
         StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
-        settings.metadata.clone(),
-        settings.worker.concurrency,
     );
-    let config = WorkerConfig::from_settings(queues::METADATA, &settings.worker);
+    let config = LoopConfig::from_settings(queues::METADATA, &settings.worker);
     Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
 }

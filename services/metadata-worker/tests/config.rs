@@ -1,6 +1,6 @@
 //! The `metadata` section of the runtime settings: defaults, a config file, validation.
 
-use imagepipe_runtime::config::MetadataSettings;
+use imagepipe_runtime::config::MetadataConfig;
 use imagepipe_runtime::{ConfigArgs, ConfigError};
 
 /// The settings from a config file holding `toml`, or the error's message.
@@ -13,7 +13,7 @@ fn load(toml: &str) -> Result<imagepipe_runtime::Settings, String> {
 
 #[test]
 fn defaults_are_a_hundred_megapixels_and_256_px_thumbnails() {
-    let defaults = MetadataSettings::default();
+    let defaults = MetadataConfig::default();
     assert_eq!((defaults.max_pixels, defaults.thumbnail_size), (100_000_000, 256));
     assert_eq!(load("").unwrap().metadata, defaults);
 }
@@ -22,7 +22,7 @@ fn defaults_are_a_hundred_megapixels_and_256_px_thumbnails() {
 fn the_section_is_read_from_the_config_file() {
     let settings = load("[metadata]\nmax_pixels = 24000000\nthumbnail_size = 512\nthumbnail_quality = 70\n").unwrap();
     let expected =
-        MetadataSettings { max_pixels: 24_000_000, thumbnail_size: 512, thumbnail_quality: 70, ..Default::default() };
+        MetadataConfig { max_pixels: 24_000_000, thumbnail_size: 512, thumbnail_quality: 70, ..Default::default() };
     assert_eq!(settings.metadata, expected);
 }
 

@@ -7,15 +7,15 @@ use imagepipe_blob::BlobKey;
 use imagepipe_contracts::step::Exif;
 use imagepipe_metadata_worker::error::codes;
 use imagepipe_metadata_worker::{ExtractError, Extracted, extract};
-use imagepipe_runtime::config::MetadataSettings;
+use imagepipe_runtime::config::MetadataConfig;
 use support::*;
 
 fn run(bytes: &[u8]) -> Extracted {
-    extract(bytes, &MetadataSettings::default()).expect("the fixture is a valid image")
+    extract(bytes, &MetadataConfig::default()).expect("the fixture is a valid image")
 }
 
 fn failure(bytes: &[u8]) -> ExtractError {
-    extract(bytes, &MetadataSettings::default()).expect_err("the fixture must fail")
+    extract(bytes, &MetadataConfig::default()).expect_err("the fixture must fail")
 }
 
 fn thumbnail_of(extracted: &Extracted) -> image::DynamicImage {
@@ -182,7 +182,7 @@ fn pixel_bombs_fail_with_pixel_limit_before_decoding() {
     assert!(error.to_string().contains("20000×20000"), "{error}");
 
     // The limits are the configured ones.
-    let tight = MetadataSettings { max_pixels: 1_000, ..MetadataSettings::default() };
+    let tight = MetadataConfig { max_pixels: 1_000, ..MetadataConfig::default() };
     let error = extract(&png_with_alpha(40, 30), &tight).unwrap_err();
     assert_eq!(error.code(), codes::PIXEL_LIMIT);
     assert!(extract(&png_with_alpha(40, 25), &tight).is_ok());

@@ -19,9 +19,9 @@ use imagepipe_contracts::{
 use imagepipe_metadata_worker::error::codes;
 use imagepipe_metadata_worker::{MetadataHandler, SERVICE, run};
 use imagepipe_runtime::clock::SystemClock;
-use imagepipe_runtime::config::MetadataSettings;
-use imagepipe_runtime::step::{StepReporter, outgoing};
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+use imagepipe_runtime::config::MetadataConfig;
+use imagepipe_runtime::step::{self, Reporting, StepReporter, outgoing};
+use imagepipe_runtime::{LoopConfig, Settings, Shutdown, Worker};
 use support::*;
 use tokio::task::JoinHandle;
 
@@ -57,7 +57,7 @@ impl Harness {
 
     /// Runs the worker loop with the handler `make` builds on the harness's bus and blob
     /// directory, instead of [`run`]'s.
-    async fn with_handler(make: impl FnOnce(Bus, &Path) -> MetadataHandler) -> Self {
+    async fn with_handler(make: impl FnOnce(Bus, &Path) -> Reporting<MetadataHandler>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let bus = Bus::connect(&BusConfig::default()).await.unwrap();
         let settings = Settings::default();
@@ -66,7 +66,7 @@ impl Harness {
         let events = bus.events.subscribe(Subscription::new("metadata-test", Selector::all())).await.unwrap();
         let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
         let shutdown = Shutdown::new();
-        let worker = Worker::new(consumer, handler, WorkerConfig::from_settings(queues::METADATA, &settings.worker));
+        let worker = Worker::new(consumer, handler, LoopConfig::from_settings(queues::METADATA, &settings.worker));
         let stop = shutdown.clone();
         let worker = tokio::spawn(async move { worker.run(stop).await.expect("the worker runs") });
         Self { bus, blobs: LocalBlobStore::new(dir.path()), shutdown, worker, events, results, _dir: dir }
@@ -155,8 +155,8 @@ async fn undecodable_images_fail_permanently_without_an_event() {
         ("tsk_meta_bomb", bomb.to_string(), codes::PIXEL_LIMIT),
         ("tsk_meta_truncated", truncated.to_string(), codes::DECODE_FAILED),
         ("tsk_meta_text", text.to_string(), codes::UNSUPPORTED_FORMAT),
-        ("tsk_meta_missing", missing.to_string(), codes::BLOB_NOT_FOUND),
-        ("tsk_meta_bad_key", "sha256:nothex".to_owned(), codes::INVALID_BLOB_KEY),
+        ("tsk_meta_missing", missing.to_string(), step::codes::BLOB_NOT_FOUND),
+        ("tsk_meta_bad_key", "sha256:nothex".to_owned(), step::codes::INVALID_BLOB_KEY),
     ];
     for (task, key, code) in &cases {
         h.send(&command(task, key)).await;
@@ -206,7 +206,7 @@ async fn a_failing_blob_store_is_a_retryable_error() {
     let h = Harness::with_handler(|bus, dir| {
         let reporter = StepReporter::new(bus, SERVICE, Arc::new(SystemClock));
         let store = ReadOnlyStore(LocalBlobStore::new(dir));
-        MetadataHandler::new(Arc::new(store), reporter, MetadataSettings::default(), 2)
+        Reporting::new(MetadataHandler::new(Arc::new(store), MetadataConfig::default(), 2), reporter)
     })
     .await;
     let key = h.blobs.put(Bytes::from(png_with_alpha(20, 20))).await.unwrap();
@@ -214,7 +214,7 @@ async fn a_failing_blob_store_is_a_retryable_error() {
     h.send(&command("tsk_meta_disk_full", key.as_str())).await;
     match h.next_result().await.outcome {
         StepOutcome::Retryable { error, .. } => {
-            assert_eq!(error.code, codes::BLOB_IO);
+            assert_eq!(error.code, step::codes::BLOB_IO);
             assert!(error.message.contains("no space left on device"), "{}", error.message);
         }
         other => panic!("expected a retryable failure, got {other:?}"),

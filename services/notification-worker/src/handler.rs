@@ -1,9 +1,10 @@
-//! The notification [`Handler`]: post a finished task's event to its callback URL and to every
-//! configured subscriber, signed, once per event and target.
+//! The notification [`EventHandler`]: post a finished task's event to its callback URL and to
+//! every configured subscriber, signed, once per event and target.
 //!
-//! Per delivery: decode the event (malformed → dead letter), skip it if its `eventId` was
-//! handled, then post to every target not reached yet (each success is remembered as
-//! `<eventId>:<url>`, so a retry does not post twice to a target that already answered 2xx).
+//! It runs inside the dedup layer, which skips an event whose `eventId` was handled; per event
+//! it posts to every target not reached yet (each success is remembered as `<eventId>:<url>`
+//! through the same layer, so a retry does not post twice to a target that already answered
+//! 2xx).
 //! Any retryable failure (timeouts, connection errors, non-2xx answers) retries the delivery
 //! with backoff, until the last attempt dead-letters it; a target that can never be reached
 //! (refused by the SSRF guard, not a URL) dead-letters it at once, after the other targets
@@ -12,13 +13,13 @@
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use imagepipe_bus::{Delivery, Selector};
-use imagepipe_contracts::{Event, decode};
+use imagepipe_bus::Selector;
+use imagepipe_contracts::Event;
 use imagepipe_net::header::{CONTENT_TYPE, HeaderName, HeaderValue};
-use imagepipe_net::{FetchError, GuardedClient, Request, redacted_url};
+use imagepipe_net::{GuardedClient, Request, redacted_url};
 use imagepipe_runtime::config::Secret;
-use imagepipe_runtime::dedup::Dedup;
-use imagepipe_runtime::{Handler, Outcome};
+use imagepipe_runtime::dedup::{EventHandler, Seen};
+use imagepipe_runtime::{Outcome, error_chain};
 use serde_json::Value;
 
 use crate::metrics;
@@ -33,7 +34,6 @@ pub struct NotifyHandler {
     subscribers: Vec<String>,
     secret: Option<Secret<String>>,
     selector: Selector,
-    dedup: Box<dyn Dedup>,
 }
 
 /// How posting to one target went.
@@ -45,16 +45,14 @@ enum Posted {
 
 impl NotifyHandler {
     /// A handler posting with `client` to each event's callback URL and to `subscribers`,
-    /// signing with `secret` when set, handling only events `selector` accepts, remembering
-    /// what it delivered in `dedup`.
+    /// signing with `secret` when set, handling only events `selector` accepts.
     pub fn new(
         client: GuardedClient,
         subscribers: Vec<String>,
         secret: Option<Secret<String>>,
         selector: Selector,
-        dedup: Box<dyn Dedup>,
     ) -> Self {
-        Self { client, subscribers, secret, selector, dedup }
+        Self { client, subscribers, secret, selector }
     }
 
     /// Where `event` goes: its `callbackUrl` (if any), then the subscribers, without repeats.
@@ -105,47 +103,22 @@ fn header_value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).expect("ids, event types and hex signatures are visible ASCII")
 }
 
-fn error_chain(error: &FetchError) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[async_trait]
-impl Handler for NotifyHandler {
-    async fn handle(&self, delivery: &Delivery) -> Outcome {
-        let body = &delivery.message.payload;
-        let event: Event<Value> = match decode(body) {
-            Ok(event) => event,
-            Err(error) => return Outcome::reject(error),
-        };
+impl EventHandler for NotifyHandler {
+    async fn apply(&self, event: Event<Value>, seen: &Seen<'_>) -> Outcome {
         if !self.selector.matches(event.event_type.as_str()) {
             return Outcome::reject(format!("{} is not an event the notification worker handles", event.event_type));
-        }
-        let event_id = event.event_id.to_string();
-        match self.dedup.is_done(&event_id).await {
-            Ok(true) => {
-                ::metrics::counter!(metrics::DUPLICATES).increment(1);
-                tracing::debug!(event_id, "event already notified");
-                return Outcome::Ack;
-            }
-            Ok(false) => {}
-            Err(error) => return Outcome::retry(format!("checking the event id: {error}")),
         }
         let targets = match self.targets(&event) {
             Ok(targets) => targets,
             Err(reason) => return Outcome::reject(reason),
         };
+        let body = &seen.delivery.message.payload;
+        let event_id = event.event_id.to_string();
 
         let (mut retry, mut refused, mut retry_after) = (Vec::new(), Vec::new(), None::<Duration>);
         for url in &targets {
-            let key = format!("{event_id}:{url}");
-            match self.dedup.is_done(&key).await {
+            match seen.is_done(url).await {
                 Ok(true) => continue,
                 Ok(false) => {}
                 Err(error) => return Outcome::retry(format!("checking the delivery to a target: {error}")),
@@ -154,7 +127,7 @@ impl Handler for NotifyHandler {
                 Posted::Delivered => {
                     tracing::info!(event_id, event_type = %event.event_type, task_id = ?event.task_id,
                         "webhook delivered");
-                    if let Err(error) = self.dedup.mark_done(&key).await {
+                    if let Err(error) = seen.mark_done(url).await {
                         return Outcome::retry(format!("remembering a delivered webhook: {error}"));
                     }
                 }
@@ -168,7 +141,7 @@ impl Handler for NotifyHandler {
 
         if !retry.is_empty() {
             let reason = format!("webhook not delivered: {}", retry.join("; "));
-            tracing::warn!(event_id, attempt = delivery.delivery_count, reason, "webhook retry");
+            tracing::warn!(event_id, attempt = seen.delivery.delivery_count, reason, "webhook retry");
             return match retry_after {
                 Some(after) => Outcome::retry_after(after, reason),
                 None => Outcome::retry(reason),
@@ -177,9 +150,6 @@ impl Handler for NotifyHandler {
         if !refused.is_empty() {
             return Outcome::reject(format!("webhook target refused: {}", refused.join("; ")));
         }
-        match self.dedup.mark_done(&event_id).await {
-            Ok(_) => Outcome::Ack,
-            Err(error) => Outcome::retry(format!("remembering the notified event: {error}")),
-        }
+        Outcome::Ack
     }
 }

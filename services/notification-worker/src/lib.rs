@@ -3,12 +3,13 @@
 //! `callbackUrl` and to the subscribers of `notification.subscribers`.
 //!
 //! It is also the model of a subscriber of your own: join a durable group with a
-//! [`Selector`], deduplicate by `eventId` through [`imagepipe_runtime::dedup`], do the side
-//! effect, and let the runtime's [`Worker`] settle each delivery (retry with backoff, dead
-//! letter after the last attempt). It never changes task state.
+//! [`Selector`], write the side effect as an
+//! [`EventHandler`](imagepipe_runtime::dedup::EventHandler), wrap it in [`Deduplicated`] (one
+//! effect per `eventId`), and let the runtime's [`Worker`] settle each delivery (retry with
+//! backoff, dead letter after the last attempt). It never changes task state.
 //!
 //! - [`sign`]: the `X-Imagepipe-Signature` HMAC, and its check for receivers.
-//! - [`handler`]: the [`Handler`](imagepipe_runtime::Handler).
+//! - [`handler`]: the [`EventHandler`](imagepipe_runtime::dedup::EventHandler).
 //! - [`run`]: the subscriber on a connected bus, for the binary, `imagepipe run` and tests.
 
 pub mod handler;
@@ -18,9 +19,9 @@ use imagepipe_bus::{Bus, BusError, ConsumerConfig, Selector, Subscription};
 use imagepipe_net::{BuildError, ClientBuilder, GuardedClient, Limits};
 use imagepipe_runtime::backoff::{ExponentialBackoff, InvalidBackoff, Jitter};
 use imagepipe_runtime::config::ConfigError;
-use imagepipe_runtime::dedup::{self, DedupError};
+use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig};
+use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker};
 
 pub use handler::NotifyHandler;
 
@@ -37,8 +38,6 @@ const MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
 pub mod metrics {
     /// Webhook requests, by `result`.
     pub const WEBHOOKS: &str = "imagepipe_notification_webhooks_total";
-    /// Events skipped because their `eventId` was already notified.
-    pub const DUPLICATES: &str = "imagepipe_notification_duplicates_total";
     /// Label: how a request went.
     pub const RESULT: &str = "result";
     /// `result`: a 2xx answer.
@@ -98,6 +97,12 @@ pub fn subscription(settings: &Settings) -> Subscription {
     Subscription::new(GROUP, selector).with_consumer(consumer)
 }
 
+/// The service as its binary runs it, on a started [`Service`]: posts webhooks until the
+/// service's shutdown.
+pub async fn serve(service: &Service) -> Result<(), RunError> {
+    run(service.bus.clone(), &service.settings, service.shutdown.clone()).await
+}
+
 /// Posts webhooks for the events on `bus` until `shutdown` fires and in-flight posts are done.
 pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
     let client = client_builder(settings)?.build()?;
@@ -116,15 +121,15 @@ pub async fn run_with_client(
         .map_err(RunError::Backoff)?;
     let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
     let subscription = subscription(settings);
-    let handler = NotifyHandler::new(
+    let notify = NotifyHandler::new(
         client,
         notification.subscribers.clone(),
         notification.secret.clone(),
         subscription.selector.clone(),
-        dedup,
     );
+    let handler = Deduplicated::new(notify, dedup, GROUP);
     let consumer = bus.events.subscribe(subscription).await.map_err(RunError::Subscribe)?;
-    let mut config = WorkerConfig::from_settings(GROUP, &settings.worker);
+    let mut config = LoopConfig::from_settings(GROUP, &settings.worker);
     config.retry_backoff = backoff;
     Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
 }

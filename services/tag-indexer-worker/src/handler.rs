@@ -1,15 +1,14 @@
-//! The indexer [`Handler`]: `image.analyzed` → the task's tags into the index;
-//! `image.metadata_extracted` → the task's thumbnail key. Handled event ids are remembered, and
-//! writes are idempotent anyway, so a redelivered event changes nothing.
+//! The indexer [`EventHandler`]: `image.analyzed` → the task's tags into the index;
+//! `image.metadata_extracted` → the task's thumbnail key. It runs inside the dedup layer, and
+//! its writes are idempotent anyway, so a redelivered event changes nothing.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use imagepipe_bus::Delivery;
 use imagepipe_contracts::payload::{ImageAnalyzed, ImageMetadataExtracted};
-use imagepipe_contracts::{Event, EventType, decode};
-use imagepipe_runtime::dedup::Dedup;
-use imagepipe_runtime::{Handler, Outcome};
+use imagepipe_contracts::{Event, EventType};
+use imagepipe_runtime::Outcome;
+use imagepipe_runtime::dedup::{EventHandler, Seen};
 use serde_json::Value;
 
 use crate::index::TagIndex;
@@ -17,16 +16,15 @@ use crate::index::TagIndex;
 /// Handles `image.analyzed` and `image.metadata_extracted` events (see the module docs).
 pub struct IndexHandler {
     index: Arc<dyn TagIndex>,
-    dedup: Box<dyn Dedup>,
 }
 
 impl IndexHandler {
-    /// A handler writing into `index`, remembering handled events in `dedup`.
-    pub fn new(index: Arc<dyn TagIndex>, dedup: Box<dyn Dedup>) -> Self {
-        Self { index, dedup }
+    /// A handler writing into `index`.
+    pub fn new(index: Arc<dyn TagIndex>) -> Self {
+        Self { index }
     }
 
-    async fn apply(&self, event: Event<Value>) -> Result<(), Outcome> {
+    async fn index_event(&self, event: Event<Value>) -> Result<(), Outcome> {
         let task_id =
             event.task_id.clone().ok_or_else(|| Outcome::reject(format!("{} without a taskId", event.event_type)))?;
         match event.event_type {
@@ -55,24 +53,11 @@ impl IndexHandler {
 }
 
 #[async_trait]
-impl Handler for IndexHandler {
-    async fn handle(&self, delivery: &Delivery) -> Outcome {
-        let event: Event<Value> = match decode(&delivery.message.payload) {
-            Ok(event) => event,
-            Err(error) => return Outcome::reject(error),
-        };
-        let event_id = event.event_id.to_string();
-        match self.dedup.is_done(&event_id).await {
-            Ok(true) => return Outcome::Ack,
-            Ok(false) => {}
-            Err(error) => return Outcome::retry(crate::error_chain(&error)),
-        }
-        if let Err(outcome) = self.apply(event).await {
-            return outcome;
-        }
-        match self.dedup.mark_done(&event_id).await {
-            Ok(_) => Outcome::Ack,
-            Err(error) => Outcome::retry(crate::error_chain(&error)),
+impl EventHandler for IndexHandler {
+    async fn apply(&self, event: Event<Value>, _: &Seen<'_>) -> Outcome {
+        match self.index_event(event).await {
+            Ok(()) => Outcome::Ack,
+            Err(outcome) => outcome,
         }
     }
 }

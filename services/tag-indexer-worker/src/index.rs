@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 /// How several query tags combine.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Mode {
+pub enum TagMatch {
     /// Tasks having every tag; score: the sum of their scores.
     #[default]
     All,
@@ -60,7 +60,7 @@ pub trait TagIndex: Send + Sync + 'static {
     /// Records the thumbnail of `task_id`.
     async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str) -> Result<(), IndexError>;
     /// The best `limit` tasks matching `tags` by `mode`, best first (ties by task id).
-    async fn search(&self, tags: &[String], mode: Mode, limit: usize) -> Result<Vec<Hit>, IndexError>;
+    async fn search(&self, tags: &[String], mode: TagMatch, limit: usize) -> Result<Vec<Hit>, IndexError>;
 }
 
 /// The index in Redis, keys under `<prefix>:tags:`.
@@ -112,14 +112,14 @@ impl TagIndex for RedisIndex {
             .map_err(redis_err("storing a thumbnail key"))
     }
 
-    async fn search(&self, tags: &[String], mode: Mode, limit: usize) -> Result<Vec<Hit>, IndexError> {
+    async fn search(&self, tags: &[String], mode: TagMatch, limit: usize) -> Result<Vec<Hit>, IndexError> {
         if tags.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
         let keys: Vec<String> = tags.iter().map(|t| self.tag_key(t)).collect();
         let command = match mode {
-            Mode::All => "ZINTER",
-            Mode::Any => "ZUNION",
+            TagMatch::All => "ZINTER",
+            TagMatch::Any => "ZUNION",
         };
         let scored: Vec<(String, f64)> = redis::cmd(command)
             .arg(keys.len())
@@ -191,7 +191,7 @@ impl TagIndex for MemoryIndex {
         Ok(())
     }
 
-    async fn search(&self, tags: &[String], mode: Mode, limit: usize) -> Result<Vec<Hit>, IndexError> {
+    async fn search(&self, tags: &[String], mode: TagMatch, limit: usize) -> Result<Vec<Hit>, IndexError> {
         let tables = self.inner.lock().expect("tag index lock");
         let mut scores: HashMap<&str, (f64, usize)> = HashMap::new();
         for tag in tags {
@@ -203,7 +203,7 @@ impl TagIndex for MemoryIndex {
         }
         let scored = scores
             .into_iter()
-            .filter(|(_, (_, matched))| mode == Mode::Any || *matched == tags.len())
+            .filter(|(_, (_, matched))| mode == TagMatch::Any || *matched == tags.len())
             .map(|(task_id, (score, _))| (task_id.to_owned(), score))
             .collect();
         Ok(best_first(scored, limit)

@@ -3,7 +3,8 @@
 //! `GET /v1/search?tags=cat,animal&mode=all|any&limit=20`.
 //!
 //! - [`index`]: the [`TagIndex`] seam, in Redis (`store.kind = redis`) or in process.
-//! - [`handler`]: the [`Handler`](imagepipe_runtime::Handler) writing the index.
+//! - [`handler`]: the [`EventHandler`](imagepipe_runtime::dedup::EventHandler) writing the
+//!   index, run inside the dedup layer.
 //! - [`api`]: the search route.
 //! - [`open_index`] then [`run`]: the subscriber on a connected bus; serve [`api::routes`] of
 //!   the same index.
@@ -16,12 +17,12 @@ use std::sync::Arc;
 
 use imagepipe_bus::{Bus, BusError, Selector, Subscription};
 use imagepipe_runtime::config::StoreKind;
-use imagepipe_runtime::dedup::{self, DedupError};
+use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{Settings, Shutdown, Worker, WorkerConfig, error_chain};
+use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
 
 pub use handler::IndexHandler;
-pub use index::{Hit, IndexError, MemoryIndex, Mode, RedisIndex, TagIndex};
+pub use index::{Hit, IndexError, MemoryIndex, RedisIndex, TagIndex, TagMatch};
 
 /// The service's name in logs and traces.
 pub const SERVICE: &str = "tag-indexer-worker";
@@ -66,12 +67,20 @@ pub fn subscription(settings: &Settings) -> Subscription {
     Subscription::new(GROUP, selector).with_consumer(settings.worker.consumer_config())
 }
 
+/// The service as its binary runs it, on a started [`Service`]: opens the index, serves
+/// `/v1/search` from it and indexes events until the service's shutdown.
+pub async fn serve(service: &Service) -> Result<(), RunError> {
+    let index = open_index(&service.settings).await?;
+    service.serve(api::routes(index.clone()));
+    run(service.bus.clone(), &service.settings, index, service.shutdown.clone()).await
+}
+
 /// Indexes the events on `bus` into `index` until `shutdown` fires and in-flight events are done.
 pub async fn run(bus: Bus, settings: &Settings, index: Arc<dyn TagIndex>, shutdown: Shutdown) -> Result<(), RunError> {
     let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
     let consumer = bus.events.subscribe(subscription(settings)).await.map_err(RunError::Subscribe)?;
-    let handler = IndexHandler::new(index, dedup);
-    let config = WorkerConfig::from_settings(GROUP, &settings.worker);
+    let handler = Deduplicated::new(IndexHandler::new(index), dedup, GROUP);
+    let config = LoopConfig::from_settings(GROUP, &settings.worker);
     Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
 }
 

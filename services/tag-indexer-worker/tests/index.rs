@@ -10,7 +10,7 @@ use imagepipe_contracts::payload::{ImageAnalyzed, ImageMetadataExtracted};
 use imagepipe_contracts::step::{AnalysisOutput, MetadataOutput, Prediction};
 use imagepipe_contracts::{Event, TraceId};
 use imagepipe_runtime::{Settings, Shutdown};
-use imagepipe_tag_indexer_worker::{GROUP, Hit, MemoryIndex, Mode, RedisIndex, TagIndex, api, run, subscription};
+use imagepipe_tag_indexer_worker::{GROUP, Hit, MemoryIndex, RedisIndex, TagIndex, TagMatch, api, run, subscription};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn tags(pairs: &[(&str, f64)]) -> Vec<(String, f64)> {
@@ -28,20 +28,24 @@ async fn suite(index: &dyn TagIndex) {
     index.set_thumbnail("t1", "sha256:aa").await.unwrap();
 
     let q = |t: &[&str]| t.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    let all = index.search(&q(&["cat", "animal"]), Mode::All, 10).await.unwrap();
+    let all = index.search(&q(&["cat", "animal"]), TagMatch::All, 10).await.unwrap();
     assert_eq!(ids(&all), ["t1"]);
     assert!((all[0].score - 1.85).abs() < 1e-9);
     assert_eq!(all[0].thumbnail_key.as_deref(), Some("sha256:aa"));
 
-    let any = index.search(&q(&["cat", "animal"]), Mode::Any, 10).await.unwrap();
+    let any = index.search(&q(&["cat", "animal"]), TagMatch::Any, 10).await.unwrap();
     assert_eq!(ids(&any), ["t1", "t3", "t2"], "best first");
     assert_eq!(any[1].thumbnail_key, None);
-    assert_eq!(ids(&index.search(&q(&["cat", "animal"]), Mode::Any, 2).await.unwrap()), ["t1", "t3"]);
-    assert!(index.search(&q(&["unicorn"]), Mode::Any, 10).await.unwrap().is_empty());
-    assert!(index.search(&q(&["cat", "unicorn"]), Mode::All, 10).await.unwrap().is_empty());
+    assert_eq!(ids(&index.search(&q(&["cat", "animal"]), TagMatch::Any, 2).await.unwrap()), ["t1", "t3"]);
+    assert!(index.search(&q(&["unicorn"]), TagMatch::Any, 10).await.unwrap().is_empty());
+    assert!(index.search(&q(&["cat", "unicorn"]), TagMatch::All, 10).await.unwrap().is_empty());
 
     index.index("t1", &tags(&[("cat", 0.9), ("animal", 0.95)])).await.unwrap();
-    assert_eq!(index.search(&q(&["cat", "animal"]), Mode::Any, 10).await.unwrap(), any, "re-indexing changes nothing");
+    assert_eq!(
+        index.search(&q(&["cat", "animal"]), TagMatch::Any, 10).await.unwrap(),
+        any,
+        "re-indexing changes nothing"
+    );
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use imagepipe_bus::Secret;
+use imagepipe_secret::Secret;
 use object_store::aws::AmazonS3Builder;
 use serde::{Deserialize, Serialize};
 

@@ -3,12 +3,14 @@
 //!
 //! [`BlobStore`] is the seam; [`LocalBlobStore`] keeps blobs in a directory (one host, or a volume
 //! shared by the containers), [`ObjectBlobStore`] in S3 or an S3-compatible service (several
-//! hosts). [`BlobConfig::open`] picks one from the `blob` config section.
+//! hosts). [`BlobConfig::open`] picks one from the `blob` config section. [`sniff`] tells what
+//! stored bytes are by their magic numbers.
 
 mod config;
 mod key;
 mod local;
 mod object;
+pub mod sniff;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -17,6 +19,7 @@ pub use config::{BlobConfig, BlobConfigError, BlobKind, S3Config};
 pub use key::{BlobKey, InvalidBlobKey};
 pub use local::LocalBlobStore;
 pub use object::ObjectBlobStore;
+pub use sniff::{ImageFormat, Sniffed, sniff};
 
 /// A blob operation that failed, naming the key or path involved.
 #[derive(Debug, thiserror::Error)]

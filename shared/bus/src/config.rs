@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::secret::{Secret, mask_url_credentials};
 use crate::selector::Selector;
+use imagepipe_secret::{Secret, mask_url_credentials};
 
 /// Which backend carries the messages.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -408,7 +408,7 @@ impl std::fmt::Debug for KafkaConfig {
             .iter()
             .map(|(k, v)| {
                 let secret = ["password", "secret", "key", "token", "jaas"].iter().any(|s| k.contains(s));
-                (k.as_str(), if secret { crate::secret::MASK } else { v.as_str() })
+                (k.as_str(), if secret { imagepipe_secret::MASK } else { v.as_str() })
             })
             .collect();
         f.debug_struct("KafkaConfig")

@@ -23,7 +23,6 @@ mod delivery;
 mod error;
 mod message;
 mod opening;
-pub mod secret;
 mod selector;
 mod traits;
 
@@ -44,6 +43,5 @@ pub use config::{
 pub use delivery::{AckHandle, Delivery};
 pub use error::{BoxError, BusError};
 pub use message::{Headers, Message};
-pub use secret::{Secret, SecretUrl};
 pub use selector::{InvalidSelector, Selector};
 pub use traits::{Consumer, EventBus, TaskQueue};

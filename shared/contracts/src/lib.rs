@@ -19,7 +19,9 @@ pub mod schema;
 pub mod step;
 pub mod trace;
 
-pub use command::{AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, SubmitError, SubmitTask};
+pub use command::{
+    AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, StepCommand, SubmitError, SubmitTask,
+};
 pub use decode::{DecodeError, decode};
 pub use event::{Event, EventPayload, EventType, UnknownEventType, event_id};
 pub use step::{Step, StepError, StepOutcome, StepOutput, StepResult};

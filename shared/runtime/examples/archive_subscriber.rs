@@ -7,7 +7,7 @@
 use imagepipe_bus::{Bus, Delivery, Selector, Subscription};
 use imagepipe_contracts::payload::TaskCompleted;
 use imagepipe_contracts::{Event, decode};
-use imagepipe_runtime::{ConfigArgs, Handler, Outcome, Shutdown, Worker, WorkerConfig};
+use imagepipe_runtime::{ConfigArgs, Handler, LoopConfig, Outcome, Shutdown, Worker};
 
 /// The side effect: here, one log line per completed task.
 struct Archive;
@@ -35,7 +35,7 @@ async fn main() -> anyhow::Result<()> {
     let subscription = Subscription::new("archive", Selector::parse("task.completed")?)
         .with_consumer(settings.worker.consumer_config());
     let consumer = bus.events.subscribe(subscription).await?;
-    let config = WorkerConfig::from_settings("archive", &settings.worker);
+    let config = LoopConfig::from_settings("archive", &settings.worker);
     Worker::new(consumer, Archive, config).run(Shutdown::on_signals()?).await?;
     Ok(())
 }

@@ -18,4 +18,4 @@ pub mod worker;
 pub use config::{ConfigArgs, ConfigError, Settings};
 pub use service::Service;
 pub use shutdown::Shutdown;
-pub use worker::{Handler, Outcome, Worker, WorkerConfig, error_chain};
+pub use worker::{Handler, LoopConfig, Outcome, Worker, error_chain};

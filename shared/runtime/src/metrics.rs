@@ -24,6 +24,9 @@ pub const FETCH_ERRORS: &str = "imagepipe_fetch_errors_total";
 pub const SETTLE_ERRORS: &str = "imagepipe_settle_errors_total";
 /// Messages abandoned unsettled at shutdown (left for redelivery), by `source`.
 pub const MESSAGES_ABANDONED: &str = "imagepipe_messages_abandoned_total";
+/// Events a subscriber skipped because their `eventId` was already handled, by `source` (the
+/// subscriber group).
+pub const SUBSCRIBER_DUPLICATES: &str = "imagepipe_subscriber_duplicates_total";
 
 /// Label names.
 pub mod labels {
@@ -104,6 +107,11 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
 }
 
 fn describe() {
+    describe_counter!(
+        SUBSCRIBER_DUPLICATES,
+        Unit::Count,
+        "Events a subscriber skipped as already handled (same eventId), by source (the subscriber group)."
+    );
     describe_counter!(MESSAGES_HANDLED, Unit::Count, "Messages a worker finished with, by source and outcome.");
     describe_histogram!(HANDLER_DURATION, Unit::Seconds, "Time a handler took, by source and outcome.");
     describe_gauge!(MESSAGES_IN_FLIGHT, Unit::Count, "Messages fetched and not yet settled, by source.");

@@ -1,34 +1,43 @@
-//! The start-up every service shares, so that a `main` stays a few lines:
+//! The start-up every service shares, the coordinator and `imagepipe run` included, so that a
+//! binary's `main` is one call:
 //!
 //! ```no_run
-//! # use imagepipe_runtime::{ConfigArgs, service::Service, worker::{Handler, Outcome, Worker}};
-//! # struct Download;
-//! # #[async_trait::async_trait]
-//! # impl Handler for Download {
-//! #     async fn handle(&self, _: &imagepipe_bus::Delivery) -> Outcome { Outcome::Ack }
-//! # }
-//! # async fn main_body(args: ConfigArgs) -> Result<(), Box<dyn std::error::Error>> {
-//! let settings = args.load()?;
-//! let service = Service::start("download-worker", settings, axum::Router::new()).await?;
-//! let consumer = service.consume("tasks.download").await?;
-//! Worker::new(consumer, Download, service.worker_config("tasks.download")).run(service.shutdown.clone()).await?;
-//! service.stop().await?;
-//! # Ok(()) }
+//! # use imagepipe_runtime::service::{self, Service};
+//! # #[derive(Debug, thiserror::Error)] #[error("x")] struct RunError;
+//! # async fn serve(service: &Service) -> Result<(), RunError> { Ok(()) }
+//! fn main() -> std::process::ExitCode {
+//!     service::main("download-worker", "The imagepipe download worker.", |service| Box::pin(serve(service)))
+//! }
 //! ```
+//!
+//! Start-up runs in two halves. [`Service::start`] sets up telemetry, metrics and the shutdown
+//! signal, starts the HTTP server (health, readiness and metrics answer at once; `/readyz` is
+//! 503 until the bus is connected and every consumer is open), then connects the bus,
+//! retrying an unreachable broker with backoff until shutdown. Then the service builds its
+//! parts from what was connected and adds its `/v1` routes with [`Service::serve`]; every one
+//! of them sits behind the one bearer-token check ([`crate::http::auth`]).
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::Router;
+use clap::{Args as _, FromArgMatches as _};
 use imagepipe_bus::{Bus, BusError, Consumer};
 use tokio::task::JoinHandle;
 
-use crate::config::Settings;
-use crate::http::{HealthServer, HttpError, Readiness};
+use crate::config::{ConfigArgs, ConfigError, Settings};
+use crate::http::{ApiRoutes, HealthServer, HttpError, Readiness};
 use crate::metrics::MetricsError;
 use crate::shutdown::Shutdown;
 use crate::telemetry::{self, Telemetry, TelemetryError};
-use crate::worker::WorkerConfig;
+use crate::worker::{LoopConfig, error_chain};
+
+/// How long open HTTP connections (SSE watchers) may hold a stopping server up.
+const HTTP_DRAIN: Duration = Duration::from_secs(5);
 
 /// Readiness check names every service registers.
 pub mod checks {
@@ -43,6 +52,9 @@ pub mod checks {
 /// A service could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
+    /// The configuration could not be loaded.
+    #[error("loading the configuration")]
+    Config(#[source] ConfigError),
     /// Logging and tracing could not be set up.
     #[error("setting up telemetry")]
     Telemetry(#[source] TelemetryError),
@@ -68,16 +80,18 @@ pub enum ServiceError {
 }
 
 /// A started service: its settings, connected bus, shutdown signal and readiness checks, with
-/// the HTTP server (health, readiness, metrics and the service's routes) running.
+/// the HTTP server running.
 pub struct Service {
     /// The settings it started with.
     pub settings: Settings,
     /// The connected bus.
     pub bus: Bus,
-    /// Fires on SIGTERM or SIGINT; pass it into `run` functions.
+    /// Fires on SIGTERM or SIGINT (or whatever [`Service::start_with`] was given); pass it into
+    /// `run` functions.
     pub shutdown: Shutdown,
     /// Readiness checks of `/readyz`; add the service's own.
     pub readiness: Readiness,
+    api: ApiRoutes,
     telemetry: Option<Telemetry>,
     http_addr: SocketAddr,
     http_stop: Shutdown,
@@ -85,17 +99,22 @@ pub struct Service {
 }
 
 impl Service {
-    /// Sets up telemetry (unless the process already has), metrics and signal handling,
-    /// starts the HTTP server on `http.bind:http.port` with `routes` merged in, then connects
-    /// the bus, retrying an unreachable broker with backoff until shutdown.
-    pub async fn start(name: &str, settings: Settings, routes: Router) -> Result<Self, ServiceError> {
+    /// Starts service `name` (see the module docs), stopping on SIGTERM or SIGINT.
+    pub async fn start(name: &str, settings: Settings) -> Result<Self, ServiceError> {
+        let shutdown = Shutdown::on_signals().map_err(ServiceError::Signals)?;
+        Self::start_with(name, settings, shutdown).await
+    }
+
+    /// Starts service `name` (see the module docs), stopping when `shutdown` fires: for
+    /// services embedded in another process (`imagepipe run`, tests). Telemetry already set up
+    /// by the process is kept.
+    pub async fn start_with(name: &str, settings: Settings, shutdown: Shutdown) -> Result<Self, ServiceError> {
         let telemetry = match telemetry::init(name, &settings.log, &settings.telemetry) {
             Ok(telemetry) => Some(telemetry),
             Err(TelemetryError::AlreadyInstalled(_)) => None,
             Err(error) => return Err(ServiceError::Telemetry(error)),
         };
         let metrics = crate::metrics::install().map_err(ServiceError::Metrics)?;
-        let shutdown = Shutdown::on_signals().map_err(ServiceError::Signals)?;
 
         let readiness = Readiness::new();
         let connected: Arc<OnceLock<Bus>> = Arc::default();
@@ -106,8 +125,9 @@ impl Service {
         let draining = shutdown.clone();
         readiness.add(checks::SHUTDOWN, move || !draining.is_triggered());
 
+        let api = ApiRoutes::new(settings.http.auth_token.clone());
         let server = HealthServer::new(readiness.clone(), metrics)
-            .merge(routes)
+            .api(api.clone())
             .bind(settings.http.socket_addr())
             .await
             .map_err(ServiceError::Http)?;
@@ -125,7 +145,13 @@ impl Service {
         };
         let _ = connected.set(bus.clone());
         tracing::info!(service = name, bus = ?settings.bus.kind, http = %http_addr, "service started");
-        Ok(Self { settings, bus, shutdown, readiness, telemetry, http_addr, http_stop, http })
+        Ok(Self { settings, bus, shutdown, readiness, api, telemetry, http_addr, http_stop, http })
+    }
+
+    /// Serves `routes`, the service's `/v1` API, beside health and metrics and behind the
+    /// token check. May be called more than once (`imagepipe run` serves every service's).
+    pub fn serve(&self, routes: Router) {
+        self.api.add(routes);
     }
 
     /// The address the HTTP server listens on.
@@ -139,14 +165,22 @@ impl Service {
     }
 
     /// The worker loop settings for the worker called `name`, from the `worker` settings.
-    pub fn worker_config(&self, name: &str) -> WorkerConfig {
-        WorkerConfig::from_settings(name, &self.settings.worker)
+    pub fn loop_config(&self, name: &str) -> LoopConfig {
+        LoopConfig::from_settings(name, &self.settings.worker)
     }
 
-    /// Stops the HTTP server (after the service's own work has finished) and flushes traces.
-    pub async fn stop(self) -> Result<(), ServiceError> {
+    /// Stops the HTTP server (after the service's own work has finished; connections still
+    /// open after a few seconds, such as event streams, are closed) and flushes traces.
+    pub async fn stop(mut self) -> Result<(), ServiceError> {
         self.http_stop.trigger();
-        let served = self.http.await;
+        let served = match tokio::time::timeout(HTTP_DRAIN, &mut self.http).await {
+            Ok(served) => served,
+            Err(_) => {
+                tracing::info!("closing HTTP connections still open after {HTTP_DRAIN:?}");
+                self.http.abort();
+                Ok(Ok(()))
+            }
+        };
         if let Some(telemetry) = self.telemetry
             && let Err(e) = tokio::task::spawn_blocking(move || telemetry.shutdown()).await
         {
@@ -164,8 +198,7 @@ async fn connect(settings: &Settings, shutdown: &Shutdown) -> Result<Bus, Servic
             Ok(bus) => return Ok(bus),
             Err(error @ BusError::Connect { .. }) => {
                 let delay = attempts.next_delay();
-                tracing::warn!(error = %crate::worker::error_chain(&error), retry_in = ?delay,
-                    "broker unreachable; retrying");
+                tracing::warn!(error = %error_chain(&error), retry_in = ?delay, "broker unreachable; retrying");
                 tokio::select! {
                     () = shutdown.wait() => return Err(ServiceError::Interrupted),
                     () = tokio::time::sleep(delay) => {}
@@ -176,14 +209,53 @@ async fn connect(settings: &Settings, shutdown: &Shutdown) -> Result<Bus, Servic
     }
 }
 
-/// How a service binary ends: status 0, or its error with every cause on one line
-/// (`imagepipe-<service>: …`) and status 1.
-pub fn exit_code<E: std::fmt::Display>(service: &str, outcome: Result<(), E>) -> std::process::ExitCode {
+/// What a service binary runs once started: its own work, until the service's shutdown.
+pub type ServeFuture<'a, E> = Pin<Box<dyn Future<Output = Result<(), E>> + Send + 'a>>;
+
+/// The whole `main` of a service binary called `imagepipe-<name>`: parses `--config` (with
+/// `about` as the help text), loads the settings, [`Service::start`]s, runs `serve` on the
+/// started service, and [`Service::stop`]s. Exits 0, or prints the error with every cause on
+/// one line (`imagepipe-<name>: …`) and exits 1.
+pub fn main<E, F>(name: &'static str, about: &'static str, serve: F) -> ExitCode
+where
+    E: std::error::Error + Send + Sync + 'static,
+    F: for<'a> FnOnce(&'a Service) -> ServeFuture<'a, E>,
+{
+    let command = clap::Command::new(name).version(env!("CARGO_PKG_VERSION")).about(about);
+    let matches = ConfigArgs::augment_args(command).get_matches();
+    let args = ConfigArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => return exit_code(name, Err::<(), _>(e)),
+    };
+    let outcome: Result<(), Box<dyn std::error::Error + Send + Sync>> = runtime.block_on(async move {
+        let settings = args.load().map_err(ServiceError::Config)?;
+        let service = Service::start(name, settings).await?;
+        let served = serve(&service).await;
+        let stopped = service.stop().await;
+        served?;
+        Ok(stopped?)
+    });
+    exit_code(name, outcome.map_err(ErrorChain))
+}
+
+/// Prints an error with every cause.
+struct ErrorChain(Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for ErrorChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&error_chain(self.0.as_ref()))
+    }
+}
+
+/// How a service binary ends: status 0, or its error (`{:#}`, every cause on one line for
+/// `anyhow`) as `imagepipe-<service>: …` and status 1.
+pub fn exit_code<E: std::fmt::Display>(service: &str, outcome: Result<(), E>) -> ExitCode {
     match outcome {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("imagepipe-{service}: {e:#}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }
@@ -200,8 +272,12 @@ mod tests {
     use super::*;
 
     async fn status_and_body(addr: SocketAddr, path: &str) -> (u16, String) {
+        request(addr, path, "").await
+    }
+
+    async fn request(addr: SocketAddr, path: &str, extra_headers: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(addr).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra_headers}Connection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).await.unwrap();
@@ -214,12 +290,13 @@ mod tests {
         let mut settings = Settings::default();
         settings.http.bind = IpAddr::V4(Ipv4Addr::LOCALHOST);
         settings.http.port = 0;
-        let routes = Router::new().route("/v1/ping", get(|| async { "pong" }));
-        let service = Service::start("service-test", settings, routes).await.unwrap();
+        let service = Service::start_with("service-test", settings, Shutdown::new()).await.unwrap();
         let addr = service.http_addr();
         assert_ne!(addr.port(), 0);
 
         assert_eq!(status_and_body(addr, "/readyz").await, (503, "not ready: consumers\n".into()), "no consumer yet");
+        assert_eq!(status_and_body(addr, "/v1/ping").await.0, 404, "no routes served yet");
+        service.serve(Router::new().route("/v1/ping", get(|| async { "pong" })));
         assert_eq!(status_and_body(addr, "/v1/ping").await, (200, "pong".into()));
         let consumer = service.consume("tasks.service-test").await.unwrap();
         assert!(consumer.fetch(1, Duration::from_millis(10)).await.unwrap().is_empty());
@@ -234,12 +311,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn with_a_token_every_v1_path_needs_it_and_health_does_not() {
+        let mut settings = Settings::default();
+        settings.http.bind = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        settings.http.port = 0;
+        settings.http.auth_token = Some("t0ken".to_owned().into());
+        let service = Service::start_with("service-test", settings, Shutdown::new()).await.unwrap();
+        service.serve(Router::new().route("/v1/ping", get(|| async { "pong" })));
+        let addr = service.http_addr();
+
+        for path in ["/v1/ping", "/v1/unknown", "/v1"] {
+            let (status, body) = status_and_body(addr, path).await;
+            assert_eq!(status, 401, "{path}");
+            assert!(body.contains(r#""error":"unauthorized""#), "{path}: {body}");
+            assert_eq!(request(addr, path, "Authorization: Bearer wrong\r\n").await.0, 401, "{path}");
+        }
+        assert_eq!(request(addr, "/v1/ping", "Authorization: Bearer t0ken\r\n").await, (200, "pong".into()));
+        assert_eq!(request(addr, "/v1/unknown", "Authorization: Bearer t0ken\r\n").await.0, 404);
+        for open in ["/healthz", "/metrics"] {
+            assert_eq!(status_and_body(addr, open).await.0, 200, "{open}");
+        }
+        service.shutdown.trigger();
+        service.stop().await.unwrap();
+    }
+
+    #[tokio::test]
     async fn a_bus_that_cannot_be_built_fails_the_start_and_frees_the_port() {
         let mut settings = Settings::default();
         settings.http.bind = IpAddr::V4(Ipv4Addr::LOCALHOST);
         settings.http.port = 0;
         settings.bus.prefix = "not valid!".into();
-        let err = Service::start("service-test", settings, Router::new()).await.err().expect("bad bus config");
+        let err = Service::start_with("service-test", settings, Shutdown::new()).await.err().expect("bad bus config");
         assert!(matches!(err, ServiceError::Bus(BusError::Invalid(_))), "{err:?}");
     }
 }

@@ -3,6 +3,7 @@
 use schemars::generate::SchemaSettings;
 use serde_json::{Value, json};
 
+use super::blobs::Uploaded;
 use super::{Accepted, ApiError, CancelRequest, History, Replayed, TaskView};
 use crate::store::{DeadLetterPage, TaskPage};
 use imagepipe_contracts::SubmitTask;
@@ -19,6 +20,7 @@ pub fn document() -> Value {
         ("CancelRequest", generator.subschema_for::<CancelRequest>()),
         ("DeadLetterPage", generator.subschema_for::<DeadLetterPage>()),
         ("Replayed", generator.subschema_for::<Replayed>()),
+        ("Uploaded", generator.subschema_for::<Uploaded>()),
         ("Error", generator.subschema_for::<ApiError>()),
     ];
     let schema = |name: &str| {
@@ -137,8 +139,30 @@ pub fn document() -> Value {
                     }
                 }
             },
+            "/v1/blobs": {
+                "post": {
+                    "summary": "Upload an image; submit its key as {\"blob\": key}",
+                    "requestBody": { "required": true, "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } },
+                    "responses": {
+                        "201": ok("Stored (or already stored: keys are content addresses)", "Uploaded"),
+                        "400": error("An empty body"),
+                        "413": { "description": "Larger than download.max_bytes" }
+                    }
+                }
+            },
+            "/v1/blobs/{key}": {
+                "get": {
+                    "summary": "An image or thumbnail by key",
+                    "parameters": [{ "name": "key", "in": "path", "required": true, "schema": { "type": "string" }, "description": "sha256:<hex>" }],
+                    "responses": {
+                        "200": { "description": "The bytes, typed by their magic numbers", "content": { "image/*": { "schema": { "type": "string", "format": "binary" } } } },
+                        "400": error("Not a blob key"),
+                        "404": error("No such blob")
+                    }
+                }
+            },
             "/v1/openapi.json": {
-                "get": { "summary": "This document", "security": [], "responses": { "200": { "description": "OpenAPI 3.1" } } }
+                "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1" } } }
             }
         }
     })

@@ -84,7 +84,7 @@ fn permanent(step: Step, attempt: u32) -> Input {
 
 fn apply(task: &Task, input: Input, now: u64) -> Decision {
     match decide(task, &input, &ctx(now), &policy()) {
-        Ok(Outcome::Apply(d)) => *d,
+        Ok(Verdict::Apply(d)) => *d,
         other => panic!("{input:?} on {:?}: {other:?}", task.state),
     }
 }
@@ -145,7 +145,7 @@ fn the_happy_path_runs_every_step_in_order_and_completes_once() {
     assert!(d.task.timer.is_none());
 
     let again = decide(&d.task, &ok(Step::Analyze, 1), &ctx(6_000), &policy()).unwrap();
-    assert_eq!(again, Outcome::Ignore(Ignored::StaleResult));
+    assert_eq!(again, Verdict::Ignore(Ignored::StaleResult));
 }
 
 #[test]
@@ -158,7 +158,7 @@ fn retryable_errors_back_off_then_redispatch_until_attempts_run_out() {
         assert_eq!((timer.kind, timer.attempt), (TimerKind::Retry, attempt + 1));
         assert!(timer.due_at - 10 <= 1_000 * (1 << (attempt - 1)), "full jitter under 1 s · 2^(attempt-1)");
         let early = decide(&d.task, &Input::Timer(timer), &ctx(timer.due_at - 1), &policy()).unwrap();
-        assert_eq!(early, Outcome::Ignore(Ignored::TimerNotDue));
+        assert_eq!(early, Verdict::Ignore(Ignored::TimerNotDue));
         let d = apply(&d.task, Input::Timer(timer), timer.due_at);
         assert_eq!(queues(&d), ["tasks.download"]);
         task = d.task;
@@ -198,7 +198,7 @@ fn a_permanent_error_fails_the_task_at_once_with_the_reason() {
 #[test]
 fn a_redispatch_resends_the_running_attempt_with_a_fresh_deadline() {
     let queued = new_task();
-    assert_eq!(decide(&queued, &Input::Redispatch, &ctx(0), &policy()).unwrap(), Outcome::Ignore(Ignored::NotRunning));
+    assert_eq!(decide(&queued, &Input::Redispatch, &ctx(0), &policy()).unwrap(), Verdict::Ignore(Ignored::NotRunning));
 
     let running = apply(&queued, Input::Start, 0);
     let again = apply(&running.task, Input::Redispatch, 30_000);
@@ -226,7 +226,7 @@ fn a_missed_deadline_counts_as_a_failed_attempt() {
     assert_eq!(d.task.timer.unwrap().kind, TimerKind::Retry);
     // the late failure of the timed-out attempt was already counted
     let late = decide(&d.task, &retryable(Step::Download, 1), &ctx(60_001), &policy()).unwrap();
-    assert_eq!(late, Outcome::Ignore(Ignored::DuplicateResult));
+    assert_eq!(late, Verdict::Ignore(Ignored::DuplicateResult));
     // but its late success is still taken
     let d = apply(&d.task, ok(Step::Download, 1), 60_002);
     assert_eq!(d.task.state, TaskState::ExtractingMetadata);
@@ -239,7 +239,7 @@ fn stale_duplicate_and_future_results_are_told_apart() {
     let task = apply(&task, Input::Timer(task.timer.unwrap()), 10_000).task;
     assert_eq!(task.current_attempt(), 2);
     let stale = decide(&task, &ok(Step::Download, 1), &ctx(1), &policy()).unwrap();
-    assert_eq!(stale, Outcome::Ignore(Ignored::StaleResult));
+    assert_eq!(stale, Verdict::Ignore(Ignored::StaleResult));
     let err = decide(&task, &ok(Step::Download, 3), &ctx(1), &policy()).unwrap_err();
     assert!(err.reason.contains("never dispatched"), "{err}");
     let err = decide(&task, &ok(Step::Metadata, 1), &ctx(1), &policy()).unwrap_err();
@@ -265,7 +265,7 @@ fn cancel_stops_at_the_next_step_boundary() {
     assert_eq!(d.task.state, TaskState::Downloading);
     assert!(d.outbox.is_empty());
     let again = decide(&d.task, &Input::Cancel { reason: None }, &ctx(2), &policy()).unwrap();
-    assert_eq!(again, Outcome::Ignore(Ignored::AlreadyCancelling));
+    assert_eq!(again, Verdict::Ignore(Ignored::AlreadyCancelling));
     let d = apply(&d.task, ok(Step::Download, 1), 3);
     assert_eq!(d.task.state, TaskState::Cancelled);
     assert_eq!(events(&d), ["task.cancelled"]);
@@ -376,7 +376,7 @@ proptest! {
         let mut step = |task: &mut Task, input: Input, now: u64| {
             let before = task.clone();
             match decide(task, &input, &Context { now, seed }, &policy) {
-                Ok(Outcome::Apply(d)) => {
+                Ok(Verdict::Apply(d)) => {
                     assert!(!before.state.is_terminal(), "{input:?} changed a {} task", before.state);
                     assert!(before.state.can_become(d.task.state), "{} -> {}", before.state, d.task.state);
                     assert_eq!(d.task.version, before.version + 1);
@@ -394,7 +394,7 @@ proptest! {
                     assert_eq!(d.task.state.is_terminal(), terminal_events == 1);
                     *task = d.task;
                 }
-                Ok(Outcome::Ignore(_)) | Err(_) => {}
+                Ok(Verdict::Ignore(_)) | Err(_) => {}
             }
         };
         for op in ops {

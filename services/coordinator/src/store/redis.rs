@@ -564,7 +564,7 @@ pub(crate) mod tests {
         assert_eq!(store.create(&created).await.unwrap(), Created::New);
         let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut store.conn.clone()).await.unwrap();
         let ctx = machine::Context { now: T0 + 1, seed: 0 };
-        let machine::Outcome::Apply(start) =
+        let machine::Verdict::Apply(start) =
             machine::decide(&created.task, &machine::Input::Start, &ctx, &machine::Policy::default()).unwrap()
         else {
             panic!("a queued task starts")

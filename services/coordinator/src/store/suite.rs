@@ -6,7 +6,7 @@ use std::time::Duration;
 use imagepipe_contracts::{StepOutcome, StepResult, SubmitTask, TraceId};
 
 use super::{Applied, Created, DeadLetter, ListQuery, StoreError, TaskStore};
-use crate::machine::{self, Context, Decision, Input, Outcome, Policy};
+use crate::machine::{self, Context, Decision, Input, Policy, Verdict};
 use crate::task::{Task, TaskState, TimerKind};
 
 /// The relay grace every suite store is opened with.
@@ -56,8 +56,8 @@ fn created(id: &str, key: Option<&str>, at: u64) -> Decision {
 
 fn next(task: &Task, input: Input, now: u64) -> Decision {
     match machine::decide(task, &input, &Context { now, seed: 1 }, &Policy::default()).unwrap() {
-        Outcome::Apply(d) => *d,
-        Outcome::Ignore(why) => panic!("ignored: {why:?}"),
+        Verdict::Apply(d) => *d,
+        Verdict::Ignore(why) => panic!("ignored: {why:?}"),
     }
 }
 

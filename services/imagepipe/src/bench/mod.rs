@@ -56,7 +56,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// What the stage workers do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub enum Stages {
     /// No-op stages: orchestration only.
     Noop,
     /// The real download, metadata and AI handlers on the sample photos.
@@ -67,7 +67,7 @@ pub enum Mode {
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
     /// Stage workers.
-    pub mode: Mode,
+    pub mode: Stages,
     /// Tasks of the full-load phase.
     pub tasks: usize,
     /// Tasks of the low-load phase.
@@ -181,8 +181,8 @@ pub async fn run(
     left_behind: &mut Vec<String>,
 ) -> Result<Vec<RunFigures>, BenchError> {
     let classifier = match options.mode {
-        Mode::Noop => None,
-        Mode::Real => Some(Classifier::load(&settings.ai).await.map_err(BenchError::Model)?),
+        Stages::Noop => None,
+        Stages::Real => Some(Classifier::load(&settings.ai).await.map_err(BenchError::Model)?),
     };
     let mut runs = Vec::with_capacity(options.runs);
     for _ in 0..options.runs {

@@ -13,7 +13,7 @@ use imagepipe_contracts::step::{AnalysisOutput, DominantColor, DownloadOutput, M
 use imagepipe_contracts::{Step, StepOutput, decode};
 use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::step::{Attempt, StepReporter};
-use imagepipe_runtime::{Handler, Outcome, Settings, Shutdown, Worker, WorkerConfig, error_chain};
+use imagepipe_runtime::{Handler, LoopConfig, Outcome, Settings, Shutdown, Worker, error_chain};
 use tokio::task::JoinSet;
 
 /// The blob key every no-op task carries (the sha256 of an empty input).
@@ -94,7 +94,7 @@ pub async fn spawn(
         let worker = Worker::new(
             consumer,
             NoopStage::new(step, bus.clone()),
-            WorkerConfig::from_settings(queue, &settings.worker),
+            LoopConfig::from_settings(queue, &settings.worker),
         );
         let stop = stop.clone();
         workers.spawn(async move { worker.run(stop).await.map_err(|e| error_chain(&e)) });

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::Mode;
+use super::Stages;
 use super::driver::Phase;
 use super::idle::IdleRss;
 use super::stats::{Percentiles, median};
@@ -173,7 +173,7 @@ fn median_map<'a>(keys: impl Iterator<Item = &'a String>, values: impl Fn(&str) 
 #[serde(rename_all = "camelCase")]
 pub struct Report {
     /// Stage workers.
-    pub mode: Mode,
+    pub mode: Stages,
     /// `bus.kind`.
     pub bus: String,
     /// `store.kind`.
@@ -195,10 +195,10 @@ impl Report {
     /// The report as text for a terminal.
     pub fn text(&self) -> String {
         let m = &self.median;
-        let unit = if self.mode == Mode::Real { "images" } else { "tasks" };
+        let unit = if self.mode == Stages::Real { "images" } else { "tasks" };
         let stages = match self.mode {
-            Mode::Noop => "no-op stages (orchestration only)",
-            Mode::Real => "real download, metadata and AI workers on the sample photos",
+            Stages::Noop => "no-op stages (orchestration only)",
+            Stages::Real => "real download, metadata and AI workers on the sample photos",
         };
         let mut out = String::new();
         let _ = writeln!(

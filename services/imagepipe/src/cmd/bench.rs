@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use imagepipe::bench::{self, BenchOptions, Mode, idle};
+use imagepipe::bench::{self, BenchOptions, Stages, idle};
 use imagepipe_bus::BusKind;
 use imagepipe_runtime::ConfigArgs;
 use imagepipe_runtime::config::StoreKind;
@@ -86,8 +86,8 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
             StoreArg::Redis => StoreKind::Redis,
         };
     }
-    let mode = if args.mode == ModeArg::Real { Mode::Real } else { Mode::Noop };
-    let model_dir = if mode == Mode::Real {
+    let mode = if args.mode == ModeArg::Real { Stages::Real } else { Stages::Noop };
+    let model_dir = if mode == Stages::Real {
         let dir = settings.ai.model_dir.clone();
         let prepared = tokio::task::spawn_blocking(move || imagepipe::model::prepare(&dir)).await;
         settings.ai.model_dir = prepared.context("preparing the model")??;
@@ -98,8 +98,8 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
     };
     let options = BenchOptions {
         mode,
-        tasks: args.tasks.unwrap_or(if mode == Mode::Real { 200 } else { 5_000 }),
-        low_load_tasks: args.low_load_tasks.unwrap_or(if mode == Mode::Real { 20 } else { 500 }),
+        tasks: args.tasks.unwrap_or(if mode == Stages::Real { 200 } else { 5_000 }),
+        low_load_tasks: args.low_load_tasks.unwrap_or(if mode == Stages::Real { 20 } else { 500 }),
         runs: usize::try_from(args.runs).unwrap_or(usize::MAX),
         timeout: Duration::from_secs(args.timeout),
     };

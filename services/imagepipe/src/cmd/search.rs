@@ -10,7 +10,7 @@ use crate::ApiArgs;
 
 /// How tags combine.
 #[derive(Debug, Clone, Copy, ValueEnum)]
-enum Mode {
+enum MatchArg {
     /// Tasks with every tag.
     All,
     /// Tasks with any of the tags.
@@ -25,7 +25,7 @@ pub struct SearchArgs {
     tags: Vec<String>,
     /// Whether a task needs all tags or any.
     #[arg(long, value_enum, default_value = "all")]
-    mode: Mode,
+    mode: MatchArg,
     /// Most results.
     #[arg(long, default_value_t = 20)]
     limit: usize,
@@ -42,8 +42,8 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
         args.tags.iter().flat_map(|t| t.split(',')).map(str::trim).filter(|t| !t.is_empty()).collect();
     anyhow::ensure!(!tags.is_empty(), "no tags given");
     let mode = match args.mode {
-        Mode::All => "all",
-        Mode::Any => "any",
+        MatchArg::All => "all",
+        MatchArg::Any => "any",
     };
     let query = [("tags", tags.join(",")), ("mode", mode.to_owned()), ("limit", args.limit.to_string())];
     let answer: Value = args.api.client()?.get("/v1/search", &query).await?;

@@ -28,7 +28,7 @@ pub(crate) struct Topics {
 impl Topics {
     pub(crate) fn new(config: &KafkaConfig, producer: Producer) -> Result<Self, BusError> {
         let admin = client::base_config(config).create_with_context(LogContext).map_err(|err| BusError::Connect {
-            url: crate::secret::mask_url_credentials(&config.brokers),
+            url: imagepipe_secret::mask_url_credentials(&config.brokers),
             source: Box::new(err),
         })?;
         Ok(Self {
@@ -167,7 +167,7 @@ pub(crate) async fn delete(config: &KafkaConfig, topics: &[String]) -> Result<()
     }
     let admin: AdminClient<LogContext> =
         client::base_config(config).create_with_context(LogContext).map_err(|err| BusError::Connect {
-            url: crate::secret::mask_url_credentials(&config.brokers),
+            url: imagepipe_secret::mask_url_credentials(&config.brokers),
             source: Box::new(err),
         })?;
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::codec;
-use super::dlq;
+use super::dead_letter;
 use super::member::Core;
 use super::retry::now_ms;
 use super::state::{Claim, EntryId, Revoked};
@@ -97,7 +97,7 @@ impl AckHandle for KafkaAckHandle {
         if self.claim("terminate")?.is_none() {
             return Ok(());
         }
-        match dlq::write(&self.core.shared, &self.core.spec, message, delivery_count, reason).await {
+        match dead_letter::write(&self.core.shared, &self.core.spec, message, delivery_count, reason).await {
             Ok(()) => {
                 self.finish();
                 Ok(())

@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use super::Shared;
 use super::client::{self, ms};
 use super::codec;
-use super::dlq;
+use super::dead_letter;
 use super::retry::{now_ms, unix_ms};
 use super::state::{EntryId, Receipt, State, TopicRole, Tp};
 use crate::config::StartPosition;
@@ -469,7 +469,7 @@ fn reconcile_pauses(consumer: &BaseConsumer<MemberContext>, paused: &mut HashSet
 
 async fn dead_letter_expired(core: Arc<Core>, expired: super::state::Expired) {
     let reason = format!("ack deadline expired after {} deliveries", expired.delivery_count);
-    let written = dlq::write(&core.shared, &core.spec, &expired.message, expired.delivery_count, &reason).await;
+    let written = dead_letter::write(&core.shared, &core.spec, &expired.message, expired.delivery_count, &reason).await;
     let mut state = core.lock();
     match written {
         Ok(()) => {

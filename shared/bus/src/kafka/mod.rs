@@ -19,8 +19,8 @@ mod admin;
 mod client;
 mod codec;
 mod consumer;
+mod dead_letter;
 mod dedup;
-mod dlq;
 mod events;
 mod handle;
 mod member;
@@ -48,8 +48,8 @@ use crate::bus::Bus;
 use crate::config::{ConsumerConfig, KafkaConfig};
 use crate::error::BusError;
 use crate::message::Message;
-use crate::secret::mask_url_credentials;
 use crate::traits::Consumer;
+use imagepipe_secret::mask_url_credentials;
 
 /// The Kafka backend: task queues and event topics of one prefix. Cheap to clone.
 #[derive(Clone)]

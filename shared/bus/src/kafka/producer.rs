@@ -111,7 +111,7 @@ impl Producer {
             .set("message.timeout.ms", ms(config.send_timeout))
             .set("statistics.interval.ms", ms(config.health_interval));
         let inner = c.create_with_context(ProducerContext { health: health.clone() }).map_err(|err| {
-            BusError::Connect { url: crate::secret::mask_url_credentials(&config.brokers), source: Box::new(err) }
+            BusError::Connect { url: imagepipe_secret::mask_url_credentials(&config.brokers), source: Box::new(err) }
         })?;
         Ok(Self { inner, health, send_timeout: config.send_timeout })
     }

@@ -8,7 +8,7 @@ use rand::Rng;
 
 use crate::config::NatsConfig;
 use crate::error::BusError;
-use crate::secret::mask_url_credentials;
+use imagepipe_secret::mask_url_credentials;
 
 /// Connects to the servers of `config`. The client then reconnects by itself, forever, with
 /// exponential backoff and jitter between attempts.
@@ -185,9 +185,9 @@ mod tests {
     fn contradictory_settings_are_rejected() {
         let mut config = NatsConfig { user: Some("u".into()), ..NatsConfig::default() };
         assert!(validate(&config).unwrap_err().contains("password"));
-        config.password = Some(crate::secret::Secret::new("p".to_owned()));
+        config.password = Some(imagepipe_secret::Secret::new("p".to_owned()));
         assert!(validate(&config).is_ok());
-        config.token = Some(crate::secret::Secret::new("t".to_owned()));
+        config.token = Some(imagepipe_secret::Secret::new("t".to_owned()));
         assert!(validate(&config).unwrap_err().contains("only one"));
         let config = NatsConfig { replicas: 0, ..NatsConfig::default() };
         assert!(validate(&config).is_err());
@@ -198,8 +198,8 @@ mod tests {
     fn secrets_never_show_in_debug_output() {
         let config = NatsConfig {
             user: Some("u".into()),
-            password: Some(crate::secret::Secret::new("hunter2".to_owned())),
-            token: Some(crate::secret::Secret::new("tok3n".to_owned())),
+            password: Some(imagepipe_secret::Secret::new("hunter2".to_owned())),
+            token: Some(imagepipe_secret::Secret::new("tok3n".to_owned())),
             ..NatsConfig::default()
         };
         let shown = format!("{config:?}");

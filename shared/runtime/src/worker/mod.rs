@@ -3,7 +3,7 @@
 //!
 //! - **Backpressure**: a [`Semaphore`] of `concurrency` permits; a delivery holds one from
 //!   fetch to settle, and the loop fetches only as many as there are free permits.
-//! - **Modes** ([`Mode`]): *concurrent* handles deliveries as they come; *orderly* handles at
+//! - **Modes** ([`Scheduling`]): *concurrent* handles deliveries as they come; *orderly* handles at
 //!   most one delivery per message key at a time, in fetch order per key, other keys in
 //!   parallel.
 //! - **Each delivery** is handled in its own task, inside [`telemetry::message_span`]: a
@@ -33,7 +33,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::backoff::ExponentialBackoff;
-use crate::config::WorkerSettings;
+use crate::config::WorkerConfig;
 use ::metrics::{counter, gauge};
 
 use crate::metrics::{self, labels};
@@ -93,7 +93,7 @@ impl Outcome {
 
 /// How deliveries are scheduled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Mode {
+pub enum Scheduling {
     /// Up to `concurrency` deliveries at once, in any order.
     #[default]
     Concurrent,
@@ -104,11 +104,11 @@ pub enum Mode {
 
 /// Settings of one [`Worker`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct WorkerConfig {
+pub struct LoopConfig {
     /// Name in logs and in the `source` label of fetch metrics (the queue or group consumed).
     pub name: String,
-    /// Scheduling mode.
-    pub mode: Mode,
+    /// How deliveries are scheduled.
+    pub scheduling: Scheduling,
     /// Most deliveries held (being handled or, in orderly mode, waiting for their key) at once.
     pub concurrency: usize,
     /// The consumer's ack wait; progress is sent every half of it.
@@ -125,13 +125,13 @@ pub struct WorkerConfig {
     pub fetch_backoff: ExponentialBackoff,
 }
 
-impl WorkerConfig {
+impl LoopConfig {
     /// The `worker` section's settings for the worker called `name`; open its consumer with
-    /// [`WorkerSettings::consumer_config`] so both agree on `ack_wait`.
-    pub fn from_settings(name: impl Into<String>, settings: &WorkerSettings) -> Self {
+    /// [`WorkerConfig::consumer_config`] so both agree on `ack_wait`.
+    pub fn from_settings(name: impl Into<String>, settings: &WorkerConfig) -> Self {
         Self {
             name: name.into(),
-            mode: Mode::Concurrent,
+            scheduling: Scheduling::Concurrent,
             concurrency: settings.concurrency,
             ack_wait: settings.ack_wait,
             handler_timeout: settings.handler_timeout,
@@ -144,7 +144,7 @@ impl WorkerConfig {
 
     /// The same, in orderly mode.
     pub fn orderly(mut self) -> Self {
-        self.mode = Mode::Orderly;
+        self.scheduling = Scheduling::Orderly;
         self
     }
 
@@ -188,12 +188,12 @@ pub enum WorkerError {
 pub struct Worker<H> {
     consumer: Box<dyn Consumer>,
     handler: Arc<H>,
-    config: Arc<WorkerConfig>,
+    config: Arc<LoopConfig>,
 }
 
 impl<H: Handler> Worker<H> {
     /// A worker handling `consumer`'s deliveries with `handler`.
-    pub fn new(consumer: Box<dyn Consumer>, handler: H, config: WorkerConfig) -> Self {
+    pub fn new(consumer: Box<dyn Consumer>, handler: H, config: LoopConfig) -> Self {
         Self { consumer, handler: Arc::new(handler), config: Arc::new(config) }
     }
 
@@ -205,12 +205,12 @@ impl<H: Handler> Worker<H> {
         let config = &self.config;
         let permits = Arc::new(Semaphore::new(config.concurrency));
         let mut tasks = JoinSet::new();
-        let mut dispatcher = match config.mode {
-            Mode::Concurrent => Dispatcher::Concurrent,
-            Mode::Orderly => Dispatcher::Orderly(orderly::Lanes::default()),
+        let mut dispatcher = match config.scheduling {
+            Scheduling::Concurrent => Dispatcher::Concurrent,
+            Scheduling::Orderly => Dispatcher::Orderly(orderly::Lanes::default()),
         };
         let mut fetch_failures = config.fetch_backoff.attempts();
-        tracing::info!(worker = %config.name, mode = ?config.mode, concurrency = config.concurrency, "worker started");
+        tracing::info!(worker = %config.name, scheduling = ?config.scheduling, concurrency = config.concurrency, "worker started");
 
         let result = loop {
             while let Some(joined) = tasks.try_join_next() {
@@ -311,7 +311,7 @@ impl Dispatcher {
         fetched: Fetched,
         tasks: &mut JoinSet<()>,
         handler: &Arc<H>,
-        config: &Arc<WorkerConfig>,
+        config: &Arc<LoopConfig>,
     ) {
         match self {
             Self::Concurrent => {
@@ -324,7 +324,7 @@ impl Dispatcher {
 
 /// Waits up to the grace period for `tasks`, then abandons the rest (their deliveries are
 /// dropped unsettled, so the broker redelivers them).
-async fn drain(tasks: &mut JoinSet<()>, config: &WorkerConfig) {
+async fn drain(tasks: &mut JoinSet<()>, config: &LoopConfig) {
     if tasks.is_empty() {
         return;
     }

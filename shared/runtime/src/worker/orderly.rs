@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Fetched, Handler, WorkerConfig, process};
+use super::{Fetched, Handler, LoopConfig, process};
 
 /// The lanes of keys that have deliveries held; a lane ends when it runs out.
 #[derive(Default, Clone)]
@@ -24,7 +24,7 @@ impl Lanes {
         fetched: Fetched,
         tasks: &mut JoinSet<()>,
         handler: &Arc<H>,
-        config: &Arc<WorkerConfig>,
+        config: &Arc<LoopConfig>,
     ) {
         let Some(key) = fetched.delivery.message.key.clone() else {
             tasks.spawn(process::handle(handler.clone(), fetched, config.clone()));
@@ -59,7 +59,7 @@ async fn run_lane<H: Handler>(
     key: String,
     mut receiver: mpsc::UnboundedReceiver<Fetched>,
     handler: Arc<H>,
-    config: Arc<WorkerConfig>,
+    config: Arc<LoopConfig>,
 ) {
     let mut waiting = VecDeque::new();
     let period = config.progress_interval();

@@ -11,7 +11,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
 
 use super::settle::{Verdict, settle};
-use super::{Fetched, Handler, Outcome, WorkerConfig};
+use super::{Fetched, Handler, LoopConfig, Outcome};
 use ::metrics::histogram;
 
 use crate::metrics::{self, labels};
@@ -22,7 +22,7 @@ const ABORT_WAIT: Duration = Duration::from_secs(5);
 
 /// Handles `fetched` with `handler` and settles it; its permit and in-flight place are
 /// released after settling.
-pub(super) async fn handle<H: Handler>(handler: Arc<H>, fetched: Fetched, config: Arc<WorkerConfig>) {
+pub(super) async fn handle<H: Handler>(handler: Arc<H>, fetched: Fetched, config: Arc<LoopConfig>) {
     let Fetched { delivery, _permit, _in_flight } = fetched;
     let span = telemetry::message_span(&delivery);
     async move {
@@ -48,7 +48,7 @@ pub(super) async fn handle<H: Handler>(handler: Arc<H>, fetched: Fetched, config
 async fn supervise<H: Handler>(
     handler: Arc<H>,
     delivery: Delivery,
-    config: &WorkerConfig,
+    config: &LoopConfig,
 ) -> (Verdict, Option<Delivery>) {
     let delivery = Arc::new(delivery);
     let mut task = AbortOnDrop(tokio::spawn({

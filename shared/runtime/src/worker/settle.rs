@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use imagepipe_bus::{BusError, Delivery};
 
-use super::{Outcome, WorkerConfig, error_chain};
+use super::{LoopConfig, Outcome, error_chain};
 use ::metrics::counter;
 
 use crate::metrics::{self, dead_letter_reason, labels, outcome};
@@ -44,7 +44,7 @@ impl Verdict {
 
 /// Acks, nacks or dead-letters `delivery` as `verdict` says. A failed settle is logged and
 /// counted; the broker then redelivers the message.
-pub(super) async fn settle(delivery: Delivery, verdict: Verdict, config: &WorkerConfig) {
+pub(super) async fn settle(delivery: Delivery, verdict: Verdict, config: &LoopConfig) {
     let label = verdict.label();
     let source = delivery.source.clone();
     counter!(metrics::MESSAGES_HANDLED, labels::SOURCE => source.clone(), labels::OUTCOME => label).increment(1);

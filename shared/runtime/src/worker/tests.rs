@@ -22,10 +22,10 @@ fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-fn config(queue: &str, concurrency: usize) -> WorkerConfig {
-    WorkerConfig {
+fn config(queue: &str, concurrency: usize) -> LoopConfig {
+    LoopConfig {
         name: queue.into(),
-        mode: Mode::Concurrent,
+        scheduling: Scheduling::Concurrent,
         concurrency,
         ack_wait: ACK_WAIT,
         handler_timeout: secs(120),
@@ -95,12 +95,7 @@ struct Running {
     worker: JoinHandle<Result<(), WorkerError>>,
 }
 
-async fn start(
-    handler: impl Handler,
-    config: WorkerConfig,
-    consumer: ConsumerConfig,
-    messages: Vec<Message>,
-) -> Running {
+async fn start(handler: impl Handler, config: LoopConfig, consumer: ConsumerConfig, messages: Vec<Message>) -> Running {
     let bus = Bus::connect(&BusConfig::default()).await.unwrap();
     let queue = config.name.clone();
     bus.queues.send_batch(&queue, messages).await.unwrap();
@@ -108,7 +103,7 @@ async fn start(
     start_with(bus, consumer, handler, config)
 }
 
-fn start_with(bus: Bus, consumer: Box<dyn Consumer>, handler: impl Handler, config: WorkerConfig) -> Running {
+fn start_with(bus: Bus, consumer: Box<dyn Consumer>, handler: impl Handler, config: LoopConfig) -> Running {
     let shutdown = Shutdown::new();
     let worker = tokio::spawn(Worker::new(consumer, handler, config).run(shutdown.clone()));
     Running { bus, shutdown, worker }
@@ -332,7 +327,7 @@ struct KeyedRun {
 
 /// Three keys, five messages each, sent key after key; each takes 4 s to handle, so with four
 /// held at once the ones waiting behind their key outlive the 10 s ack wait.
-async fn run_keyed(queue: &str, mode: Mode) -> KeyedRun {
+async fn run_keyed(queue: &str, scheduling: Scheduling) -> KeyedRun {
     let run = Arc::new(Mutex::new(KeyedRun::default()));
     let active: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     let (r, a) = (run.clone(), active.clone());
@@ -361,7 +356,7 @@ async fn run_keyed(queue: &str, mode: Mode) -> KeyedRun {
         }
     }
     let mut config = config(queue, 4);
-    config.mode = mode;
+    config.scheduling = scheduling;
     let running = start(handler, config, consumer_config(5), sent).await;
     next(&mut rx, 15).await;
     sleep(ACK_WAIT * 3).await;
@@ -373,7 +368,7 @@ async fn run_keyed(queue: &str, mode: Mode) -> KeyedRun {
 
 #[tokio::test(start_paused = true)]
 async fn orderly_mode_handles_one_message_per_key_at_a_time_in_order() {
-    let run = run_keyed("tasks.orderly", Mode::Orderly).await;
+    let run = run_keyed("tasks.orderly", Scheduling::Orderly).await;
     assert_eq!(run.peak_per_key, 1, "two messages of one key ran at once");
     assert!(run.peak > 1, "different keys ran in parallel");
     for key in ["a", "b", "c"] {
@@ -385,7 +380,7 @@ async fn orderly_mode_handles_one_message_per_key_at_a_time_in_order() {
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_mode_does_run_one_keys_messages_at_once() {
-    let run = run_keyed("tasks.unordered", Mode::Concurrent).await;
+    let run = run_keyed("tasks.unordered", Scheduling::Concurrent).await;
     assert!(run.peak_per_key > 1, "the orderly test's check can fail: {run:?}");
 }
 

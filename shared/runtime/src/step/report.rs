@@ -1,4 +1,4 @@
-//! How a pipeline worker reports a step: on success it publishes its `image.*` event (with the
+//! How a pipeline worker reports a step attempt: on success it publishes its `image.*` event (with the
 //! deterministic event id) and sends the [`StepResult`] to the coordinator, both at once (the
 //! event handed to the bus first) and confirmed before it returns; on failure it sends only the
 //! result. A report that fails is an error and the step is retried: both messages carry
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use imagepipe_bus::{Bus, BusError, Message};
 use imagepipe_contracts::names::{headers, queues};
 use imagepipe_contracts::{
-    Event, EventPayload, SCHEMA_VERSION, Step, StepError, StepOutcome, StepOutput, StepResult, TraceId,
+    Event, EventPayload, SCHEMA_VERSION, Step, StepCommand, StepError, StepOutcome, StepOutput, StepResult, TraceId,
 };
 use serde::Serialize;
 
@@ -26,6 +26,13 @@ pub struct Attempt {
     pub step: Step,
     /// The attempt, from 1.
     pub attempt: u32,
+}
+
+impl Attempt {
+    /// The attempt `command` asks for.
+    pub fn of<C: StepCommand>(command: &C) -> Self {
+        Self { task_id: command.task_id().to_owned(), step: C::STEP, attempt: command.attempt() }
+    }
 }
 
 /// Sends a worker's events and step results (see the module docs).

@@ -1,10 +1,13 @@
 //! Remembering which events a subscriber has handled, so a redelivered event (same `eventId`)
 //! has its effect once: check [`Dedup::is_done`] before the effect, [`Dedup::mark_done`] after
 //! it. A crash in between repeats the effect on redelivery (at-least-once), never loses it.
+//! [`Deduplicated`] is that protocol as a layer around a subscriber's [`EventHandler`].
 //!
 //! Two backends: [`RedisDedup`] (`SET NX` with a TTL, shared by every replica of a subscriber
 //! group) for `store.kind = redis`, and [`MemoryDedup`] (a bounded in-process set with a TTL)
 //! for one process. [`connect`] picks one from [`Settings`].
+
+mod layer;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -15,6 +18,8 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use crate::config::{Settings, StoreKind};
+
+pub use layer::{Deduplicated, EventHandler, Seen};
 
 /// The dedup store could not be reached or answered nonsense.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,4 @@
-//! Sections of the event subscribers: `notification.*` (webhooks) and `dedup.*` (the
-//! `eventId` deduplication every subscriber does).
+//! The `notification` section: where and how the notification worker posts webhooks.
 
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use super::{ConfigError, Secret, list_or_comma_separated};
 /// The `notification` section: where and how the notification worker posts webhooks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct NotificationSettings {
+pub struct NotificationConfig {
     /// URLs that receive every `task.completed`, `task.failed` and `task.cancelled` event,
     /// besides the task's own `callbackUrl`; a comma-separated list in the environment.
     #[serde(deserialize_with = "list_or_comma_separated")]
@@ -35,7 +34,7 @@ pub struct NotificationSettings {
     pub retry_max: Duration,
 }
 
-impl Default for NotificationSettings {
+impl Default for NotificationConfig {
     fn default() -> Self {
         Self {
             subscribers: Vec::new(),
@@ -49,7 +48,7 @@ impl Default for NotificationSettings {
     }
 }
 
-impl NotificationSettings {
+impl NotificationConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         for (i, url) in self.subscribers.iter().enumerate() {
             let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
@@ -86,36 +85,6 @@ impl NotificationSettings {
         }
         if self.max_attempts == 0 {
             return Err(ConfigError::invalid("notification.max_attempts", "must be at least 1"));
-        }
-        Ok(())
-    }
-}
-
-/// The `dedup` section: how long and how many handled `eventId`s a subscriber remembers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DedupSettings {
-    /// How long a handled event id is remembered (a Redis key's TTL, or an in-process entry's
-    /// age limit); redeliveries come within the event stream's retention, so keep it longer.
-    #[serde(with = "humantime_serde")]
-    pub ttl: Duration,
-    /// Most event ids the in-process set holds (`store.kind = embedded`); the oldest go first.
-    pub capacity: usize,
-}
-
-impl Default for DedupSettings {
-    fn default() -> Self {
-        Self { ttl: Duration::from_secs(7 * 24 * 3600), capacity: 100_000 }
-    }
-}
-
-impl DedupSettings {
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.ttl < Duration::from_millis(1) {
-            return Err(ConfigError::invalid("dedup.ttl", "must be at least 1ms"));
-        }
-        if self.capacity == 0 {
-            return Err(ConfigError::invalid("dedup.capacity", "must be at least 1"));
         }
         Ok(())
     }

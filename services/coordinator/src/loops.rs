@@ -4,21 +4,23 @@
 use std::time::Duration;
 
 use futures::TryFutureExt;
+use imagepipe_blob::BlobConfigError;
 use imagepipe_bus::{BusError, ConsumerConfig, Selector, Subscription};
 use imagepipe_contracts::names::{self, queues};
 use imagepipe_runtime::shutdown::Shutdown;
-use imagepipe_runtime::worker::{Handler, Worker, WorkerConfig, WorkerError};
+use imagepipe_runtime::worker::{Handler, LoopConfig, Worker, WorkerError};
 use tokio::task::JoinSet;
 
 use crate::consumers::{CappedConsumer, DeadLetterArchiver, ResultHandler, SubmitHandler};
 use crate::engine::Engine;
 use crate::events::{EventHub, Fanout};
+use crate::store::StoreError;
 
 /// How the coordinator's loops run.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ServiceConfig {
+pub struct LoopsConfig {
     /// Worker settings of every consumer (its name is set per consumer).
-    pub worker: WorkerConfig,
+    pub worker: LoopConfig,
     /// Consumer settings of every queue.
     pub consumer: ConsumerConfig,
     /// How often the sweeper looks for due timers and unrelayed outbox entries.
@@ -33,7 +35,7 @@ pub struct ServiceConfig {
 
 /// Why the coordinator stopped other than by shutdown.
 #[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
+pub enum RunError {
     /// Opening a consumer failed.
     #[error("opening {what}")]
     Consume {
@@ -46,13 +48,19 @@ pub enum ServiceError {
     /// A worker stopped.
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    /// The task store could not be opened.
+    #[error("opening the task store")]
+    Store(#[source] StoreError),
+    /// The blob store of `blob.*` (behind the upload API) could not be opened.
+    #[error("opening the blob store")]
+    BlobStore(#[source] BlobConfigError),
 }
 
 /// Runs every loop of the coordinator until `shutdown`.
-pub async fn run(engine: Engine, hub: EventHub, config: ServiceConfig, shutdown: Shutdown) -> Result<(), ServiceError> {
+pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: Shutdown) -> Result<(), RunError> {
     let bus = engine.bus().clone();
-    let open = |what: String, source| ServiceError::Consume { what, source };
-    let mut loops: JoinSet<Result<(), ServiceError>> = JoinSet::new();
+    let open = |what: String, source| RunError::Consume { what, source };
+    let mut loops: JoinSet<Result<(), RunError>> = JoinSet::new();
 
     let sweeper = engine.clone();
     let (interval, stop) = (config.sweep_interval, shutdown.clone());
@@ -115,15 +123,15 @@ pub async fn run(engine: Engine, hub: EventHub, config: ServiceConfig, shutdown:
     outcome
 }
 
-fn named(worker: &WorkerConfig, name: &str) -> WorkerConfig {
-    WorkerConfig { name: name.to_owned(), ..worker.clone() }
+fn named(worker: &LoopConfig, name: &str) -> LoopConfig {
+    LoopConfig { name: name.to_owned(), ..worker.clone() }
 }
 
 fn spawn<H: Handler>(
-    loops: &mut JoinSet<Result<(), ServiceError>>,
+    loops: &mut JoinSet<Result<(), RunError>>,
     consumer: Box<dyn imagepipe_bus::Consumer>,
     handler: H,
-    config: WorkerConfig,
+    config: LoopConfig,
     shutdown: &Shutdown,
 ) {
     let stop = shutdown.clone();

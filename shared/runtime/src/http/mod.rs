@@ -1,5 +1,9 @@
 //! The HTTP server every service runs: `/healthz`, `/readyz`, `/metrics`, plus the service's
-//! own routes.
+//! own `/v1` routes ([`ApiRoutes`]) behind one bearer-token check ([`auth`]), answering errors
+//! in one shape ([`ApiError`]).
+
+mod api;
+pub mod auth;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -13,6 +17,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 use crate::shutdown::Shutdown;
+
+pub use api::{ApiError, ApiRoutes};
 
 /// Content type of the Prometheus text exposition format.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -99,6 +105,13 @@ impl HealthServer {
     /// Adds the service's own routes (which must not reuse the health paths).
     pub fn merge(mut self, routes: Router) -> Self {
         self.router = self.router.merge(routes);
+        self
+    }
+
+    /// Serves `api` for every path the health routes do not take: the `/v1` routes, added to
+    /// `api` as the service's parts come up, each request checked for the token first.
+    pub fn api(mut self, api: ApiRoutes) -> Self {
+        self.router = self.router.fallback(move |request: axum::extract::Request| api.clone().dispatch(request));
         self
     }
 

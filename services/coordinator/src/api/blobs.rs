@@ -1,0 +1,65 @@
+//! `POST /v1/blobs` (upload an image, answered with its key for a `blob` submit) and
+//! `GET /v1/blobs/{key}` (an image or thumbnail by key), part of the coordinator's API in every
+//! deployment (the coordinator shares `blob.*` with the workers).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use imagepipe_blob::{BlobError, BlobKey, BlobStore, Sniffed, sniff};
+use imagepipe_runtime::http::ApiError;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Answer of `POST /v1/blobs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Uploaded {
+    /// The blob's key, `sha256:<hex>`: submit it as `{"blob": key}`.
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// The blob routes over `blobs`, refusing uploads over `max_bytes`.
+pub fn router(blobs: Arc<dyn BlobStore>, max_bytes: u64) -> Router {
+    Router::new()
+        .route("/v1/blobs", post(upload))
+        .route("/v1/blobs/{key}", get(download))
+        .layer(DefaultBodyLimit::max(usize::try_from(max_bytes).unwrap_or(usize::MAX)))
+        .with_state(blobs)
+}
+
+async fn upload(State(blobs): State<Arc<dyn BlobStore>>, body: Bytes) -> Result<Response, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::invalid("the body is empty: send the image's bytes"));
+    }
+    let size = body.len() as u64;
+    let key = blobs.put(body).await.map_err(ApiError::unavailable)?;
+    let location = format!("/v1/blobs/{key}");
+    let body = Uploaded { key: key.to_string(), size };
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(body)).into_response())
+}
+
+async fn download(
+    State(blobs): State<Arc<dyn BlobStore>>,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(key) = key?;
+    let key = key.parse::<BlobKey>().map_err(|e| ApiError::invalid(e.to_string()))?;
+    match blobs.get(&key).await {
+        Ok(bytes) => {
+            let content_type = match sniff(&bytes) {
+                Sniffed::Image(format) => format!("image/{}", format.as_str()),
+                Sniffed::Other(_) => "application/octet-stream".to_owned(),
+            };
+            Ok(([(header::CONTENT_TYPE, content_type)], bytes).into_response())
+        }
+        Err(BlobError::NotFound(key)) => Err(ApiError::not_found(format!("no blob {key}"))),
+        Err(e) => Err(ApiError::unavailable(e)),
+    }
+}

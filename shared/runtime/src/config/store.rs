@@ -1,0 +1,87 @@
+//! The `store` section: where state lives, and what `store.kind` means for each service.
+//!
+//! | service | `store.kind = embedded` | `store.kind = redis` |
+//! |---|---|---|
+//! | coordinator (tasks, history, outbox, timers, dead letters) | a file-backed redb database in `store.path`, kept across restarts | Redis at `store.redis.url`, keys under `<bus.prefix>:` |
+//! | analytics (counters, latencies) | in process memory, gone with the process | Redis, keys under `<bus.prefix>:analytics:` |
+//! | tag index (tag → tasks, thumbnails) | in process memory, gone with the process | Redis, keys under `<bus.prefix>:tags:` |
+//! | subscriber dedup (handled `eventId`s) | in process memory, bounded by `dedup.capacity` | Redis, keys under `<bus.prefix>:dedup:<group>:` |
+//!
+//! So `embedded` is for one process (`imagepipe run`); every multi-process deployment uses
+//! `redis`, which every replica of every service shares.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, SecretUrl, mask_url_credentials};
+
+/// URL schemes the Redis client understands.
+const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
+
+/// Which state store the coordinator uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    /// File-backed store in `store.path`, for one process (`imagepipe run`).
+    #[default]
+    Embedded,
+    /// Redis at `store.redis.url`, shared by coordinator replicas.
+    Redis,
+}
+
+/// The `store` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Backend.
+    pub kind: StoreKind,
+    /// Directory of the embedded store.
+    pub path: PathBuf,
+    /// Redis settings.
+    pub redis: RedisConfig,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self { kind: StoreKind::default(), path: PathBuf::from(".imagepipe/store"), redis: RedisConfig::default() }
+    }
+}
+
+/// The `store.redis` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]` (or `rediss://` for TLS); the password is
+    /// masked whenever printed.
+    pub url: SecretUrl,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self { url: SecretUrl::new("redis://127.0.0.1:6379") }
+    }
+}
+
+impl StoreConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        match self.kind {
+            StoreKind::Embedded => super::non_empty_path("store.path", &self.path),
+            StoreKind::Redis => redis_url("store.redis.url", self.redis.url.expose()),
+        }
+    }
+}
+
+fn redis_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    let masked = mask_url_credentials(url);
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(ConfigError::invalid(key, format!("{masked:?} is not a URL such as redis://127.0.0.1:6379")));
+    };
+    if !REDIS_SCHEMES.contains(&scheme) {
+        return Err(ConfigError::invalid(key, format!("scheme {scheme:?} is not one of {}", REDIS_SCHEMES.join(", "))));
+    }
+    if rest.is_empty() {
+        return Err(ConfigError::invalid(key, format!("{masked:?} names no host or socket")));
+    }
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! The `worker` section: how every worker loop consumes its queue or subscriber group.
+
+use std::time::Duration;
+
+use imagepipe_bus::ConsumerConfig;
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, positive};
+
+/// The `worker` section: how a worker consumes its queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Most messages handled at once (default 2 × cores).
+    pub concurrency: usize,
+    /// A delivery not settled (nor extended by progress) within this time is redelivered.
+    #[serde(with = "humantime_serde")]
+    pub ack_wait: Duration,
+    /// Deliveries allowed before a message is dead-lettered.
+    pub max_deliveries: u32,
+    /// A handler running longer is abandoned and its message retried.
+    #[serde(with = "humantime_serde")]
+    pub handler_timeout: Duration,
+    /// On shutdown, how long in-flight handlers may take to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            concurrency: 2 * cores,
+            ack_wait: Duration::from_secs(30),
+            max_deliveries: 5,
+            handler_timeout: Duration::from_secs(120),
+            shutdown_grace: Duration::from_secs(25),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// The consumer settings to open the worker's queue with.
+    pub fn consumer_config(&self) -> ConsumerConfig {
+        ConsumerConfig { ack_wait: self.ack_wait, max_deliveries: self.max_deliveries }
+    }
+}
+
+impl WorkerConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.concurrency == 0 {
+            return Err(ConfigError::invalid("worker.concurrency", "must be at least 1"));
+        }
+        if self.max_deliveries == 0 {
+            return Err(ConfigError::invalid("worker.max_deliveries", "must be at least 1"));
+        }
+        positive("worker.ack_wait", self.ack_wait)?;
+        positive("worker.handler_timeout", self.handler_timeout)
+    }
+}

@@ -1,0 +1,54 @@
+//! The one bearer-token check of every `/v1` route (`http.auth_token`), compared in constant
+//! time.
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use imagepipe_secret::Secret;
+
+use super::ApiError;
+
+/// What a configured token prints as.
+pub(super) const MASKED: &str = imagepipe_secret::MASK;
+
+/// Whether `headers` carry `Authorization: Bearer <token>`; always true without a token.
+pub fn authorized(token: Option<&Secret<String>>, headers: &HeaderMap) -> bool {
+    let Some(token) = token else { return true };
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    given
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| constant_time_eq(t.as_bytes(), token.expose().as_bytes()))
+}
+
+/// The `401` answer, with `WWW-Authenticate: Bearer`.
+pub fn unauthorized() -> Response {
+    let mut response = ApiError::unauthorized().into_response();
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// Whether `a == b`, in time that depends on their lengths only.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn only_the_exact_bearer_token_passes() {
+        let token = Secret::new("s3cret".to_owned());
+        assert!(authorized(Some(&token), &headers("Bearer s3cret")));
+        for wrong in ["Bearer s3cre", "Bearer s3cret ", "bearer s3cret", "Basic s3cret", "s3cret"] {
+            assert!(!authorized(Some(&token), &headers(wrong)), "{wrong}");
+        }
+        assert!(!authorized(Some(&token), &HeaderMap::new()));
+        assert!(authorized(None, &HeaderMap::new()), "no token configured");
+    }
+}

@@ -1,0 +1,71 @@
+//! The one skeleton of every pipeline step: [`Reporting`] wraps a [`StepHandler`] (the step's
+//! own work) into the worker's [`Handler`]. Per delivery it decodes the command (malformed →
+//! dead letter), runs the step, reports the result through the [`StepReporter`] and says how
+//! to settle the delivery (a report that could not be sent is retried).
+
+use async_trait::async_trait;
+use imagepipe_bus::Delivery;
+use imagepipe_contracts::{StepCommand, decode};
+
+use super::{Attempt, StepFailure, StepReporter};
+use crate::worker::{Handler, Outcome, error_chain};
+
+/// A pipeline step's own work: from its command to its output, or how it failed.
+#[async_trait]
+pub trait StepHandler: Send + Sync + 'static {
+    /// The command it consumes; its [`StepCommand::STEP`] is the step it runs.
+    type Command: StepCommand;
+
+    /// Runs one attempt of the step for `command`. Once it returns `Ok`, the output must be
+    /// durable (blobs written): the success is announced right after.
+    async fn process(&self, command: &Self::Command) -> Result<<Self::Command as StepCommand>::Output, StepFailure>;
+}
+
+/// The worker [`Handler`] of a [`StepHandler`] (see the module docs).
+pub struct Reporting<H> {
+    step: H,
+    reporter: StepReporter,
+}
+
+impl<H: StepHandler> Reporting<H> {
+    /// `step`, reporting through `reporter`.
+    pub fn new(step: H, reporter: StepReporter) -> Self {
+        Self { step, reporter }
+    }
+
+    /// The step's own handler.
+    pub fn step(&self) -> &H {
+        &self.step
+    }
+}
+
+#[async_trait]
+impl<H: StepHandler> Handler for Reporting<H> {
+    async fn handle(&self, delivery: &Delivery) -> Outcome {
+        let command: H::Command = match decode(&delivery.message.payload) {
+            Ok(command) => command,
+            Err(error) => return Outcome::reject(error),
+        };
+        let attempt = Attempt::of(&command);
+        let (task_id, step) = (attempt.task_id.as_str(), attempt.step);
+        let reported = match self.step.process(&command).await {
+            Ok(output) => {
+                tracing::info!(task_id, %step, attempt = attempt.attempt, "step succeeded");
+                let (event, output) = command.announce(output);
+                self.reporter.succeeded(&attempt, event, output).await
+            }
+            Err(StepFailure::Retryable { error, retry_after }) => {
+                tracing::warn!(task_id, %step, %error, ?retry_after, "step failed; the coordinator retries it");
+                self.reporter.retryable(&attempt, error, retry_after).await
+            }
+            Err(StepFailure::Permanent(error)) => {
+                tracing::info!(task_id, %step, %error, "step failed permanently");
+                self.reporter.permanent(&attempt, error).await
+            }
+        };
+        match reported {
+            Ok(()) => Outcome::Ack,
+            Err(error) => Outcome::retry(format!("reporting the {step} step: {}", error_chain(&error))),
+        }
+    }
+}
