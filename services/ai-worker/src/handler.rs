@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use imagepipe_blob::{BlobKey, BlobStore};
+use imagepipe_blob::BlobStore;
 use imagepipe_contracts::command::AnalyzeCommand;
 use imagepipe_contracts::step::AnalysisOutput;
-use imagepipe_runtime::step::{StepFailure, StepHandler};
+use imagepipe_runtime::step::{StepFailure, StepHandler, read_blob};
 
 use crate::classifier::Classifier;
 use crate::metrics;
@@ -30,8 +30,7 @@ impl StepHandler for AiHandler {
     type Command = AnalyzeCommand;
 
     async fn process(&self, command: &AnalyzeCommand) -> Result<AnalysisOutput, StepFailure> {
-        let key: BlobKey = command.blob_key.parse().map_err(|e| StepFailure::invalid_blob_key(&e))?;
-        let bytes = self.blobs.get(&key).await?;
+        let bytes = read_blob(self.blobs.as_ref(), &command.blob_key).await?;
         self.classifier.analyze(bytes).await.map_err(|error| {
             ::metrics::counter!(metrics::IMAGES_FAILED, metrics::CODE => error.code()).increment(1);
             if error.is_retryable() {

@@ -6,15 +6,16 @@ use std::time::Duration;
 
 use imagepipe_analytics_worker::api::StatsResponse;
 use imagepipe_analytics_worker::{
-    BUCKETS_MS, GROUP, MemoryStore, RedisStore, Span, Stage, StatsStore, TaskOutcome, Update, api, run, subscription,
+    BUCKETS_MS, GROUP, MemoryStore, RedisStore, Span, Stage, StatsStore, TaskOutcome, Update, api, run, serve,
+    subscription,
 };
 use imagepipe_bus::{Bus, BusConfig, ConsumerConfig, Message};
 use imagepipe_contracts::names::{self, headers};
 use imagepipe_contracts::payload::{ImageDownloaded, TaskCreated, TaskFailed};
 use imagepipe_contracts::step::DownloadOutput;
 use imagepipe_contracts::{Event, EventType, ImageSource, Step, StepError, TraceId};
-use imagepipe_runtime::{Settings, Shutdown};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use imagepipe_runtime::http::testing;
+use imagepipe_runtime::{Service, Settings, Shutdown};
 
 fn update(event_type: EventType, task_id: &str, timestamp: u64) -> Update {
     let (format, bytes) = match event_type {
@@ -205,13 +206,32 @@ fn failed(task_id: &str, at: u64) -> Vec<u8> {
 }
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_owned())
+    let answer = testing::get(addr, path).await;
+    (answer.status, answer.body)
+}
+
+/// The analytics worker as its binary runs it ([`serve`]), with `http.auth_token` set:
+/// `/v1/stats` needs the token like every `/v1` route.
+#[tokio::test]
+async fn the_standalone_worker_answers_stats_only_with_the_token() {
+    let mut settings = Settings::default();
+    settings.http.bind = std::net::Ipv4Addr::LOCALHOST.into();
+    settings.http.port = 0;
+    settings.http.auth_token = Some("stats-t0ken".to_owned().into());
+    let service = Service::start_with("analytics-worker", settings, Shutdown::new()).await.unwrap();
+    let addr = service.http_addr();
+    let checks = async {
+        let answer = testing::get_until(addr, "/v1/stats", Some("stats-t0ken"), |a| a.status != 404).await;
+        assert_eq!(answer.status, 200, "the stats route is served: {answer:?}");
+        let anonymous = testing::get(addr, "/v1/stats").await;
+        assert_eq!(anonymous.status, 401, "{anonymous:?}");
+        assert!(anonymous.body.contains(r#""error":"unauthorized""#), "{anonymous:?}");
+        assert_eq!(testing::request(addr, "GET", "/v1/stats", Some("wrong")).await.status, 401);
+        service.shutdown.trigger();
+    };
+    let (served, ()) = tokio::join!(serve(&service), checks);
+    served.unwrap();
+    service.stop().await.unwrap();
 }
 
 #[tokio::test]

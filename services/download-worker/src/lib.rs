@@ -72,9 +72,11 @@ pub enum RunError {
 /// The HTTP client `settings` describe (`download.*` limits, `net.allow_cidrs`), with the system
 /// resolver; tests replace the resolver and add a dial check before building it.
 pub fn client_builder(settings: &Settings) -> Result<ClientBuilder, RunError> {
-    let allow = settings.net.allowed_networks().map_err(|e| RunError::Allowlist(Box::new(e)))?;
     let download = &settings.download;
-    Ok(GuardedClient::builder().allow(allow).limits(download.limits()).user_agent(download.user_agent.clone()))
+    settings
+        .net
+        .client_builder(download.limits(), download.user_agent.clone())
+        .map_err(|e| RunError::Allowlist(Box::new(e)))
 }
 
 /// The service as its binary runs it, on a started [`Service`]: consumes `tasks.download` until

@@ -14,6 +14,7 @@ use imagepipe_contracts::payload::TaskFailed;
 use imagepipe_contracts::{Event, EventType, Step, SubmitTask, decode};
 use imagepipe_coordinator::TaskState;
 use imagepipe_net::testing::FixtureServer;
+use imagepipe_runtime::http::testing;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sample_photos_complete_with_every_event_and_a_404_url_fails_with_its_reason() {
@@ -121,5 +122,29 @@ async fn sample_photos_complete_with_every_event_and_a_404_url_fails_with_its_re
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    pipeline.stop().await.unwrap();
+}
+
+/// `imagepipe run` with `http.auth_token` set: every `/v1` route of every service it runs
+/// (search and stats included) needs the token; health and readiness do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_search_stats_and_every_v1_route_need_it() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(&model_dir, &work);
+    settings.http.auth_token = Some("run-t0ken".to_owned().into());
+    let pipeline = Pipeline::start(settings).await.unwrap();
+    let addr = pipeline.local_addr();
+
+    for path in ["/v1/search?tags=cat", "/v1/stats", "/v1/tasks", "/v1/dlq", "/v1/openapi.json"] {
+        let anonymous = testing::get(addr, path).await;
+        assert_eq!(anonymous.status, 401, "{path}: {anonymous:?}");
+        assert!(anonymous.body.contains(r#""error":"unauthorized""#), "{path}: {anonymous:?}");
+        assert_eq!(testing::request(addr, "GET", path, Some("wrong")).await.status, 401, "{path}");
+        assert_eq!(testing::request(addr, "GET", path, Some("run-t0ken")).await.status, 200, "{path}");
+    }
+    assert_eq!(testing::get(addr, "/healthz").await.status, 200);
+    let ready = testing::get_until(addr, "/readyz", None, |a| a.status == 200).await;
+    assert_eq!(ready.status, 200, "{ready:?}");
     pipeline.stop().await.unwrap();
 }

@@ -6,11 +6,11 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use imagepipe_blob::{BlobKey, BlobStore};
+use imagepipe_blob::BlobStore;
 use imagepipe_contracts::command::MetadataCommand;
 use imagepipe_contracts::step::MetadataOutput;
 use imagepipe_runtime::config::MetadataConfig;
-use imagepipe_runtime::step::{StepFailure, StepHandler};
+use imagepipe_runtime::step::{StepFailure, StepHandler, read_blob};
 use tokio::sync::Semaphore;
 
 use crate::error::{ExtractError, codes};
@@ -64,8 +64,7 @@ impl StepHandler for MetadataHandler {
     type Command = MetadataCommand;
 
     async fn process(&self, command: &MetadataCommand) -> Result<MetadataOutput, StepFailure> {
-        let key: BlobKey = command.blob_key.parse().map_err(|e| StepFailure::invalid_blob_key(&e))?;
-        let bytes = self.blobs.get(&key).await?;
+        let bytes = read_blob(self.blobs.as_ref(), &command.blob_key).await?;
         let Extracted { mut metadata, thumbnail } = self.extract(bytes).await?;
         metadata.thumbnail_key = self.blobs.put(thumbnail).await?.to_string();
         Ok(metadata)

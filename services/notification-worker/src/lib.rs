@@ -74,7 +74,6 @@ pub enum RunError {
 /// The webhook client `settings` describe (`notification.*` timeouts, `net.allow_cidrs`), with
 /// the system resolver; tests replace the resolver and add a dial check before building it.
 pub fn client_builder(settings: &Settings) -> Result<ClientBuilder, RunError> {
-    let allow = settings.net.allowed_networks().map_err(|e| RunError::Allowlist(Box::new(e)))?;
     let notification = &settings.notification;
     let limits = Limits {
         max_bytes: MAX_RESPONSE_BYTES,
@@ -82,10 +81,8 @@ pub fn client_builder(settings: &Settings) -> Result<ClientBuilder, RunError> {
         total_timeout: notification.total_timeout,
         max_redirects: 0,
     };
-    Ok(GuardedClient::builder()
-        .allow(allow)
-        .limits(limits)
-        .user_agent(concat!("imagepipe-notification-worker/", env!("CARGO_PKG_VERSION"))))
+    let user_agent = concat!("imagepipe-notification-worker/", env!("CARGO_PKG_VERSION"));
+    settings.net.client_builder(limits, user_agent).map_err(|e| RunError::Allowlist(Box::new(e)))
 }
 
 /// The subscription: group [`GROUP`], selector [`SELECTOR`], `notification.max_attempts`

@@ -9,9 +9,11 @@ use imagepipe_contracts::names::{self, headers};
 use imagepipe_contracts::payload::{ImageAnalyzed, ImageMetadataExtracted};
 use imagepipe_contracts::step::{AnalysisOutput, MetadataOutput, Prediction};
 use imagepipe_contracts::{Event, TraceId};
-use imagepipe_runtime::{Settings, Shutdown};
-use imagepipe_tag_indexer_worker::{GROUP, Hit, MemoryIndex, RedisIndex, TagIndex, TagMatch, api, run, subscription};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use imagepipe_runtime::http::testing;
+use imagepipe_runtime::{Service, Settings, Shutdown};
+use imagepipe_tag_indexer_worker::{
+    GROUP, Hit, MemoryIndex, RedisIndex, TagIndex, TagMatch, api, run, serve, subscription,
+};
 
 fn tags(pairs: &[(&str, f64)]) -> Vec<(String, f64)> {
     pairs.iter().map(|(t, s)| ((*t).to_owned(), *s)).collect()
@@ -89,13 +91,33 @@ fn extracted(task_id: &str, thumbnail_key: &str) -> Vec<u8> {
 }
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    (head.split(' ').nth(1).unwrap().parse().unwrap(), serde_json::from_str(body).unwrap())
+    let answer = testing::get(addr, path).await;
+    (answer.status, serde_json::from_str(&answer.body).unwrap())
+}
+
+/// The indexer as its binary runs it ([`serve`]), with `http.auth_token` set: `/v1/search`
+/// needs the token like every `/v1` route.
+#[tokio::test]
+async fn the_standalone_indexer_answers_search_only_with_the_token() {
+    let mut settings = Settings::default();
+    settings.http.bind = std::net::Ipv4Addr::LOCALHOST.into();
+    settings.http.port = 0;
+    settings.http.auth_token = Some("search-t0ken".to_owned().into());
+    let service = Service::start_with("tag-indexer-worker", settings, Shutdown::new()).await.unwrap();
+    let addr = service.http_addr();
+    let checks = async {
+        let path = "/v1/search?tags=cat";
+        let answer = testing::get_until(addr, path, Some("search-t0ken"), |a| a.status != 404).await;
+        assert_eq!(answer.status, 200, "the search route is served: {answer:?}");
+        let anonymous = testing::get(addr, path).await;
+        assert_eq!(anonymous.status, 401, "{anonymous:?}");
+        assert!(anonymous.body.contains(r#""error":"unauthorized""#), "{anonymous:?}");
+        assert_eq!(testing::request(addr, "GET", path, Some("wrong")).await.status, 401);
+        service.shutdown.trigger();
+    };
+    let (served, ()) = tokio::join!(serve(&service), checks);
+    served.unwrap();
+    service.stop().await.unwrap();
 }
 
 #[tokio::test]

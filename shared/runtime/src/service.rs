@@ -266,23 +266,19 @@ mod tests {
     use std::time::Duration;
 
     use axum::routing::get;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
     use super::*;
+    use crate::http::testing;
 
     async fn status_and_body(addr: SocketAddr, path: &str) -> (u16, String) {
-        request(addr, path, "").await
+        let answer = testing::get(addr, path).await;
+        (answer.status, answer.body)
     }
 
-    async fn request(addr: SocketAddr, path: &str, extra_headers: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra_headers}Connection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        let (head, body) = response.split_once("\r\n\r\n").unwrap();
-        (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_owned())
+    async fn with_token(addr: SocketAddr, path: &str, token: &str) -> (u16, String) {
+        let answer = testing::request(addr, "GET", path, Some(token)).await;
+        (answer.status, answer.body)
     }
 
     #[tokio::test]
@@ -324,10 +320,10 @@ mod tests {
             let (status, body) = status_and_body(addr, path).await;
             assert_eq!(status, 401, "{path}");
             assert!(body.contains(r#""error":"unauthorized""#), "{path}: {body}");
-            assert_eq!(request(addr, path, "Authorization: Bearer wrong\r\n").await.0, 401, "{path}");
+            assert_eq!(with_token(addr, path, "wrong").await.0, 401, "{path}");
         }
-        assert_eq!(request(addr, "/v1/ping", "Authorization: Bearer t0ken\r\n").await, (200, "pong".into()));
-        assert_eq!(request(addr, "/v1/unknown", "Authorization: Bearer t0ken\r\n").await.0, 404);
+        assert_eq!(with_token(addr, "/v1/ping", "t0ken").await, (200, "pong".into()));
+        assert_eq!(with_token(addr, "/v1/unknown", "t0ken").await.0, 404);
         for open in ["/healthz", "/metrics"] {
             assert_eq!(status_and_body(addr, open).await.0, 200, "{open}");
         }

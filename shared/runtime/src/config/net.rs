@@ -1,5 +1,6 @@
 //! The `net` section: the outbound network policy of the download and webhook clients.
 
+use imagepipe_net::{ClientBuilder, GuardedClient, Limits};
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, list_or_comma_separated};
@@ -27,5 +28,11 @@ impl NetConfig {
                 })
             })
             .collect()
+    }
+
+    /// The SSRF-guarded client these settings allow, with `limits` and `user_agent` and the
+    /// system resolver; tests replace the resolver and add a dial check before building it.
+    pub fn client_builder(&self, limits: Limits, user_agent: impl Into<String>) -> Result<ClientBuilder, ConfigError> {
+        Ok(GuardedClient::builder().allow(self.allowed_networks()?).limits(limits).user_agent(user_agent.into()))
     }
 }

@@ -4,6 +4,7 @@
 
 mod api;
 pub mod auth;
+pub mod testing;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -175,21 +176,13 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
     use super::*;
 
-    /// A GET over a fresh connection: (status, headers, body).
     async fn http_get(addr: SocketAddr, path: &str) -> (u16, String, String) {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        let (head, body) = response.split_once("\r\n\r\n").expect("a full HTTP response");
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        (status, head.to_ascii_lowercase(), body.to_owned())
+        let answer = testing::get(addr, path).await;
+        (answer.status, answer.head, answer.body)
     }
 
     async fn start(server: HealthServer) -> (SocketAddr, Shutdown, tokio::task::JoinHandle<Result<(), HttpError>>) {

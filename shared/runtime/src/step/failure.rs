@@ -4,7 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use imagepipe_blob::{BlobError, InvalidBlobKey};
+use bytes::Bytes;
+use imagepipe_blob::{BlobError, BlobKey, BlobStore, InvalidBlobKey};
 use imagepipe_contracts::StepError;
 
 use crate::worker::error_chain;
@@ -70,6 +71,13 @@ impl fmt::Display for StepFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.error().fmt(f)
     }
+}
+
+/// The bytes of the blob a command names by `key`: the failure every step reports the same way
+/// when the key is malformed or the store fails.
+pub async fn read_blob(blobs: &dyn BlobStore, key: &str) -> Result<Bytes, StepFailure> {
+    let key: BlobKey = key.parse().map_err(|e| StepFailure::invalid_blob_key(&e))?;
+    Ok(blobs.get(&key).await?)
 }
 
 /// The stable code of a blob store failure.

@@ -10,6 +10,6 @@ mod failure;
 mod handler;
 mod report;
 
-pub use failure::{StepFailure, blob_code, codes};
+pub use failure::{StepFailure, blob_code, codes, read_blob};
 pub use handler::{Reporting, StepHandler};
 pub use report::{Attempt, StepReporter, outgoing};

@@ -1,0 +1,54 @@
+//! Plain HTTP/1.1 requests over a fresh connection, for tests of a service's HTTP edge (health,
+//! readiness, metrics, `/v1` routes and their token check) without an HTTP client.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The answer to one request: status, lowercased head, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// Status line and headers, lowercased.
+    pub head: String,
+    /// The body.
+    pub body: String,
+}
+
+/// `GET path` on `addr`.
+pub async fn get(addr: SocketAddr, path: &str) -> Answer {
+    request(addr, "GET", path, None).await
+}
+
+/// `method path` on `addr`, with `Authorization: Bearer <token>` when a token is given.
+///
+/// # Panics
+///
+/// When the connection fails or the answer is not HTTP: a test failure.
+pub async fn request(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Answer {
+    let mut stream = TcpStream::connect(addr).await.expect("connecting to the server under test");
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let request =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("sending the request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("reading the answer");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a full HTTP answer");
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+    Answer { status, head: head.to_ascii_lowercase(), body: body.to_owned() }
+}
+
+/// `GET path` (with `token`) until the answer is `done`, at most 10 s; the last answer. For
+/// what a service brings up after it started: its `/v1` routes, its readiness.
+pub async fn get_until(addr: SocketAddr, path: &str, token: Option<&str>, done: impl Fn(&Answer) -> bool) -> Answer {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let answer = request(addr, "GET", path, token).await;
+        if done(&answer) || tokio::time::Instant::now() >= deadline {
+            return answer;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
