@@ -1,26 +1,30 @@
 //! Your own event subscriber, in full: a durable group on the event topics that logs every
-//! finished task. Copy it and replace the side effect.
+//! finished task, once per `eventId`. Copy it and replace the side effect.
 //!
 //! Run it next to a pipeline on NATS:
 //! `IMAGEPIPE_BUS__KIND=nats cargo run -p imagepipe-runtime --example archive_subscriber`
 
-use imagepipe_bus::{Bus, Delivery, Selector, Subscription};
+use imagepipe_bus::{Bus, Selector, Subscription};
+use imagepipe_contracts::Event;
 use imagepipe_contracts::payload::TaskCompleted;
-use imagepipe_contracts::{Event, decode};
-use imagepipe_runtime::{ConfigArgs, Handler, LoopConfig, Outcome, Shutdown, Worker};
+use imagepipe_runtime::dedup::{self, Deduplicated, EventHandler, Seen};
+use imagepipe_runtime::{ConfigArgs, LoopConfig, Outcome, Shutdown, Worker};
+use serde_json::Value;
+
+/// The subscriber group: every replica of it shares the work, and remembers handled events.
+const GROUP: &str = "archive";
 
 /// The side effect: here, one log line per completed task.
 struct Archive;
 
 #[async_trait::async_trait]
-impl Handler for Archive {
-    async fn handle(&self, delivery: &Delivery) -> Outcome {
-        let event: Event<TaskCompleted> = match decode(&delivery.message.payload) {
+impl EventHandler for Archive {
+    async fn apply(&self, event: Event<Value>, _: &Seen<'_>) -> Outcome {
+        let event = match event.into_typed::<TaskCompleted>() {
             Ok(event) => event,
             // A malformed event is dead-lettered with the reason, never dropped.
             Err(err) => return Outcome::reject(err),
         };
-        // Delivery is at-least-once: a real side effect deduplicates by `event.event_id` first.
         let task = event.task_id.as_deref().unwrap_or("?");
         let top = event.payload.analysis.predictions.first().map_or("-", |p| p.label.as_str());
         println!("{task}: {top} ({} ms, event {})", event.payload.duration_ms, event.event_id);
@@ -32,10 +36,13 @@ impl Handler for Archive {
 async fn main() -> anyhow::Result<()> {
     let settings = ConfigArgs::default().load()?;
     let bus = Bus::connect(&settings.bus).await?;
-    let subscription = Subscription::new("archive", Selector::parse("task.completed")?)
+    let subscription = Subscription::new(GROUP, Selector::parse("task.completed")?)
         .with_consumer(settings.worker.consumer_config());
     let consumer = bus.events.subscribe(subscription).await?;
-    let config = LoopConfig::from_settings("archive", &settings.worker);
-    Worker::new(consumer, Archive, config).run(Shutdown::on_signals()?).await?;
+    // Deliveries are at-least-once: the dedup layer applies each `eventId` once (Redis when
+    // `store.kind = redis`, shared by every replica; in process otherwise).
+    let handler = Deduplicated::new(Archive, dedup::connect(&settings, GROUP).await?, GROUP);
+    let config = LoopConfig::from_settings(GROUP, &settings.worker);
+    Worker::new(consumer, handler, config).run(Shutdown::on_signals()?).await?;
     Ok(())
 }
