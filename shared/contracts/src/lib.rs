@@ -17,14 +17,14 @@ pub mod names;
 pub mod payload;
 pub mod schema;
 pub mod step;
+pub mod step_command;
 pub mod trace;
 
-pub use command::{
-    AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, StepCommand, SubmitError, SubmitTask,
-};
+pub use command::{AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, SubmitError, SubmitTask};
 pub use decode::{DecodeError, decode};
 pub use event::{Event, EventPayload, EventType, UnknownEventType, event_id};
 pub use step::{Step, StepError, StepOutcome, StepOutput, StepResult};
+pub use step_command::StepCommand;
 pub use trace::{InvalidTraceId, TraceId};
 
 /// Version of the message schemas in this crate, sent in the [`names::headers::SCHEMA`] header

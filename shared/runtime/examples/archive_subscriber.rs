@@ -36,8 +36,8 @@ impl EventHandler for Archive {
 async fn main() -> anyhow::Result<()> {
     let settings = ConfigArgs::default().load()?;
     let bus = Bus::connect(&settings.bus).await?;
-    let subscription = Subscription::new(GROUP, Selector::parse("task.completed")?)
-        .with_consumer(settings.worker.consumer_config());
+    let subscription =
+        Subscription::new(GROUP, Selector::parse("task.completed")?).with_consumer(settings.worker.consumer_config());
     let consumer = bus.events.subscribe(subscription).await?;
     // Deliveries are at-least-once: the dedup layer applies each `eventId` once (Redis when
     // `store.kind = redis`, shared by every replica; in process otherwise).

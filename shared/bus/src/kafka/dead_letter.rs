@@ -6,17 +6,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use imagepipe_contracts::names::headers;
 
 use super::Shared;
-use super::member::MemberSpec;
 use crate::error::BusError;
 use crate::message::Message;
 
 /// Longest reason kept in the header (the rest is cut, marked with `…`).
 const MAX_REASON_BYTES: usize = 4096;
 
-/// Sends the dead letter of `message` and returns once the broker has it.
+/// Sends the dead letter of `message`, delivered from `source` (a queue or subscriber group),
+/// to `dlq_topic` and returns once the broker has it.
 pub(crate) async fn write(
     shared: &Shared,
-    spec: &MemberSpec,
+    source: &str,
+    dlq_topic: &str,
     message: &Message,
     delivery_count: u32,
     reason: &str,
@@ -27,13 +28,13 @@ pub(crate) async fn write(
     let extra = [
         (headers::DLQ_REASON, reason.as_str()),
         (headers::DLQ_DELIVERY_COUNT, count.as_str()),
-        (headers::DLQ_SOURCE, spec.source.as_str()),
+        (headers::DLQ_SOURCE, source),
         (headers::DLQ_TIMESTAMP, now_ms.as_str()),
     ];
-    shared.send(&spec.dlq_topic, message, &extra).await?;
+    shared.send(dlq_topic, message, &extra).await?;
     tracing::warn!(
-        source = %spec.source,
-        dead_letter_topic = %spec.dlq_topic,
+        source,
+        dead_letter_topic = dlq_topic,
         delivery_count,
         reason = %reason,
         "message dead-lettered"

@@ -97,7 +97,16 @@ impl AckHandle for KafkaAckHandle {
         if self.claim("terminate")?.is_none() {
             return Ok(());
         }
-        match dead_letter::write(&self.core.shared, &self.core.spec, message, delivery_count, reason).await {
+        match dead_letter::write(
+            &self.core.shared,
+            &self.core.spec.source,
+            &self.core.spec.dlq_topic,
+            message,
+            delivery_count,
+            reason,
+        )
+        .await
+        {
             Ok(()) => {
                 self.finish();
                 Ok(())

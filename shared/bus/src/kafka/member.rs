@@ -469,7 +469,15 @@ fn reconcile_pauses(consumer: &BaseConsumer<MemberContext>, paused: &mut HashSet
 
 async fn dead_letter_expired(core: Arc<Core>, expired: super::state::Expired) {
     let reason = format!("ack deadline expired after {} deliveries", expired.delivery_count);
-    let written = dead_letter::write(&core.shared, &core.spec, &expired.message, expired.delivery_count, &reason).await;
+    let written = dead_letter::write(
+        &core.shared,
+        &core.spec.source,
+        &core.spec.dlq_topic,
+        &expired.message,
+        expired.delivery_count,
+        &reason,
+    )
+    .await;
     let mut state = core.lock();
     match written {
         Ok(()) => {
