@@ -27,11 +27,10 @@ use imagepipe_runtime::http::ApiError;
 use imagepipe_runtime::telemetry::continue_http_trace;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use tokio::sync::broadcast::error::RecvError;
 use tracing::Instrument;
 
 use crate::engine::{Engine, EngineError, Handled, Origin, SubmitFailure};
-use crate::events::EventHub;
+use crate::events::{EventHub, Watched};
 use crate::machine::Input;
 use crate::store::{DeadLetterPage, ListQuery, StoreError, TaskPage};
 use crate::task::{HistoryEntry, Task, TaskState};
@@ -277,23 +276,25 @@ async fn events(
     {
         return Err(ApiError::invalid(format!("`taskId` {id:?} must be 1 to 128 characters of [A-Za-z0-9_.-]")));
     }
-    let rx = state.hub.subscribe();
-    let stream = futures::stream::unfold((rx, selector, task_id), |(mut rx, selector, task_id)| async move {
+    let watch = state
+        .hub
+        .watch()
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too_many_clients", e.to_string()))?;
+    let stream = futures::stream::unfold((watch, selector, task_id), |(mut watch, selector, task_id)| async move {
         loop {
-            match rx.recv().await {
-                Ok(event) => {
+            match watch.next().await? {
+                Watched::Event(event) => {
                     let wanted = selector.matches(&event.event_type)
                         && task_id.as_ref().is_none_or(|id| event.task_id.as_deref() == Some(id.as_str()));
                     if wanted {
                         let sse = SseEvent::default().event(&event.event_type).id(&event.event_id).data(&event.json);
-                        return Some((Ok(sse), (rx, selector, task_id)));
+                        return Some((Ok(sse), (watch, selector, task_id)));
                     }
                 }
-                Err(RecvError::Lagged(missed)) => {
+                Watched::Lagged(missed) => {
                     let sse = SseEvent::default().event("lagged").data(format!("{{\"missed\":{missed}}}"));
-                    return Some((Ok(sse), (rx, selector, task_id)));
+                    return Some((Ok(sse), (watch, selector, task_id)));
                 }
-                Err(RecvError::Closed) => return None,
             }
         }
     });

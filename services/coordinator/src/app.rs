@@ -91,7 +91,8 @@ impl Coordinator {
             events_group: format!("coordinator-sse-{}", uuid::Uuid::new_v4().simple()),
         };
         let max_upload_bytes = settings.download.max_bytes;
-        Self { engine, hub: EventHub::new(SSE_BUFFER), max_upload_bytes, config }
+        let hub = EventHub::new(SSE_BUFFER, settings.http.max_sse_clients);
+        Self { engine, hub, max_upload_bytes, config }
     }
 
     /// The `/v1` API routes, uploads going into `blobs` (at most `download.max_bytes` each),

@@ -1,15 +1,19 @@
 //! Fans the event topics out to `GET /v1/events` clients (Server-Sent Events).
 //!
 //! Each coordinator process joins the event topics with its own subscriber group (so every
-//! replica sees every event) and broadcasts them in-process; each client filters its copy.
+//! replica sees every event) and broadcasts them in-process; each client filters its copy. At
+//! most `http.max_sse_clients` clients watch at once, and every stream ends when the hub is
+//! closed on shutdown (so a watching client never holds a stopping coordinator up).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use imagepipe_bus::Delivery;
 use imagepipe_contracts::Event;
+use imagepipe_runtime::Shutdown;
 use imagepipe_runtime::worker::{Handler, Outcome};
-use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 
 /// One event as a client receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,17 +32,71 @@ pub struct HubEvent {
 #[derive(Clone)]
 pub struct EventHub {
     tx: broadcast::Sender<Arc<HubEvent>>,
+    clients: Arc<Semaphore>,
+    max_clients: usize,
+    closed: Shutdown,
+}
+
+/// Every watching slot is taken (`http.max_sse_clients`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{max} event streams are open, the most allowed (http.max_sse_clients)")]
+pub struct TooManyClients {
+    /// The limit.
+    pub max: usize,
+}
+
+/// What a watching client receives next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Watched {
+    /// An event.
+    Event(Arc<HubEvent>),
+    /// The client fell behind and missed this many events.
+    Lagged(u64),
+}
+
+/// One client's view of the hub; its slot is freed when it is dropped.
+pub struct Watch {
+    rx: broadcast::Receiver<Arc<HubEvent>>,
+    closed: Shutdown,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Watch {
+    /// The next event, or `None` once the hub is closed.
+    pub async fn next(&mut self) -> Option<Watched> {
+        tokio::select! {
+            biased;
+            () = self.closed.wait() => None,
+            received = self.rx.recv() => match received {
+                Ok(event) => Some(Watched::Event(event)),
+                Err(RecvError::Lagged(missed)) => Some(Watched::Lagged(missed)),
+                Err(RecvError::Closed) => None,
+            },
+        }
+    }
 }
 
 impl EventHub {
-    /// A hub buffering up to `capacity` events per slow client before it lags.
-    pub fn new(capacity: usize) -> Self {
-        Self { tx: broadcast::channel(capacity.max(1)).0 }
+    /// A hub buffering up to `capacity` events per slow client before it lags, for at most
+    /// `max_clients` clients at once.
+    pub fn new(capacity: usize, max_clients: usize) -> Self {
+        Self {
+            tx: broadcast::channel(capacity.max(1)).0,
+            clients: Arc::new(Semaphore::new(max_clients)),
+            max_clients,
+            closed: Shutdown::new(),
+        }
     }
 
-    /// Receives every event from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<HubEvent>> {
-        self.tx.subscribe()
+    /// Every event from now on, while a slot is free.
+    pub fn watch(&self) -> Result<Watch, TooManyClients> {
+        let slot = self.clients.clone().try_acquire_owned().map_err(|_| TooManyClients { max: self.max_clients })?;
+        Ok(Watch { rx: self.tx.subscribe(), closed: self.closed.clone(), _slot: slot })
+    }
+
+    /// Ends every stream, now and later: the coordinator is stopping.
+    pub fn close(&self) {
+        self.closed.trigger();
     }
 
     /// Hands `event` to every client.

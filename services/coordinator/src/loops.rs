@@ -62,6 +62,14 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
     let open = |what: String, source| RunError::Consume { what, source };
     let mut loops: JoinSet<Result<(), RunError>> = JoinSet::new();
 
+    // Event streams end as the stop begins, so watching clients never hold it up.
+    let (watched, stop) = (hub.clone(), shutdown.clone());
+    loops.spawn(async move {
+        stop.wait().await;
+        watched.close();
+        Ok(())
+    });
+
     let sweeper = engine.clone();
     let (interval, stop) = (config.sweep_interval, shutdown.clone());
     loops.spawn(async move {

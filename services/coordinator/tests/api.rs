@@ -35,7 +35,7 @@ async fn serve(max_in_flight: u64, token: Option<&str>) -> Server {
     let clock = ManualClock::at_unix_ms(T0);
     let store = Arc::new(EmbeddedStore::open(dir.path(), Duration::from_secs(10)).unwrap());
     let engine = engine(store, &bus, &clock, max_in_flight);
-    let hub = EventHub::new(64);
+    let hub = EventHub::new(64, 2);
     let blobs = Arc::new(LocalBlobStore::new(dir.path().join("blobs")));
     // Served through the runtime's HTTP edge, as every service serves its routes.
     let routes = ApiRoutes::new(token.map(|t| t.to_owned().into()));
@@ -339,4 +339,36 @@ async fn blobs_are_uploaded_and_read_back_through_the_coordinator() {
     let missing = format!("/v1/blobs/sha256:{}", "0".repeat(64));
     let (status, body) = s.get(&missing).await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+}
+
+#[tokio::test]
+async fn event_streams_are_capped_and_end_when_the_hub_closes() {
+    let s = serve(10, None).await;
+    let open = || s.client.get(format!("{}/v1/events", s.base)).send();
+    let first = open().await.unwrap();
+    let second = open().await.unwrap();
+    assert_eq!((first.status(), second.status()), (StatusCode::OK, StatusCode::OK));
+    let refused = open().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE, "the hub allows two clients");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"], "too_many_clients");
+    assert!(body["message"].as_str().unwrap().contains("http.max_sse_clients"), "{body}");
+
+    drop(second);
+    let mut third = None;
+    for _ in 0..100 {
+        let response = open().await.unwrap();
+        if response.status() == StatusCode::OK {
+            third = Some(response);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let third = third.expect("a closed stream frees its slot");
+
+    s.hub.close();
+    for response in [first, third] {
+        let ended = tokio::time::timeout(Duration::from_secs(5), response.bytes()).await;
+        assert!(ended.expect("the stream ends once the hub closes").is_ok());
+    }
 }

@@ -24,10 +24,10 @@ struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct ApiArgs {
     /// Base URL of the imagepipe API.
-    #[arg(long, global = true, default_value = DEFAULT_API)]
+    #[arg(long, global = true, env = "IMAGEPIPE_API", default_value = DEFAULT_API)]
     api: String,
     /// Bearer token the API requires (its `http.auth_token`).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "IMAGEPIPE_TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
 

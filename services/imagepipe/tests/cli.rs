@@ -8,8 +8,20 @@ use imagepipe::Pipeline;
 
 /// Runs the binary with `args` (off the async runtime's threads).
 async fn imagepipe(args: Vec<String>) -> Output {
+    imagepipe_with_env(args, Vec::new()).await
+}
+
+/// Runs the binary with `args` and the environment variables `env` besides the test's own
+/// (without any `IMAGEPIPE_API`/`IMAGEPIPE_TOKEN` the test process may have).
+async fn imagepipe_with_env(args: Vec<String>, env: Vec<(&'static str, String)>) -> Output {
     tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_imagepipe")).args(args).output().unwrap()
+        std::process::Command::new(env!("CARGO_BIN_EXE_imagepipe"))
+            .args(args)
+            .env_remove("IMAGEPIPE_API")
+            .env_remove("IMAGEPIPE_TOKEN")
+            .envs(env)
+            .output()
+            .unwrap()
     })
     .await
     .unwrap()
@@ -66,4 +78,28 @@ async fn submit_wait_status_and_dlq_go_through_the_api_and_errors_are_one_line()
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("cannot reach the imagepipe API") && err.trim_end().lines().count() == 1, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_takes_the_api_and_its_token_from_the_environment() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(&model_dir, &work);
+    settings.http.auth_token = Some("cli-t0ken".to_owned().into());
+    let pipeline = Pipeline::start(settings).await.unwrap();
+    let api = pipeline.api_url();
+
+    let out = imagepipe_with_env(args(&["stats", "--json"]), vec![("IMAGEPIPE_API", api.clone())]).await;
+    assert_eq!(out.status.code(), Some(1), "no token: {}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+
+    let env = vec![("IMAGEPIPE_API", api.clone()), ("IMAGEPIPE_TOKEN", "cli-t0ken".to_owned())];
+    let out = imagepipe_with_env(args(&["stats", "--json"]), env).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(stats["tasks"].is_object(), "{stats}");
+
+    let out = imagepipe_with_env(args(&["--help"]), vec![("IMAGEPIPE_TOKEN", "cli-t0ken".to_owned())]).await;
+    assert!(!text(&out.stdout).contains("cli-t0ken"), "the token is not shown in --help");
+    pipeline.stop().await.unwrap();
 }

@@ -109,6 +109,7 @@ impl Service {
     /// services embedded in another process (`imagepipe run`, tests). Telemetry already set up
     /// by the process is kept.
     pub async fn start_with(name: &str, settings: Settings, shutdown: Shutdown) -> Result<Self, ServiceError> {
+        settings.http.check_exposure().map_err(ServiceError::Config)?;
         let telemetry = match telemetry::init(name, &settings.log, &settings.telemetry) {
             Ok(telemetry) => Some(telemetry),
             Err(TelemetryError::AlreadyInstalled(_)) => None,
@@ -128,7 +129,7 @@ impl Service {
         let api = ApiRoutes::new(settings.http.auth_token.clone());
         let server = HealthServer::new(readiness.clone(), metrics)
             .api(api.clone())
-            .bind(settings.http.socket_addr())
+            .bind_with(settings.http.socket_addr(), settings.http.limits())
             .await
             .map_err(ServiceError::Http)?;
         let http_addr = server.local_addr();

@@ -4,6 +4,7 @@
 
 mod api;
 pub mod auth;
+mod server;
 pub mod testing;
 
 use std::net::SocketAddr;
@@ -20,6 +21,7 @@ use tokio::net::TcpListener;
 use crate::shutdown::Shutdown;
 
 pub use api::{ApiError, ApiRoutes};
+pub use server::ConnectionLimits;
 
 /// Content type of the Prometheus text exposition format.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -121,11 +123,16 @@ impl HealthServer {
         self.router
     }
 
-    /// Binds `addr` (port 0 picks a free port).
+    /// Binds `addr` (port 0 picks a free port), with the default [`ConnectionLimits`].
     pub async fn bind(self, addr: SocketAddr) -> Result<BoundServer, HttpError> {
+        self.bind_with(addr, ConnectionLimits::default()).await
+    }
+
+    /// Binds `addr` (port 0 picks a free port); connections are held to `limits`.
+    pub async fn bind_with(self, addr: SocketAddr, limits: ConnectionLimits) -> Result<BoundServer, HttpError> {
         let listener = TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })?;
         let addr = listener.local_addr().map_err(|source| HttpError::Bind { addr, source })?;
-        Ok(BoundServer { listener, router: self.router, addr })
+        Ok(BoundServer { listener, router: self.router, addr, limits })
     }
 }
 
@@ -134,6 +141,7 @@ pub struct BoundServer {
     listener: TcpListener,
     router: Router,
     addr: SocketAddr,
+    limits: ConnectionLimits,
 }
 
 impl BoundServer {
@@ -145,9 +153,8 @@ impl BoundServer {
     /// Serves until `shutdown` fires, then finishes the requests in progress and returns.
     pub async fn serve(self, shutdown: Shutdown) -> Result<(), HttpError> {
         let addr = self.addr;
-        tracing::info!(%addr, "HTTP server listening");
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(async move { shutdown.wait().await })
+        tracing::info!(%addr, limits = ?self.limits, "HTTP server listening");
+        server::serve(self.listener, self.router, self.limits, shutdown)
             .await
             .map_err(|source| HttpError::Serve { addr, source })
     }
