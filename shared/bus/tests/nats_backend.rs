@@ -1,6 +1,6 @@
 //! NATS specifics the conformance suite does not see: stream and consumer setup, what lands in
 //! JetStream, the 2.9 selector fallback, and the max-deliveries advisory path. Each test runs
-//! on the 2.9 server and, when its URL is exported, on the current one.
+//! on the 2.9 server and on the current one (see `nats_support::nats_latest_url`).
 #![cfg(feature = "nats")]
 
 mod nats_support;
