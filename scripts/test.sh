@@ -19,6 +19,8 @@ if [[ -f scripts/kafka.sh ]]; then
   ensure_kafka
 fi
 export IMAGEPIPE_TEST_MODEL_DIR; IMAGEPIPE_TEST_MODEL_DIR="$(scripts/prepare-model.sh --print-dir)"
+# Everything a test needs is provided above: a test that finds it missing fails, never skips.
+unset IMAGEPIPE_TEST_ALLOW_SKIP
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "==> installing cargo-nextest"

@@ -10,6 +10,6 @@ async fn two_hundred_tasks_produced_to_the_submit_topic_complete_across_seven_pr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_hundred_tasks_each_finish_once_while_every_service_is_killed_and_restarted() {
-    scenarios::every_task_finishes_once_through_kill_9(Backend::kafka(), 500).await;
+async fn five_hundred_tasks_each_complete_once_while_every_service_is_killed_and_restarted() {
+    scenarios::every_task_completes_once_through_kill_9(Backend::kafka(), 500).await;
 }

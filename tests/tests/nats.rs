@@ -9,6 +9,6 @@ async fn two_hundred_tasks_published_to_the_submit_subject_complete_across_seven
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_hundred_tasks_each_finish_once_while_every_service_is_killed_and_restarted() {
-    scenarios::every_task_finishes_once_through_kill_9(Backend::nats(), 500).await;
+async fn five_hundred_tasks_each_complete_once_while_every_service_is_killed_and_restarted() {
+    scenarios::every_task_completes_once_through_kill_9(Backend::nats(), 500).await;
 }

@@ -21,16 +21,34 @@ use imagepipe_net::testing::{FixtureServer, LoopbackOnly, Route};
 use imagepipe_runtime::step::outgoing;
 use imagepipe_runtime::{Settings, Shutdown};
 
-async fn fetch_all(consumer: &dyn Consumer, want: usize) -> Vec<Message> {
+/// Fetches (and acks) until `want` messages arrived; fails after 20 s.
+async fn fetch_n(consumer: &dyn Consumer, want: usize, what: &str) -> Vec<Message> {
     let mut messages = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while messages.len() < want && tokio::time::Instant::now() < deadline {
+    while messages.len() < want {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {} of {want} within 20 s", messages.len());
         for delivery in consumer.fetch(want - messages.len(), Duration::from_millis(200)).await.unwrap() {
             messages.push(delivery.message.clone());
             delivery.ack().await.unwrap();
         }
     }
     messages
+}
+
+/// Every message `consumer` still holds (acked), once nothing can add more: the worker has
+/// stopped, and the memory bus hands out at once what it holds.
+async fn rest(consumer: &dyn Consumer) -> Vec<Message> {
+    let mut messages = Vec::new();
+    loop {
+        let deliveries = consumer.fetch(16, Duration::from_millis(50)).await.unwrap();
+        if deliveries.is_empty() {
+            return messages;
+        }
+        for delivery in deliveries {
+            messages.push(delivery.message.clone());
+            delivery.ack().await.unwrap();
+        }
+    }
 }
 
 fn command(task_id: &str, attempt: u32, source: ImageSource) -> Message {
@@ -66,8 +84,8 @@ async fn commands_become_events_and_step_results() {
 
     let bus = Bus::connect(&BusConfig::default()).await.unwrap();
     let events = bus.events.subscribe(Subscription::new("watch", Selector::all())).await.unwrap();
-    let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
-    let dead =
+    let results_queue = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
+    let dead_queue =
         bus.queues.consume(&names::dead_letter_queue(queues::DOWNLOAD), ConsumerConfig::default()).await.unwrap();
     let shutdown = Shutdown::new();
     let worker = tokio::spawn({
@@ -89,13 +107,20 @@ async fn commands_become_events_and_step_results() {
     }
     bus.queues.send(queues::DOWNLOAD, Message::new(&b"{\"taskId\": 7}"[..])).await.unwrap();
 
-    let results: BTreeMap<String, StepResult> = fetch_all(&*results, 6)
-        .await
-        .iter()
-        .map(|m| decode::<StepResult>(&m.payload).unwrap())
-        .map(|r| (r.task_id.clone(), r))
-        .collect();
-    assert_eq!(results.len(), 6, "{results:?}");
+    // Six well-formed commands give six step results; the malformed one is dead-lettered. Once
+    // all seven are seen the worker is stopped, so whatever else it sent is there to be counted.
+    let mut results = fetch_n(&*results_queue, 6, "step results").await;
+    let dead = fetch_n(&*dead_queue, 1, "dead letters").await;
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(30), worker).await.unwrap().unwrap().unwrap();
+    results.extend(rest(&*results_queue).await);
+    assert_eq!(rest(&*dead_queue).await.len(), 0, "one dead letter, for the malformed command");
+    let events: Vec<Message> = rest(&*events).await;
+
+    assert_eq!(results.len(), 6, "one step result per command: {results:?}");
+    let results: BTreeMap<String, StepResult> =
+        results.iter().map(|m| decode::<StepResult>(&m.payload).unwrap()).map(|r| (r.task_id.clone(), r)).collect();
+    assert_eq!(results.len(), 6, "one per task: {results:?}");
     assert!(results.values().all(|r| r.step == Step::Download));
 
     let StepOutcome::Ok { output: StepOutput::Download(image) } = &results["tsk_ok"].outcome else {
@@ -123,10 +148,9 @@ async fn commands_become_events_and_step_results() {
     assert!(matches!(&results["tsk_blob"].outcome,
         StepOutcome::Ok { output: StepOutput::Download(out) } if out.blob_key == uploaded.as_str() && out.final_url.is_none()));
 
-    let mut events: Vec<Event<ImageDownloaded>> =
-        fetch_all(&*events, 2).await.iter().map(|m| decode(&m.payload).unwrap()).collect();
+    let mut events: Vec<Event<ImageDownloaded>> = events.iter().map(|m| decode(&m.payload).unwrap()).collect();
     events.sort_by(|a, b| a.task_id.cmp(&b.task_id));
-    assert_eq!(events.len(), 2, "one event per success, none for failures");
+    assert_eq!(events.len(), 2, "one event per success, none for failures: {events:?}");
     let ok = &events[1];
     assert_eq!(ok.task_id.as_deref(), Some("tsk_ok"));
     assert_eq!(ok.event_id, event_id("tsk_ok", EventType::ImageDownloaded, 2));
@@ -134,14 +158,10 @@ async fn commands_become_events_and_step_results() {
     assert_eq!(ok.payload.labels["album"], "summer");
     assert_eq!(events[0].payload.image.format, "png");
 
-    let dead = fetch_all(&*dead, 1).await;
-    assert_eq!(dead.len(), 1);
     let reason = dead[0].headers.get(headers::DLQ_REASON).unwrap();
     assert!(reason.contains("taskId"), "{reason}");
 
     assert!(dial.violations().is_empty(), "{:?}", dial.violations());
-    shutdown.trigger();
-    tokio::time::timeout(Duration::from_secs(30), worker).await.unwrap().unwrap().unwrap();
 }
 
 /// A change to default settings.

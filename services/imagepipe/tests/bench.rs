@@ -3,8 +3,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use futures::TryStreamExt;
 
 use imagepipe::bench::report::{Report, RunFigures};
 use imagepipe::bench::stats::Percentiles;
@@ -78,13 +82,100 @@ async fn memory_and_embedded_runs_complete_every_task_with_twelve_messages_each(
     assert_eq!(report.median.messages.broker_by_stream, None);
 }
 
+/// What a bench run creates, as the broker and the store list them: NATS streams of a
+/// `bench-<id>` prefix (`BENCH-<ID>_TASKS`, ...) and the `bench-<id>` prefixes of Redis keys.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Listed {
+    streams: BTreeSet<String>,
+    redis_prefixes: BTreeSet<String>,
+}
+
+impl Listed {
+    async fn now(settings: &Settings) -> Self {
+        let client = async_nats::connect(&settings.bus.nats.url).await.expect("connect to NATS");
+        let js = async_nats::jetstream::new(client);
+        let names: Vec<String> = js.stream_names().try_collect().await.expect("list streams");
+        let streams = names.into_iter().filter(|name| name.starts_with("BENCH-")).collect();
+        let redis = redis::Client::open(settings.store.redis.url.expose()).expect("Redis URL");
+        let mut conn = redis.get_multiplexed_async_connection().await.expect("connect to Redis");
+        let mut redis_prefixes = BTreeSet::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg("bench-*")
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(&mut conn)
+                .await
+                .expect("SCAN");
+            redis_prefixes.extend(keys.iter().filter_map(|key| key.split_once(':')).map(|(p, _)| p.to_owned()));
+            if next == 0 {
+                return Self { streams, redis_prefixes };
+            }
+            cursor = next;
+        }
+    }
+
+    fn minus(&self, other: &Self) -> Self {
+        Self {
+            streams: self.streams.difference(&other.streams).cloned().collect(),
+            redis_prefixes: self.redis_prefixes.difference(&other.redis_prefixes).cloned().collect(),
+        }
+    }
+
+    fn and(&self, other: &Self) -> Self {
+        Self {
+            streams: self.streams.intersection(&other.streams).cloned().collect(),
+            redis_prefixes: self.redis_prefixes.intersection(&other.redis_prefixes).cloned().collect(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.streams.is_empty() && self.redis_prefixes.is_empty()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_and_redis_runs_are_counted_by_the_broker_and_cleaned_up() {
     let mut settings = Settings::default();
     settings.bus.kind = BusKind::Nats;
     settings.store.kind = StoreKind::Redis;
     let options = options(Stages::Noop, 60, 10, 1);
+
+    // What the run creates, seen in the broker's and the store's own lists while it runs.
+    let before = Listed::now(&settings).await;
+    let running = Arc::new(AtomicBool::new(true));
+    let watcher = tokio::spawn({
+        let (settings, running, before) = (settings.clone(), running.clone(), before.clone());
+        async move {
+            let mut seen = Listed::default();
+            while running.load(Ordering::SeqCst) {
+                let new = Listed::now(&settings).await.minus(&before);
+                seen.streams.extend(new.streams);
+                seen.redis_prefixes.extend(new.redis_prefixes);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            seen
+        }
+    });
     let report = bench::report(&settings, &options, None).await.unwrap();
+    running.store(false, Ordering::SeqCst);
+    let seen = watcher.await.unwrap();
+    assert_eq!(seen.streams.len() % 3, 0, "tasks, events and dead-letter streams per run: {seen:?}");
+    assert!(!seen.streams.is_empty() && !seen.redis_prefixes.is_empty(), "the run's streams and keys: {seen:?}");
+    // Another process's bench may be running on the same servers: what is left of it goes when
+    // that run ends, what this run left stays.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = Listed::now(&settings).await.and(&seen);
+        if left.is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "left behind on the servers: {left:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     check(&report, &options);
     assert_eq!(report.median.messages.counted_by, "broker");
     let streams: BTreeMap<String, f64> =

@@ -16,6 +16,7 @@ use imagepipe_net::testing::{FixtureServer, LoopbackOnly, Recorded, Route};
 use imagepipe_notification_worker::sign::verify;
 use imagepipe_notification_worker::{GROUP, client_builder, run_with_client, subscription};
 use imagepipe_runtime::config::Secret;
+use imagepipe_runtime::metrics::{MESSAGES_HANDLED, SUBSCRIBER_DUPLICATES, labels, outcome};
 use imagepipe_runtime::{Settings, Shutdown};
 use tokio::task::JoinHandle;
 
@@ -26,10 +27,48 @@ struct Running {
     dial: LoopbackOnly,
     shutdown: Shutdown,
     worker: JoinHandle<()>,
+    /// The metrics recorder is process-wide: tests sharing a process run one at a time.
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+    /// The counters when the worker started.
+    baseline: Counters,
+}
+
+/// What the worker counted: deliveries settled by outcome, events skipped as duplicates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counters {
+    acked: u64,
+    retried: u64,
+    rejected: u64,
+    duplicates: u64,
+}
+
+impl Counters {
+    /// This process's counters, from the rendered Prometheus text.
+    fn now() -> Self {
+        let text = imagepipe_runtime::metrics::install().unwrap().render();
+        let sum = |name: &str, label: Option<&str>| -> u64 {
+            text.lines()
+                .filter_map(|line| line.rsplit_once(' '))
+                .filter(|(series, _)| series.split('{').next() == Some(name))
+                .filter(|(series, _)| label.is_none_or(|label| series.contains(label)))
+                .map(|(_, value)| value.parse::<f64>().unwrap() as u64)
+                .sum()
+        };
+        let handled = |outcome: &str| sum(MESSAGES_HANDLED, Some(&format!("{}=\"{outcome}\"", labels::OUTCOME)));
+        Self {
+            acked: handled(outcome::ACK),
+            retried: handled(outcome::RETRY),
+            rejected: handled(outcome::REJECT),
+            duplicates: sum(SUBSCRIBER_DUPLICATES, Some(&format!("{}=\"{GROUP}\"", labels::SOURCE))),
+        }
+    }
 }
 
 impl Running {
     async fn start(settings: Settings) -> Self {
+        static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let serial = SERIAL.lock().await;
+        let baseline = Counters::now();
         settings.validate().unwrap();
         let dial = LoopbackOnly::new();
         let resolver = StaticResolver::new()
@@ -44,7 +83,18 @@ impl Running {
             let (bus, shutdown) = (bus.clone(), shutdown.clone());
             async move { run_with_client(bus, &settings, client, shutdown).await.unwrap() }
         });
-        Self { bus, dial, shutdown, worker }
+        Self { bus, dial, shutdown, worker, _serial: serial, baseline }
+    }
+
+    /// What the worker counted since it started.
+    fn counted(&self) -> Counters {
+        let (now, base) = (Counters::now(), self.baseline);
+        Counters {
+            acked: now.acked - base.acked,
+            retried: now.retried - base.retried,
+            rejected: now.rejected - base.rejected,
+            duplicates: now.duplicates - base.duplicates,
+        }
     }
 
     async fn publish(&self, event_type: &str, body: Vec<u8>) {
@@ -141,6 +191,7 @@ async fn a_completed_task_is_posted_signed_to_its_callback_and_subscribers_once(
     let body = completed("tsk_notify_ok", Some(server.url("/callback")));
     running.publish("task.completed", body.clone()).await;
     wait_for("two webhooks", || server.requests().len() == 2).await;
+    wait_for("the event acknowledged", || running.counted().acked == 1).await;
 
     let event_id = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["eventId"].as_str().unwrap().to_owned();
     let mut targets: Vec<String> = server.requests().iter().map(|r| r.target.clone()).collect();
@@ -161,8 +212,11 @@ async fn a_completed_task_is_posted_signed_to_its_callback_and_subscribers_once(
     running.publish("task.created", b"{\"not\": \"selected\"}".to_vec()).await;
     let other = failed("tsk_notify_other", &server.url("/callback"));
     running.publish("task.failed", other).await;
-    wait_for("the next event's webhooks", || server.requests().len() == 4).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Settled: the repeat acknowledged as a duplicate, the failed task's event after its two
+    // webhooks; `task.created` is not selected, so never delivered.
+    wait_for("the repeat and the next event acknowledged", || running.counted().acked == 3).await;
+    let counted = running.counted();
+    assert_eq!(counted, Counters { acked: 3, duplicates: 1, ..Counters::default() });
     assert_eq!(server.requests().len(), 4, "the redelivered event was not posted again");
     running.stop().await;
 }
@@ -196,9 +250,9 @@ async fn a_500_is_retried_with_backoff_until_the_receiver_accepts() {
     let dlq = running.dead_letters().await;
 
     running.publish("task.failed", failed("tsk_notify_flaky", &delivered.url("/ok"))).await;
-    wait_for("the third call", || calls.load(Ordering::SeqCst) >= 3).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_for("the event acknowledged", || running.counted().acked == 1).await;
     assert_eq!(calls.load(Ordering::SeqCst), 3, "no call after the 200");
+    assert_eq!(running.counted(), Counters { acked: 1, retried: 2, ..Counters::default() }, "one retry per 500");
     assert_eq!(delivered.requests().len(), 1, "the target that answered at once was not posted again");
     assert!(dlq.fetch(1, Duration::from_millis(100)).await.unwrap().is_empty());
     running.stop().await;

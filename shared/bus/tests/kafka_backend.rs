@@ -96,11 +96,19 @@ async fn messages_keyed_by_task_id_keep_their_partition_and_order() {
     bus.shutdown().await;
 }
 
+/// The producer is idempotent (the broker assigned it a producer id), which only keeps its own
+/// retries from duplicating: a message sent again with the same id is stored again, and the
+/// consumer's deduplication window delivers it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_producer_is_idempotent() {
+async fn the_producer_is_idempotent_and_a_message_sent_twice_is_delivered_once() {
     let cleanup = Cleanup::default();
-    let bus = connect(&cleanup, &unique_prefix("idempotence"), &test_config()).await;
-    bus.clone().into_bus().queues.send(queues::SUBMIT, Message::new("{}").with_key("tsk_x")).await.expect("send");
+    let prefix = unique_prefix("idempotence");
+    let bus = connect(&cleanup, &prefix, &test_config()).await;
+    let queues = bus.clone().into_bus().queues;
+    let message = |body: &str, id: &str| Message::new(body.to_owned()).with_key("tsk_x").with_id(id);
+    queues.send(queues::SUBMIT, message("first", "dup")).await.expect("send");
+    queues.send(queues::SUBMIT, message("again", "dup")).await.expect("a message sent again is accepted");
+    queues.send(queues::SUBMIT, message("next", "other")).await.expect("send");
     let until = Instant::now() + PATIENCE;
     let idempotence = loop {
         match bus.idempotence() {
@@ -110,7 +118,18 @@ async fn the_producer_is_idempotent() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(idempotence.producer_id >= 0, "{idempotence:?}");
+    let topic = format!("{prefix}.{}", queues::SUBMIT);
+    assert_eq!(total_messages(&bus, &topic).await, 3, "each send stored once, the second one of `dup` included");
+
+    let consumer = queues.consume(queues::SUBMIT, consumer_config(5)).await.expect("consume");
+    // One key, one partition, in order: once `next` is delivered, the copy before it was passed.
+    let got = collect(&*consumer, 2, PATIENCE).await;
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["first", "next"], "`dup` delivered once");
+    for delivery in got {
+        delivery.ack().await.expect("ack");
+    }
     assert!(bus.is_connected());
+    bus.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,6 @@
 //! NATS specifics the conformance suite does not see: stream and consumer setup, what lands in
 //! JetStream, the 2.9 selector fallback, and the max-deliveries advisory path. Each test runs
-//! on the 2.9 server and, when its URL is exported, on the current one.
+//! on the 2.9 server and on the current one (see `nats_support::nats_latest_url`).
 #![cfg(feature = "nats")]
 
 mod nats_support;
@@ -198,17 +198,23 @@ async fn a_message_jetstream_gave_up_on_is_moved_by_the_advisory_listener() {
         let stream = js.get_stream(&t.bus.stream_names()[0]).await.expect("stream");
         let raw: async_nats::jetstream::consumer::PullConsumer =
             stream.get_consumer("tasks_download").await.expect("consumer");
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        let mut batch = raw.fetch().max_messages(1).expires(Duration::from_secs(2)).messages().await.expect("pull");
+        // The pull waits for the redelivery, due when the first delivery's 1 s deadline passes.
+        let mut batch = raw.fetch().max_messages(1).expires(Duration::from_secs(5)).messages().await.expect("pull");
         let extra = futures::StreamExt::next(&mut batch).await.expect("the extra delivery").expect("message");
         assert_eq!(extra.info().unwrap().delivered, 2);
         drop(batch);
-        // After its deadline JetStream gives up at the next pull and publishes the advisory.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert!(consumer.fetch(1, Duration::from_millis(500)).await.expect("fetch").is_empty());
-
+        // After its deadline JetStream gives up at the next pull and publishes the advisory, which
+        // the listener turns into the dead letter; until then every fetch comes back empty.
         let dlq = t.bus.consume("dlq.tasks.download", quick(3)).await.expect("consume dlq");
-        let letter = dlq.fetch(1, Duration::from_secs(3)).await.expect("fetch dlq").pop().expect("dead letter");
+        let until = std::time::Instant::now() + Duration::from_secs(15);
+        let letter = loop {
+            let again = consumer.fetch(1, Duration::from_millis(300)).await.expect("fetch");
+            assert!(again.is_empty(), "{url}: delivered past max_deliver: {again:?}");
+            if let Some(letter) = dlq.fetch(1, Duration::from_millis(300)).await.expect("fetch dlq").pop() {
+                break letter;
+            }
+            assert!(std::time::Instant::now() < until, "{url}: no dead letter within 15 s");
+        };
         assert_eq!(&letter.message.payload[..], b"abandoned", "{url}");
         assert_eq!(letter.message.headers.get(headers::DLQ_DELIVERY_COUNT), Some("2"));
         let mut stream = stream;

@@ -9,6 +9,9 @@
 //! - [`names`] holds the logical names of queues, topics and headers.
 //!
 //! Every type decodes through [`decode`], whose error names the offending field.
+//!
+//! With the `testing` feature, [`testing`] holds the rule every test of the workspace follows
+//! when its environment (a server, a prepared model) is missing.
 
 pub mod command;
 pub mod decode;
@@ -18,6 +21,8 @@ pub mod payload;
 pub mod schema;
 pub mod step;
 pub mod step_command;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod trace;
 
 pub use command::{AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, SubmitError, SubmitTask};

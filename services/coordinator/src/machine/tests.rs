@@ -362,6 +362,30 @@ fn check_task(task: &Task, policy: &Policy) {
     }
 }
 
+/// Why `input` has no edge from `task`'s state, when the interleavings can produce such an
+/// input: a cancel of a finished task, or a result the task cannot have asked for (before the
+/// start, for a later step, for an attempt never dispatched, or with another step's output).
+/// [`decide`] must refuse exactly these with an [`IllegalTransition`].
+fn expected_illegal(task: &Task, input: &Input) -> Option<&'static str> {
+    match input {
+        Input::Cancel { .. } if task.state.is_terminal() => Some("cancel of a finished task"),
+        Input::Result(result) if !task.state.is_terminal() => {
+            let wrong_output = matches!(&result.outcome, StepOutcome::Ok { output } if output.step() != result.step);
+            match task.state.step() {
+                _ if result.attempt == 0 => Some("attempt 0"),
+                _ if wrong_output => Some("another step's output"),
+                None => Some("result before the start"),
+                Some(current) if result.step > current => Some("result for a later step"),
+                Some(current) if result.step == current && result.attempt > task.steps.get(current).attempts => {
+                    Some("result for an attempt never dispatched")
+                }
+                Some(_) => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -375,7 +399,13 @@ proptest! {
         let mut completed_events = 0;
         let mut step = |task: &mut Task, input: Input, now: u64| {
             let before = task.clone();
-            match decide(task, &input, &Context { now, seed }, &policy) {
+            let decided = decide(task, &input, &Context { now, seed }, &policy);
+            if let Some(why) = expected_illegal(&before, &input) {
+                assert!(decided.is_err(), "{input:?} on a {} task ({why}) was not refused: {decided:?}", before.state);
+                return;
+            }
+            match decided {
+                Err(error) => panic!("{input:?} on a {} task: unexpected {error}", before.state),
                 Ok(Verdict::Apply(d)) => {
                     assert!(!before.state.is_terminal(), "{input:?} changed a {} task", before.state);
                     assert!(before.state.can_become(d.task.state), "{} -> {}", before.state, d.task.state);
@@ -394,7 +424,7 @@ proptest! {
                     assert_eq!(d.task.state.is_terminal(), terminal_events == 1);
                     *task = d.task;
                 }
-                Ok(Verdict::Ignore(_)) | Err(_) => {}
+                Ok(Verdict::Ignore(_)) => {}
             }
         };
         for op in ops {

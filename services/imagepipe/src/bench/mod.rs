@@ -222,6 +222,11 @@ async fn measure(
     backend: &RunBackend,
     id: &str,
 ) -> Result<RunFigures, BenchError> {
+    // The peak memory of this run, not of every run before it.
+    let peak_reset = process::reset_peak_memory();
+    if !peak_reset {
+        tracing::warn!("the peak RSS cannot be reset (/proc/self/clear_refs): not reported");
+    }
     let bus = &backend.bus;
     let store = open_store(settings).await.map_err(BenchError::Store)?;
     let coordinator = Coordinator::new(settings, store, bus.clone(), Arc::new(SystemClock));
@@ -279,7 +284,7 @@ async fn measure(
         stage_ms,
         messages: messages(&before, &after, full.submitted),
         cpu_ms_per_task: cpu(&before, &after, full.submitted),
-        peak_rss_bytes: process::memory(Pid::Current, MemoryField::Peak),
+        peak_rss_bytes: peak_reset.then(|| process::memory(Pid::Current, MemoryField::Peak)).flatten(),
     })
 }
 

@@ -49,6 +49,13 @@ pub fn memory(pid: Pid, field: MemoryField) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Resets this process's peak resident set size (`VmHWM`) to its current one, so that the
+/// [`MemoryField::Peak`] read later is the peak since now (`5` written to
+/// `/proc/self/clear_refs`, Linux 4.0 and later). False where that is not possible.
+pub fn reset_peak_memory() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 /// Which memory figure to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryField {
@@ -101,6 +108,22 @@ mod tests {
         let rss = memory(Pid::Current, MemoryField::Resident).unwrap();
         let peak = memory(Pid::Current, MemoryField::Peak).unwrap();
         assert!(rss > 0 && peak >= rss, "rss {rss} peak {peak}");
+    }
+
+    #[test]
+    fn the_peak_resets_to_the_current_size() {
+        const SPIKE: usize = 64 << 20;
+        let spike = vec![1u8; SPIKE];
+        std::hint::black_box(&spike);
+        drop(spike);
+        let before = memory(Pid::Current, MemoryField::Peak).unwrap();
+        assert!(reset_peak_memory(), "/proc/self/clear_refs takes 5");
+        let after = memory(Pid::Current, MemoryField::Peak).unwrap();
+        assert!(
+            after + SPIKE as u64 / 2 < before,
+            "the 64 MiB spike is forgotten: peak {before} before, {after} after"
+        );
+        assert!(after >= memory(Pid::Current, MemoryField::Resident).unwrap() / 2, "peak {after}");
     }
 
     #[test]

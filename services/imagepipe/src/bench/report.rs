@@ -134,7 +134,8 @@ pub struct RunFigures {
     pub messages: MessageFigures,
     /// CPU time per task.
     pub cpu_ms_per_task: CpuFigures,
-    /// `VmHWM` of this process when the run ended (the peak since the bench started).
+    /// `VmHWM` of this process over the run: reset as the run starts, read as it ends; `None`
+    /// where it cannot be reset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
 }
@@ -258,7 +259,7 @@ impl Report {
             writeln!(out, "CPU per task {} (process CPU time over the full-load phase / tasks)", processes.join(", "));
         let _ = writeln!(
             out,
-            "peak RSS     imagepipe {} (VmHWM of this process: coordinator, stages and driver)",
+            "peak RSS     imagepipe {} (VmHWM of this process during a run: coordinator, stages and driver)",
             mb(m.peak_rss_bytes)
         );
         let idle: Vec<String> = self

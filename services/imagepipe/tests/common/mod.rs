@@ -2,7 +2,8 @@
 //!
 //! The model directory comes from `IMAGEPIPE_TEST_MODEL_DIR` (scripts/test.sh prepares it and
 //! sets it), else the repository's `.imagepipe/models` when prepared there. Without either, a
-//! test is skipped with a note, except under CI (`CI` set), where that is a failure.
+//! test fails with the reason, or with `IMAGEPIPE_TEST_ALLOW_SKIP=1` is skipped
+//! (`imagepipe_contracts::testing`).
 
 #![allow(dead_code)]
 
@@ -14,7 +15,8 @@ use tempfile::TempDir;
 /// The environment variable naming the prepared model directory.
 pub const MODEL_DIR_ENV: &str = "IMAGEPIPE_TEST_MODEL_DIR";
 
-/// The prepared model directory, or `None` (test skipped) outside CI.
+/// The prepared model directory; without one the test fails, or gets `None` (and skips) when
+/// `IMAGEPIPE_TEST_ALLOW_SKIP=1`.
 pub fn model_dir() -> Option<PathBuf> {
     let dir = std::env::var_os(MODEL_DIR_ENV)
         .map(PathBuf::from)
@@ -22,11 +24,10 @@ pub fn model_dir() -> Option<PathBuf> {
     if imagepipe::model::is_prepared(&dir) {
         return Some(dir);
     }
-    let note = format!("no prepared model in {} (set {MODEL_DIR_ENV}, or run scripts/prepare-model.sh)", dir.display());
-    if std::env::var_os("CI").is_some() {
-        panic!("{note}; CI must run the model tests");
-    }
-    eprintln!("SKIPPED: {note}");
+    imagepipe_contracts::testing::environment_missing(&format!(
+        "no prepared model in {} (run scripts/prepare-model.sh, or set {MODEL_DIR_ENV} to a prepared directory)",
+        dir.display()
+    ));
     None
 }
 
