@@ -9,9 +9,15 @@ use crate::Labels;
 /// Longest accepted task id or idempotency key, in bytes.
 pub const MAX_ID_LEN: usize = 128;
 /// Longest accepted source or callback URL, in bytes.
-pub const MAX_URL_LEN: usize = 4096;
+pub const MAX_URL_LEN: usize = 2048;
 /// Most labels a task may carry.
 pub const MAX_LABELS: usize = 64;
+/// Longest label key, in bytes.
+pub const MAX_LABEL_KEY_LEN: usize = 64;
+/// Longest label value, in bytes.
+pub const MAX_LABEL_VALUE_LEN: usize = 1024;
+/// Most bytes of all label keys and values together.
+pub const MAX_LABELS_TOTAL_LEN: usize = 8 * 1024;
 
 /// The submit command: plain JSON, the same on NATS, Kafka and HTTP (DESIGN.md, "Interfaces").
 ///
@@ -82,9 +88,37 @@ pub enum SubmitError {
         /// The rejected value (cut to 200 bytes).
         value: String,
     },
+    /// A URL field carries user info (`user:password@`): credentials do not belong in a URL
+    /// that is stored, logged and sent on.
+    #[error("`{field}` must not carry user info (`user:password@host`); put credentials elsewhere (got {value:?})")]
+    UrlWithUserInfo {
+        /// `url` or `callbackUrl`.
+        field: &'static str,
+        /// The rejected value, with the user info masked.
+        value: String,
+    },
     /// More than [`MAX_LABELS`] labels.
     #[error("at most {MAX_LABELS} labels are allowed (got {0})")]
     TooManyLabels(usize),
+    /// A label key is empty or longer than [`MAX_LABEL_KEY_LEN`] bytes.
+    #[error("label keys must be 1 to {MAX_LABEL_KEY_LEN} bytes (got {len} bytes: {key:?})")]
+    LabelKey {
+        /// The key (cut to 200 bytes).
+        key: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A label value is longer than [`MAX_LABEL_VALUE_LEN`] bytes.
+    #[error("label `{key}` has a value of {len} bytes; at most {MAX_LABEL_VALUE_LEN} are allowed")]
+    LabelValue {
+        /// The label's key.
+        key: String,
+        /// The value's length in bytes.
+        len: usize,
+    },
+    /// All labels together are longer than [`MAX_LABELS_TOTAL_LEN`] bytes.
+    #[error("labels take {0} bytes in all (keys and values); at most {MAX_LABELS_TOTAL_LEN} are allowed")]
+    LabelsTooLarge(usize),
 }
 
 impl SubmitTask {
@@ -104,9 +138,7 @@ impl SubmitTask {
         if let Some(callback) = &self.callback_url {
             check_url("callbackUrl", callback)?;
         }
-        if self.labels.len() > MAX_LABELS {
-            return Err(SubmitError::TooManyLabels(self.labels.len()));
-        }
+        check_labels(&self.labels)?;
         match (&self.url, &self.blob) {
             (None, None) => Err(SubmitError::MissingSource),
             (Some(_), Some(_)) => Err(SubmitError::BothSources),
@@ -143,11 +175,35 @@ fn check_url(field: &'static str, url: &str) -> Result<(), SubmitError> {
     let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
     let host_present = rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'));
     let clean = !url.chars().any(|c| c.is_whitespace() || c.is_control());
-    if host_present && clean && url.len() <= MAX_URL_LEN {
-        Ok(())
-    } else {
-        Err(SubmitError::InvalidUrl { field, value: cut(url) })
+    if !(host_present && clean && url.len() <= MAX_URL_LEN) {
+        return Err(SubmitError::InvalidUrl { field, value: cut(url) });
     }
+    let rest = rest.unwrap_or_default();
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    match authority.rfind('@') {
+        Some(at) => Err(SubmitError::UrlWithUserInfo { field, value: cut(&url.replacen(&authority[..at], "***", 1)) }),
+        None => Ok(()),
+    }
+}
+
+fn check_labels(labels: &Labels) -> Result<(), SubmitError> {
+    if labels.len() > MAX_LABELS {
+        return Err(SubmitError::TooManyLabels(labels.len()));
+    }
+    let mut total = 0;
+    for (key, value) in labels {
+        if key.is_empty() || key.len() > MAX_LABEL_KEY_LEN {
+            return Err(SubmitError::LabelKey { key: cut(key), len: key.len() });
+        }
+        if value.len() > MAX_LABEL_VALUE_LEN {
+            return Err(SubmitError::LabelValue { key: key.clone(), len: value.len() });
+        }
+        total += key.len() + value.len();
+    }
+    if total > MAX_LABELS_TOTAL_LEN {
+        return Err(SubmitError::LabelsTooLarge(total));
+    }
+    Ok(())
 }
 
 fn cut(value: &str) -> String {
@@ -235,5 +291,52 @@ mod tests {
         assert!(matches!(bad_id.validate(), Err(SubmitError::InvalidId { field: "taskId", .. })));
         let bad_blob = SubmitTask { blob: Some("sha256:XYZ".into()), ..SubmitTask::default() };
         assert!(matches!(bad_blob.validate(), Err(SubmitError::InvalidBlob(_))));
+    }
+
+    #[test]
+    fn urls_with_user_info_are_refused_without_echoing_the_secret() {
+        for (field, task) in [
+            ("url", SubmitTask::url("http://user:secret@example.com/a.jpg")),
+            ("url", SubmitTask::url("https://token@example.com")),
+            (
+                "callbackUrl",
+                SubmitTask { callback_url: Some("https://a:b@hooks.example.com/x".into()), ..SubmitTask::url("https://e.com/a") },
+            ),
+        ] {
+            let err = task.validate().unwrap_err();
+            assert!(matches!(err, SubmitError::UrlWithUserInfo { field: f, .. } if f == field), "{err}");
+            assert!(!err.to_string().contains("secret") && !err.to_string().contains("token@"), "{err}");
+        }
+        // An @ after the authority is a path or query character, not user info.
+        assert!(SubmitTask::url("https://example.com/@me/a.jpg?by=a@b").validate().is_ok());
+    }
+
+    #[test]
+    fn urls_are_capped_at_2_kib() {
+        let base = "https://example.com/";
+        let fits = format!("{base}{}", "a".repeat(MAX_URL_LEN - base.len()));
+        assert!(SubmitTask::url(&fits).validate().is_ok());
+        let over = format!("{fits}a");
+        assert!(matches!(SubmitTask::url(over).validate(), Err(SubmitError::InvalidUrl { .. })));
+    }
+
+    #[test]
+    fn labels_are_capped_per_key_value_and_in_all() {
+        let with = |labels: &[(String, String)]| SubmitTask {
+            labels: labels.iter().cloned().collect(),
+            ..SubmitTask::url("https://e.com/a")
+        };
+        let key = |n: usize| "k".repeat(n);
+        assert!(with(&[(key(64), "v".repeat(1024))]).validate().is_ok());
+        assert!(matches!(with(&[(key(65), "v".into())]).validate(), Err(SubmitError::LabelKey { len: 65, .. })));
+        assert!(matches!(with(&[(String::new(), "v".into())]).validate(), Err(SubmitError::LabelKey { len: 0, .. })));
+        assert!(matches!(
+            with(&[("album".into(), "v".repeat(1025))]).validate(),
+            Err(SubmitError::LabelValue { len: 1025, .. })
+        ));
+        let nine: Vec<_> = (0..9).map(|i| (format!("k{i}"), "v".repeat(1000))).collect();
+        assert!(matches!(with(&nine).validate(), Err(SubmitError::LabelsTooLarge(n)) if n > MAX_LABELS_TOTAL_LEN));
+        let many: Vec<_> = (0..65).map(|i| (format!("k{i}"), String::new())).collect();
+        assert!(matches!(with(&many).validate(), Err(SubmitError::TooManyLabels(65))));
     }
 }
