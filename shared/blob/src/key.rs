@@ -20,6 +20,20 @@ impl BlobKey {
         Self(format!("sha256:{}", hex::encode(Sha256::digest(bytes))))
     }
 
+    /// The key of `bytes`, hashed on the blocking pool when they are large enough to stall an
+    /// async worker thread (SHA-256 runs at a few hundred MB/s: 25 MB is tens of milliseconds).
+    pub async fn compute(bytes: &bytes::Bytes) -> Self {
+        const INLINE_BYTES: usize = 64 * 1024;
+        if bytes.len() <= INLINE_BYTES {
+            return Self::of(bytes);
+        }
+        let bytes = bytes.clone();
+        match tokio::task::spawn_blocking(move || Self::of(&bytes)).await {
+            Ok(key) => key,
+            Err(join) => std::panic::resume_unwind(join.into_panic()),
+        }
+    }
+
     /// The 64 hex digits.
     pub fn hex(&self) -> &str {
         &self.0["sha256:".len()..]

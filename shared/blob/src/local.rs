@@ -36,7 +36,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
 #[async_trait]
 impl BlobStore for LocalBlobStore {
     async fn put(&self, bytes: Bytes) -> Result<BlobKey, BlobError> {
-        let key = BlobKey::of(&bytes);
+        let key = BlobKey::compute(&bytes).await;
         let path = self.path_of(&key);
         if tokio::fs::try_exists(&path).await.map_err(io(&path))? {
             return Ok(key);
@@ -65,7 +65,7 @@ impl BlobStore for LocalBlobStore {
             Err(e) if e.kind() == ErrorKind::NotFound => return Err(BlobError::NotFound(key.clone())),
             Err(e) => return Err(io(&path)(e)),
         };
-        let actual = BlobKey::of(&bytes);
+        let actual = BlobKey::compute(&bytes).await;
         if &actual != key {
             return Err(BlobError::Corrupt { key: key.clone(), actual });
         }

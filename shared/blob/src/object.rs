@@ -41,7 +41,7 @@ fn failed(path: &Path, source: object_store::Error) -> BlobError {
 #[async_trait]
 impl BlobStore for ObjectBlobStore {
     async fn put(&self, bytes: Bytes) -> Result<BlobKey, BlobError> {
-        let key = BlobKey::of(&bytes);
+        let key = BlobKey::compute(&bytes).await;
         let path = self.path_of(&key);
         // Same key, same bytes: overwriting is harmless, and cheaper than a HEAD first.
         self.store.put(&path, PutPayload::from_bytes(bytes)).await.map_err(|e| failed(&path, e))?;
@@ -55,7 +55,7 @@ impl BlobStore for ObjectBlobStore {
             Err(object_store::Error::NotFound { .. }) => return Err(BlobError::NotFound(key.clone())),
             Err(e) => return Err(failed(&path, e)),
         };
-        let actual = BlobKey::of(&bytes);
+        let actual = BlobKey::compute(&bytes).await;
         if &actual != key {
             return Err(BlobError::Corrupt { key: key.clone(), actual });
         }
