@@ -6,7 +6,7 @@ use crate::config::BusConfig;
 #[allow(unused_imports)]
 use crate::config::BusKind;
 use crate::error::BusError;
-use crate::opening::{CountedEvents, CountedQueues, Openings};
+use crate::opening::{CountedEvents, CountedQueues, Openings, SizeLimit};
 use crate::traits::{EventBus, TaskQueue};
 
 /// A connected backend: its task queues and event topics, cheap to clone.
@@ -18,6 +18,7 @@ pub struct Bus {
     pub events: Arc<dyn EventBus>,
     connected: Arc<dyn Fn() -> bool + Send + Sync>,
     openings: Arc<Openings>,
+    limit: Arc<SizeLimit>,
 }
 
 impl Bus {
@@ -28,15 +29,23 @@ impl Bus {
         connected: Arc<dyn Fn() -> bool + Send + Sync>,
     ) -> Self {
         let openings = Arc::new(Openings::default());
-        let queues = Arc::new(CountedQueues { inner: queues, openings: openings.clone() });
-        let events = Arc::new(CountedEvents { inner: events, openings: openings.clone() });
-        Self { queues, events, connected, openings }
+        let limit = Arc::new(SizeLimit::new(BusConfig::DEFAULT_MAX_MESSAGE_BYTES));
+        let queues = Arc::new(CountedQueues { inner: queues, openings: openings.clone(), limit: limit.clone() });
+        let events = Arc::new(CountedEvents { inner: events, openings: openings.clone(), limit: limit.clone() });
+        Self { queues, events, connected, openings, limit }
+    }
+
+    /// Sets the largest message this bus (and its clones) sends; a larger one fails with
+    /// [`BusError::TooLarge`] before it reaches the broker.
+    pub fn with_max_message_bytes(self, max: usize) -> Self {
+        self.limit.set(max);
+        self
     }
 
     /// Connects the backend `config.kind`, creating streams or topics it needs.
     pub async fn connect(config: &BusConfig) -> Result<Self, BusError> {
         config.validate().map_err(BusError::Invalid)?;
-        match config.kind {
+        let bus = match config.kind {
             #[cfg(feature = "memory")]
             BusKind::Memory => {
                 Ok(crate::memory::MemoryBus::new(config.prefix.clone(), config.memory.clone()).into_bus())
@@ -53,7 +62,8 @@ impl Bus {
             kind => Err(BusError::Invalid(format!(
                 "bus.kind = {kind:?} is not compiled into this binary (cargo feature missing)"
             ))),
-        }
+        };
+        bus.map(|bus| bus.with_max_message_bytes(config.max_message_bytes))
     }
 
     /// Whether the broker connection is up (readiness).

@@ -36,11 +36,21 @@ pub struct BusConfig {
     pub nats: NatsConfig,
     /// Kafka settings.
     pub kafka: KafkaConfig,
+    /// Largest message sent (body, headers, key and id), in bytes; a larger one is refused
+    /// before it reaches the broker. Keep it at or below the broker's own limit (NATS
+    /// `max_payload`, Kafka `message.max.bytes`; both 1 MiB by default).
+    pub max_message_bytes: usize,
+}
+
+impl BusConfig {
+    /// `max_message_bytes` by default: NATS's default `max_payload`, 1 MiB.
+    pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 }
 
 impl Default for BusConfig {
     fn default() -> Self {
         Self {
+            max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
             kind: BusKind::default(),
             prefix: "imagepipe".into(),
             memory: MemoryConfig::default(),
@@ -60,6 +70,9 @@ impl BusConfig {
                 .all(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
         if !prefix_ok {
             return Err(format!("bus.prefix: {:?} must be dot-separated tokens of [A-Za-z0-9_-]", self.prefix));
+        }
+        if self.max_message_bytes < 1024 {
+            return Err("bus.max_message_bytes: must be at least 1024".into());
         }
         if self.memory.capacity == 0 {
             return Err("bus.memory.capacity: must be at least 1".into());
@@ -481,7 +494,22 @@ pub enum StartPosition {
     Since(SystemTime),
 }
 
-/// A durable subscription to event topics.
+/// How long a subscriber group outlives its members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupLifetime {
+    /// The group stays until an operator deletes it, and resumes where it was: a service's
+    /// group, whose replicas come and go.
+    #[default]
+    Durable,
+    /// The broker deletes the group once no member has asked it for events for this long: a
+    /// group of one process (the coordinator's `/v1/events` fan-out) that must not outlive it.
+    /// NATS deletes the consumer (its `inactive_threshold`); the in-memory bus drops the group
+    /// with its last member; Kafka keeps a memberless group's offsets for the broker's
+    /// `offsets.retention.minutes`, whatever is asked here.
+    UntilIdle(Duration),
+}
+
+/// A subscription to event topics: a durable group unless its [`GroupLifetime`] says otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscription {
     /// Durable group name (`[A-Za-z0-9_-]`); members of one group compete, groups each get
@@ -493,12 +521,27 @@ pub struct Subscription {
     pub start: StartPosition,
     /// Redelivery settings.
     pub consumer: ConsumerConfig,
+    /// How long the group outlives its members.
+    pub lifetime: GroupLifetime,
 }
 
 impl Subscription {
-    /// A group receiving `selector` from now on, with default consumer settings.
+    /// A durable group receiving `selector` from now on, with default consumer settings.
     pub fn new(group: impl Into<String>, selector: Selector) -> Self {
-        Self { group: group.into(), selector, start: StartPosition::New, consumer: ConsumerConfig::default() }
+        Self {
+            group: group.into(),
+            selector,
+            start: StartPosition::New,
+            consumer: ConsumerConfig::default(),
+            lifetime: GroupLifetime::Durable,
+        }
+    }
+
+    /// Makes the group one the broker deletes once no member has fetched for `idle`
+    /// ([`GroupLifetime::UntilIdle`]).
+    pub fn expiring_when_idle(mut self, idle: Duration) -> Self {
+        self.lifetime = GroupLifetime::UntilIdle(idle);
+        self
     }
 
     /// Sets the start position.

@@ -66,6 +66,17 @@ pub enum BusError {
         /// How long the send waited for room.
         waited: Duration,
     },
+    /// The message is larger than the bus carries (`bus.max_message_bytes`, or the broker's
+    /// own limit); sending it again cannot succeed.
+    #[error("a message of {size} bytes is larger than the {max} bytes {destination} takes")]
+    TooLarge {
+        /// Queue or event type.
+        destination: String,
+        /// The message's size: body, headers, key and id.
+        size: usize,
+        /// The limit it broke.
+        max: usize,
+    },
     /// The request itself is invalid (bad name, bad selector, bad config).
     #[error("invalid request: {0}")]
     Invalid(String),

@@ -110,4 +110,11 @@ impl Message {
         self.headers.insert(name, value);
         self
     }
+
+    /// Bytes the message takes on the wire, besides the protocol's framing: body, headers,
+    /// key and id.
+    pub fn size(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.payload.len() + headers + self.key.as_ref().map_or(0, String::len) + self.id.as_ref().map_or(0, String::len)
+    }
 }

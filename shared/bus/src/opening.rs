@@ -58,19 +58,43 @@ impl Drop for Opening {
 
 type Opened<'a> = Pin<Box<dyn Future<Output = Result<Box<dyn Consumer>, BusError>> + Send + 'a>>;
 
-/// A backend's task queues, counting the consumers opened through them.
+/// The largest message a bus sends, shared by a bus and its clones; every backend's sends are
+/// checked against it in one place, before anything reaches the broker.
+#[derive(Debug)]
+pub(crate) struct SizeLimit(AtomicUsize);
+
+impl SizeLimit {
+    pub(crate) fn new(max: usize) -> Self {
+        Self(AtomicUsize::new(max))
+    }
+
+    pub(crate) fn set(&self, max: usize) {
+        self.0.store(max, Ordering::Release);
+    }
+
+    fn check(&self, destination: &str, message: &Message) -> Result<(), BusError> {
+        let (size, max) = (message.size(), self.0.load(Ordering::Acquire));
+        if size > max { Err(BusError::TooLarge { destination: destination.to_owned(), size, max }) } else { Ok(()) }
+    }
+}
+
+/// A backend's task queues, counting the consumers opened through them and refusing messages
+/// over the size limit.
 pub(crate) struct CountedQueues {
     pub(crate) inner: Arc<dyn TaskQueue>,
     pub(crate) openings: Arc<Openings>,
+    pub(crate) limit: Arc<SizeLimit>,
 }
 
 #[async_trait]
 impl TaskQueue for CountedQueues {
     async fn send(&self, queue: &str, message: Message) -> Result<(), BusError> {
+        self.limit.check(queue, &message)?;
         self.inner.send(queue, message).await
     }
 
     async fn send_batch(&self, queue: &str, messages: Vec<Message>) -> Result<(), BusError> {
+        messages.iter().try_for_each(|m| self.limit.check(queue, m))?;
         self.inner.send_batch(queue, messages).await
     }
 
@@ -85,15 +109,18 @@ impl TaskQueue for CountedQueues {
     }
 }
 
-/// A backend's event topics, counting the subscriptions opened through them.
+/// A backend's event topics, counting the subscriptions opened through them and refusing
+/// messages over the size limit.
 pub(crate) struct CountedEvents {
     pub(crate) inner: Arc<dyn EventBus>,
     pub(crate) openings: Arc<Openings>,
+    pub(crate) limit: Arc<SizeLimit>,
 }
 
 #[async_trait]
 impl EventBus for CountedEvents {
     async fn publish(&self, event_type: &str, message: Message) -> Result<(), BusError> {
+        self.limit.check(event_type, &message)?;
         self.inner.publish(event_type, message).await
     }
 

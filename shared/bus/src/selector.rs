@@ -21,6 +21,11 @@ pub struct InvalidSelector {
 }
 
 impl Selector {
+    /// Most alternatives (`a || b || ...`) a selector may have.
+    pub const MAX_ALTERNATIVES: usize = 32;
+    /// Longest selector string, in bytes.
+    pub const MAX_LEN: usize = 2048;
+
     /// Matches every event.
     pub fn all() -> Self {
         Self { patterns: vec![">".into()] }
@@ -29,8 +34,14 @@ impl Selector {
     /// Parses `a.b || c.*`.
     pub fn parse(s: &str) -> Result<Self, InvalidSelector> {
         let invalid = |reason: String| InvalidSelector { selector: s.to_owned(), reason };
+        if s.len() > Self::MAX_LEN {
+            return Err(invalid(format!("longer than {} bytes", Self::MAX_LEN)));
+        }
         let mut patterns = Vec::new();
-        for alternative in s.split("||") {
+        for (i, alternative) in s.split("||").enumerate() {
+            if i == Self::MAX_ALTERNATIVES {
+                return Err(invalid(format!("more than {} alternatives", Self::MAX_ALTERNATIVES)));
+            }
             let pattern = alternative.trim();
             if pattern.is_empty() {
                 return Err(invalid("empty alternative".into()));
@@ -113,6 +124,16 @@ impl fmt::Display for Selector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alternatives_and_length_are_capped() {
+        let within = vec!["task.completed"; Selector::MAX_ALTERNATIVES].join(" || ");
+        assert!(Selector::parse(&within).is_ok());
+        let over = format!("{within} || task.failed");
+        assert!(Selector::parse(&over).unwrap_err().reason.contains("more than 32 alternatives"));
+        let long = "a".repeat(Selector::MAX_LEN + 1);
+        assert!(Selector::parse(&long).unwrap_err().reason.contains("longer than"));
+    }
 
     #[test]
     fn alternatives_match_exact_types() {

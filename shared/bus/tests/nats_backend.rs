@@ -84,6 +84,43 @@ async fn consumer_settings_are_updated_in_place() {
 }
 
 #[tokio::test]
+async fn a_group_expiring_when_idle_is_deleted_once_nothing_pulls_from_it() {
+    for url in servers() {
+        let t = TestBus::new(&url, "idle_group").await;
+        let idle = Duration::from_secs(1);
+        let expiring = Subscription::new("sse-1", Selector::all()).expiring_when_idle(idle).with_consumer(quick(3));
+        let consumer = t.bus.subscribe(expiring).await.expect("subscribe");
+        let durable = t.bus.subscribe(Subscription::new("kept", Selector::all())).await.expect("subscribe");
+        let stream = jetstream(&url).await.get_stream(&t.bus.stream_names()[1]).await.expect("events stream");
+        let info = stream.consumer_info("sse-1").await.expect("consumer");
+        assert_eq!(info.config.inactive_threshold, idle, "{url}");
+        let info = stream.consumer_info("kept").await.expect("consumer");
+        assert_eq!(info.config.inactive_threshold, Duration::ZERO, "{url}: a durable group never expires");
+
+        // Pulling keeps it: three times the threshold of back-to-back fetches.
+        let pulling = tokio::time::Instant::now();
+        while pulling.elapsed() < 3 * idle {
+            assert!(consumer.fetch(1, idle / 4).await.expect("fetch").is_empty());
+        }
+        assert!(stream.consumer_info("sse-1").await.is_ok(), "{url}: deleted while pulled from");
+
+        drop(consumer);
+        let gone = tokio::time::Instant::now();
+        loop {
+            match stream.consumer_info("sse-1").await {
+                Err(err) if err.kind() == async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound => break,
+                Err(err) => panic!("{url}: {err}"),
+                Ok(_) => {}
+            }
+            assert!(gone.elapsed() < Duration::from_secs(30), "{url}: the idle consumer was not deleted");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(stream.consumer_info("kept").await.is_ok(), "{url}");
+        drop(durable);
+    }
+}
+
+#[tokio::test]
 async fn publishes_carry_msg_id_and_headers_on_the_wire() {
     for url in servers() {
         let t = TestBus::new(&url, "wire").await;
@@ -245,4 +282,21 @@ async fn an_unreachable_server_is_a_connect_error_without_secrets() {
     let shown = format!("{err} {err:?}");
     assert!(!shown.contains("hunter2"), "the password leaked: {shown}");
     assert!(shown.contains(&format!("127.0.0.1:{port}")), "the error names the server: {shown}");
+}
+
+#[tokio::test]
+async fn a_message_over_the_servers_max_payload_is_too_large_not_a_retryable_failure() {
+    for url in servers() {
+        let t = TestBus::new(&url, "maxpayload").await;
+        let max_payload = async_nats::connect(url.as_str()).await.expect("connect").server_info().max_payload;
+        // The bus's own limit is set above the server's, so the server's refusal is what shows.
+        let bus = t.bus.clone().into_bus().with_max_message_bytes(max_payload * 2);
+        let body = vec![b'x'; max_payload + 1];
+        let result = bus.queues.send(QUEUE, Message::new(body).with_id("big")).await;
+        assert!(
+            matches!(&result, Err(BusError::TooLarge { max, .. }) if *max == max_payload),
+            "{url}: expected TooLarge with the server's max_payload {max_payload}, got {result:?}"
+        );
+        bus.queues.send(QUEUE, Message::new("small").with_id("small")).await.expect("the connection is still usable");
+    }
 }

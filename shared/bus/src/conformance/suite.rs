@@ -51,6 +51,7 @@ macro_rules! __conformance_suite {
             case!(send_batch);
             case!(publish_dedup_by_message_id_queue);
             case!(invalid_names_are_rejected);
+            case!(messages_over_the_size_limit_are_refused);
             // Dead letters.
             case!(max_deliveries_dead_letters);
             case!(expired_last_delivery_dead_letters);

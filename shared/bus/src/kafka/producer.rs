@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::statistics::Statistics;
 use rdkafka::util::Timeout;
@@ -91,12 +91,17 @@ impl ClientContext for ProducerContext {
     }
 }
 
+/// librdkafka's default `message.max.bytes`.
+const LIBRDKAFKA_MAX_MESSAGE_BYTES: usize = 1_000_000;
+
 /// The bus's producer. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Producer {
     inner: FutureProducer<ProducerContext>,
     health: Arc<Health>,
     send_timeout: Duration,
+    /// The client's `message.max.bytes`, for the error of a message it refuses.
+    max_message_bytes: usize,
 }
 
 impl Producer {
@@ -113,7 +118,8 @@ impl Producer {
         let inner = c.create_with_context(ProducerContext { health: health.clone() }).map_err(|err| {
             BusError::Connect { url: imagepipe_secret::mask_url_credentials(&config.brokers), source: Box::new(err) }
         })?;
-        Ok(Self { inner, health, send_timeout: config.send_timeout })
+        let max_message_bytes = c.get("message.max.bytes").and_then(|v| v.parse().ok()).unwrap_or(LIBRDKAFKA_MAX_MESSAGE_BYTES);
+        Ok(Self { inner, health, send_timeout: config.send_timeout, max_message_bytes })
     }
 
     /// The underlying client (metadata requests).
@@ -145,6 +151,9 @@ impl Producer {
         }
         match self.inner.send(record, Timeout::After(self.send_timeout)).await {
             Ok(_) => Ok(()),
+            Err((err, _)) if err.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
+                Err(BusError::TooLarge { destination: topic.to_owned(), size: message.size(), max: self.max_message_bytes })
+            }
             Err((err, _)) => Err(BusError::Publish { destination: topic.to_owned(), source: Box::new(err) }),
         }
     }

@@ -139,10 +139,14 @@ impl Shared {
     ) -> Result<jetstream::context::PublishAckFuture, BusError> {
         self.check_open()?;
         let headers = codec::encode(message, extra)?;
-        self.js
-            .publish_with_headers(subject.to_owned(), headers, message.payload.clone())
-            .await
-            .map_err(|err| publish_error(subject, err))
+        self.js.publish_with_headers(subject.to_owned(), headers, message.payload.clone()).await.map_err(|err| {
+            if err.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded {
+                let max = usize::try_from(self.client.server_info().max_payload).unwrap_or(usize::MAX);
+                BusError::TooLarge { destination: subject.to_owned(), size: message.size(), max }
+            } else {
+                publish_error(subject, err)
+            }
+        })
     }
 
     /// Publishes every message, all sent before any acknowledgement is awaited.

@@ -335,3 +335,33 @@ pub async fn invalid_names_are_rejected(h: &dyn Harness) {
     invalid("group with a space", bus.events.subscribe(group("bad group")).await.map(drop));
     invalid("empty group", bus.events.subscribe(group("")).await.map(drop));
 }
+
+/// A message over the bus's size limit is refused with [`BusError::TooLarge`] before it
+/// reaches the broker, on `send`, `send_batch` (nothing of the batch is sent) and `publish`;
+/// one of exactly the limit goes through.
+pub async fn messages_over_the_size_limit_are_refused(h: &dyn Harness) {
+    const MAX: usize = 4096;
+    let t = h.timing();
+    let bus = h.bus().await.with_max_message_bytes(MAX);
+    let sized = |size: usize, id: &str| {
+        let message = Message::new("").with_key("tsk_big").with_id(id);
+        let body = "x".repeat(size - message.size());
+        Message { payload: body.into(), ..message }
+    };
+    let too_large = |what: &str, result: Result<(), BusError>| {
+        assert!(
+            matches!(&result, Err(BusError::TooLarge { size, max: MAX, .. }) if *size == MAX + 1),
+            "{what}: expected BusError::TooLarge of {} bytes, got {result:?}",
+            MAX + 1
+        );
+    };
+    too_large("send", bus.queues.send(QUEUE, sized(MAX + 1, "over")).await);
+    too_large("send_batch", bus.queues.send_batch(QUEUE, vec![sized(100, "small"), sized(MAX + 1, "over")]).await);
+    too_large("publish", bus.events.publish("image.downloaded", sized(MAX + 1, "over")).await);
+    bus.queues.send(QUEUE, sized(MAX, "fits")).await.expect("a message of exactly the limit is sent");
+
+    let consumer = bus.queues.consume(QUEUE, consumer_config(&t, 5)).await.expect("consume");
+    let got = collect_exactly(&*consumer, 1, &t, "only the message that fits").await;
+    assert_eq!(got[0].message.id.as_deref(), Some("fits"));
+    ack_all(got).await;
+}
