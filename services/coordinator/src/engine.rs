@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use imagepipe_bus::{Bus, BusError, Message};
-use imagepipe_contracts::names::headers;
-use imagepipe_contracts::{SCHEMA_VERSION, SubmitError, SubmitTask, TraceId};
+use imagepipe_contracts::names::{self, headers};
+use imagepipe_contracts::{SCHEMA_VERSION, StepError, SubmitError, SubmitTask, TraceId};
 use imagepipe_runtime::clock::Clock;
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::telemetry::{current_trace_id, inject_trace, join_trace};
@@ -15,8 +15,11 @@ use tracing::{Instrument, Span};
 
 use crate::machine::{self, Context, Ignored, IllegalTransition, Input, Policy, Verdict};
 use crate::metrics as m;
-use crate::store::{Applied, Created, ListQuery, StoreError, TaskStore};
+use crate::store::{Applied, Created, DeadLetter, ListQuery, StoreError, TaskStore};
 use crate::task::{Destination, OutboxEntry, Task, TaskState};
+
+/// Most bytes of an undeliverable outbox entry's body kept in its dead letter.
+const UNDELIVERABLE_BODY_BYTES: usize = 64 * 1024;
 
 /// How many times a transition is decided again after losing its compare-and-set.
 const MAX_CONFLICTS: usize = 16;
@@ -233,11 +236,29 @@ impl Engine {
 
     /// Publishes `entries` of task `id` in order and removes the confirmed ones; stops at the
     /// first failure (what is left is relayed by a later sweep). Returns how many went out.
+    ///
+    /// An entry the bus can never carry (too large) is archived as a dead letter and removed
+    /// instead of being retried forever, and the task fails with the reason.
     pub async fn publish(&self, id: &str, entries: &[OutboxEntry]) -> usize {
-        let mut sent = Vec::with_capacity(entries.len());
+        let mut settled = Vec::with_capacity(entries.len());
+        let mut sent = 0;
+        let mut undeliverable = None;
         for entry in entries {
             match self.send(id, entry).await {
-                Ok(()) => sent.push(entry.id.clone()),
+                Ok(()) => {
+                    settled.push(entry.id.clone());
+                    sent += 1;
+                }
+                Err(e @ BusError::TooLarge { .. }) => {
+                    counter!(m::OUTBOX_UNDELIVERABLE).increment(1);
+                    tracing::error!(task_id = id, entry = %entry.id, error = %e, "outbox message can never be sent; dead-lettered");
+                    if let Err(store) = self.store.put_dead_letter(&self.undeliverable_letter(id, entry, &e)).await {
+                        tracing::warn!(task_id = id, error = %store, "undeliverable outbox entry not archived; will retry");
+                        break;
+                    }
+                    settled.push(entry.id.clone());
+                    undeliverable.get_or_insert(e.to_string());
+                }
                 Err(e) => {
                     counter!(m::OUTBOX_ERRORS).increment(1);
                     tracing::warn!(task_id = id, entry = %entry.id, error = %e, "outbox publish failed; will retry");
@@ -245,10 +266,44 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = self.store.remove_outbox(id, &sent).await {
+        if let Err(e) = self.store.remove_outbox(id, &settled).await {
             tracing::warn!(task_id = id, error = %e, "relayed outbox entries not removed; they will be sent again");
         }
-        sent.len()
+        if let Some(reason) = undeliverable {
+            let error = StepError::new(machine::MESSAGE_TOO_LARGE, reason);
+            // The failure's own outbox is one small event, so this recursion ends there.
+            if let Err(e) = Box::pin(self.handle(id, Input::Undeliverable { error })).await {
+                tracing::warn!(task_id = id, error = %e, "task with an undeliverable message not failed");
+            }
+        }
+        sent
+    }
+
+    /// The archive entry of an outbox entry the bus refused for good; the body is kept up to
+    /// [`UNDELIVERABLE_BODY_BYTES`].
+    fn undeliverable_letter(&self, id: &str, entry: &OutboxEntry, error: &BusError) -> DeadLetter {
+        let (source, dlq) = match &entry.destination {
+            Destination::Queue(queue) => (queue.clone(), names::dead_letter_queue(queue)),
+            Destination::Event(event_type) => {
+                (event_type.clone(), names::dead_letter_queue(&names::topic_of_event_type(event_type)))
+            }
+        };
+        let mut end = entry.body.len().min(UNDELIVERABLE_BODY_BYTES);
+        while !entry.body.is_char_boundary(end) {
+            end -= 1;
+        }
+        DeadLetter {
+            id: format!("dl_{}_{}", id, entry.id),
+            source,
+            dlq,
+            reason: error.to_string(),
+            delivery_count: 0,
+            dead_lettered_at: self.clock.unix_ms(),
+            key: Some(id.to_owned()),
+            message_id: Some(entry.message_id.clone()),
+            headers: vec![(headers::SCHEMA.to_owned(), SCHEMA_VERSION.to_owned())],
+            body: entry.body[..end].to_owned(),
+        }
     }
 
     async fn send(&self, id: &str, entry: &OutboxEntry) -> Result<(), BusError> {

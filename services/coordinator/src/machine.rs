@@ -49,7 +49,8 @@ pub struct Policy {
     pub metadata: StepPolicy,
     /// The analyze step.
     pub analyze: StepPolicy,
-    /// Delay before each retry (default: 1 s doubling, cap 60 s, full jitter).
+    /// Delay before each retry (default: 1 s doubling, cap 60 s, full jitter). Its maximum
+    /// also caps a worker's `retry_after`, so no server holds a task longer than that.
     pub backoff: ExponentialBackoff,
 }
 
@@ -106,7 +107,16 @@ pub enum Input {
     /// The bus lost the commands in flight (an in-process bus restarted with the process):
     /// send the running attempt's command again, with a fresh deadline.
     Redispatch,
+    /// A message the task's last transition queued can never be sent (larger than the bus
+    /// takes): the task fails at its current step with `error`.
+    Undeliverable {
+        /// Why, with the code [`MESSAGE_TOO_LARGE`].
+        error: StepError,
+    },
 }
+
+/// The error code of a task failed by [`Input::Undeliverable`].
+pub const MESSAGE_TOO_LARGE: &str = "message_too_large";
 
 impl Input {
     /// A short name for logs and metrics.
@@ -117,6 +127,7 @@ impl Input {
             Input::Timer(_) => "timer",
             Input::Cancel { .. } => "cancel",
             Input::Redispatch => "redispatch",
+            Input::Undeliverable { .. } => "undeliverable",
         }
     }
 }
@@ -149,6 +160,8 @@ pub enum Ignored {
     AlreadyCancelling,
     /// A redispatch for a task with no attempt running.
     NotRunning,
+    /// An undeliverable message of a task that has already finished.
+    AlreadyFinished,
 }
 
 impl Ignored {
@@ -162,6 +175,7 @@ impl Ignored {
             Ignored::AlreadyStarted => "already_started",
             Ignored::AlreadyCancelling => "already_cancelling",
             Ignored::NotRunning => "not_running",
+            Ignored::AlreadyFinished => "already_finished",
         }
     }
 }
@@ -266,6 +280,16 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
                 Some(attempt),
                 Some("re-sent: the bus lost it in a restart".into()),
             )
+        }
+        Input::Undeliverable { error } => {
+            if task.state.is_terminal() {
+                return Ok(Verdict::Ignore(Ignored::AlreadyFinished));
+            }
+            let step = task.state.step().unwrap_or(Step::Download);
+            let attempt = task.steps.get(step).attempts;
+            let mut t = Transition::new(task, ctx.now);
+            t.task.steps.get_mut(step).last_error = Some(error.clone());
+            t.fail(step, attempt, error.clone())
         }
         Input::Timer(timer) => {
             if task.timer != Some(*timer) {
@@ -487,7 +511,9 @@ impl Transition {
                 StepError::new(error.code, format!("{} (gave up after {attempt} of {max} attempts)", error.message));
             return self.fail(step, attempt, error);
         }
-        let delay = millis(policy.backoff(attempt, ctx.seed)).max(retry_after_ms.unwrap_or(0));
+        let delay = millis(policy.backoff(attempt, ctx.seed))
+            .max(retry_after_ms.unwrap_or(0))
+            .min(millis(policy.backoff.max()));
         let due_at = self.now.saturating_add(delay);
         self.task.timer = Some(Timer { kind: TimerKind::Retry, step, attempt: attempt + 1, due_at });
         let ordinal = self.task.steps.total_attempts();

@@ -12,6 +12,8 @@ pub const CONFLICTS: &str = "imagepipe_coordinator_version_conflicts_total";
 pub const OUTBOX_PUBLISHED: &str = "imagepipe_coordinator_outbox_published_total";
 /// Outbox publishes that failed (the entry stays and is relayed later).
 pub const OUTBOX_ERRORS: &str = "imagepipe_coordinator_outbox_publish_errors_total";
+/// Outbox entries the bus refused for good (too large): dead-lettered, their task failed.
+pub const OUTBOX_UNDELIVERABLE: &str = "imagepipe_coordinator_outbox_undeliverable_total";
 /// Timers fired; label `kind` (`deadline` or `retry`).
 pub const TIMERS_FIRED: &str = "imagepipe_coordinator_timers_fired_total";
 /// Tasks started and unfinished.
@@ -26,8 +28,13 @@ pub const TASKS_CREATED: &str = "imagepipe_coordinator_tasks_created_total";
 pub const SUBMISSIONS_REJECTED: &str = "imagepipe_coordinator_submissions_rejected_total";
 /// Dead letters archived from the dead-letter queues; label `dlq`.
 pub const DEAD_LETTERS_ARCHIVED: &str = "imagepipe_coordinator_dead_letters_archived_total";
-/// Wake-index maintenance errors (a claimed task is retried when its lease ends).
+/// Wake-index maintenance errors (a claimed task is retried when its lease ends), and failed
+/// expiry passes.
 pub const SWEEP_ERRORS: &str = "imagepipe_coordinator_sweep_errors_total";
+/// Finished tasks deleted after `coordinator.retention`.
+pub const TASKS_EXPIRED: &str = "imagepipe_coordinator_tasks_expired_total";
+/// Archived dead letters deleted beyond `dlq.max_entries` or `dlq.max_age`.
+pub const DEAD_LETTERS_TRIMMED: &str = "imagepipe_coordinator_dead_letters_trimmed_total";
 
 /// The value of the `reason` label of [`SUBMISSIONS_PAUSED`].
 pub const PAUSED_BY_CAP: &str = "in_flight_cap";

@@ -99,9 +99,11 @@ async fn malformed_and_invalid_submissions_are_dead_lettered_with_the_reason() {
 
     bus.queues.send(queues::SUBMIT, Message::new(&b"{not json"[..])).await.unwrap();
     bus.queues.send(queues::SUBMIT, Message::new(&br#"{"taskId":"tsk_x","labels":{}}"#[..])).await.unwrap();
+    let with_user_info = br#"{"taskId":"tsk_y","url":"http://user:secret@example.com/a.jpg"}"#;
+    bus.queues.send(queues::SUBMIT, Message::new(&with_user_info[..])).await.unwrap();
     let dlq = bus.queues.consume(&names::dead_letter_queue(queues::SUBMIT), consumer_config()).await.unwrap();
     let mut reasons = Vec::new();
-    while reasons.len() < 2 {
+    while reasons.len() < 3 {
         for d in dlq.fetch(2, Duration::from_secs(5)).await.unwrap() {
             reasons.push(d.message.headers.get(headers::DLQ_REASON).unwrap().to_owned());
             d.ack().await.unwrap();
@@ -111,7 +113,48 @@ async fn malformed_and_invalid_submissions_are_dead_lettered_with_the_reason() {
     worker.await.unwrap().unwrap();
     assert!(reasons[0].contains("invalid SubmitTask"), "{reasons:?}");
     assert!(reasons[1].contains("one of `url` or `blob` is required"), "{reasons:?}");
+    assert!(reasons[2].contains("must not carry user info") && !reasons[2].contains("secret"), "{reasons:?}");
     assert!(engine.store().get("tsk_x").await.unwrap().is_none());
+    assert!(engine.store().get("tsk_y").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn an_outbox_message_too_large_for_the_bus_fails_its_task_and_is_dead_lettered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus = memory_bus().with_max_message_bytes(1500);
+    let clock = ManualClock::at_unix_ms(T0);
+    let engine = engine(embedded(dir.path()), &bus, &clock, 10);
+    let events = events_of(&bus, "watch").await;
+    let big = SubmitTask {
+        task_id: Some("tsk_big".into()),
+        labels: [("note".to_owned(), "n".repeat(1000)), ("more".to_owned(), "m".repeat(600))].into(),
+        ..SubmitTask::url("https://example.com/cat.jpg")
+    };
+    let small = SubmitTask { task_id: Some("tsk_small".into()), ..SubmitTask::url("https://example.com/cat.jpg") };
+    engine.submit(&big, Origin::Http, String::new).await.unwrap();
+    engine.submit(&small, Origin::Http, String::new).await.unwrap();
+    assert_eq!(engine.start_queued().await.unwrap(), 1, "only the small task is still queued");
+
+    let task = engine.store().get("tsk_big").await.unwrap().unwrap();
+    assert_eq!(task.state, TaskState::Failed);
+    let failure = task.failure.unwrap();
+    assert_eq!((failure.step, failure.error.code.as_str()), (Step::Download, "message_too_large"));
+    assert!(failure.error.message.contains("larger than the 1500 bytes"), "{}", failure.error.message);
+    assert!(engine.store().outbox("tsk_big").await.unwrap().is_empty(), "nothing left for the relay to loop on");
+    assert_eq!(engine.relay("tsk_big").await.unwrap(), 0);
+
+    // task.created, then task.failed (it carries the same labels): both archived, neither sent.
+    let letters = engine.store().dead_letters(10, None).await.unwrap().entries;
+    let mut sources: Vec<_> = letters.iter().map(|l| (l.source.as_str(), l.dlq.as_str())).collect();
+    sources.sort();
+    assert_eq!(sources, [("task.created", "dlq.events.task"), ("task.failed", "dlq.events.task")]);
+    assert!(letters.iter().all(|l| l.reason.contains("larger than") && l.key.as_deref() == Some("tsk_big")));
+    let bodies: Vec<_> = drain(events.as_ref()).await;
+    assert_eq!(event_types(&bodies), ["task.created"], "only the small task's event went out");
+    let downloads = bus.queues.consume(queues::DOWNLOAD, consumer_config()).await.unwrap();
+    let commands = drain(downloads.as_ref()).await;
+    assert_eq!(commands.iter().map(|c| c.key.as_deref()).collect::<Vec<_>>(), [Some("tsk_small")]);
+    assert_eq!(engine.store().get("tsk_small").await.unwrap().unwrap().state, TaskState::Downloading);
 }
 
 #[tokio::test]
