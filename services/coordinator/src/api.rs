@@ -116,7 +116,7 @@ async fn accept(state: ApiState, body: Bytes) -> Result<Response, ApiError> {
     let submit: SubmitTask = decode(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
     let engine = &state.engine;
     let submitted = engine.submit(&submit, Origin::Http, new_task_id).await.map_err(|e| match e {
-        SubmitFailure::Invalid(e) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_submit", e.to_string()),
+        SubmitFailure::Invalid(e) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_submit", e.to_string()),
         SubmitFailure::Store(e) => ApiError::unavailable(e),
     })?;
     if let Err(e) = engine.start_queued().await {

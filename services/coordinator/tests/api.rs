@@ -147,12 +147,18 @@ async fn invalid_input_gets_a_json_error_naming_the_problem() {
     let (status, _, body) = s.post("/v1/tasks", r#"{"url": 5}"#).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["message"].as_str().unwrap().contains("url"), "{body}");
-    let (status, _, body) = s.post("/v1/tasks", r#"{"labels":{}}"#).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(body["message"].as_str().unwrap().contains("`url` or `blob`"), "{body}");
-    let (status, _, body) = s.post("/v1/tasks", r#"{"url":"ftp://x/a.jpg"}"#).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(body["message"].as_str().unwrap().contains("http"), "{body}");
+    for (submit, says) in [
+        (r#"{"labels":{}}"#.to_owned(), "`url` or `blob`"),
+        (r#"{"url":"ftp://x/a.jpg"}"#.to_owned(), "http"),
+        (r#"{"url":"http://user:secret@example.com/a.jpg"}"#.to_owned(), "user info"),
+        (format!(r#"{{"url":"https://e.com/{}"}}"#, "a".repeat(2048)), "at most 2048 bytes"),
+        (format!(r#"{{"url":"https://e.com/a","labels":{{"album":"{}"}}}}"#, "v".repeat(1025)), "label `album`"),
+    ] {
+        let (status, _, body) = s.post("/v1/tasks", &submit).await;
+        assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_submit")), "{body}");
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains(says) && !message.contains("secret"), "{says}: {body}");
+    }
 
     let (status, body) = s.get("/v1/tasks/tsk_nothing").await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
@@ -334,6 +340,13 @@ async fn blobs_are_uploaded_and_read_back_through_the_coordinator() {
 
     let empty = s.client.post(format!("{}/v1/blobs", s.base)).send().await.unwrap();
     assert_eq!(empty.status(), StatusCode::BAD_REQUEST);
+    for (not_an_image, says) in [(&b"%PDF-1.7 ..."[..], "pdf"), (b"<html><body>hi</body></html>", "html")] {
+        let refused = s.client.post(format!("{}/v1/blobs", s.base)).body(not_an_image).send().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        let body: Value = refused.json().await.unwrap();
+        assert_eq!(body["error"], "unsupported_media_type");
+        assert!(body["message"].as_str().unwrap().contains(says), "{body}");
+    }
     let (status, body) = s.get("/v1/blobs/not-a-key").await;
     assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
     let missing = format!("/v1/blobs/sha256:{}", "0".repeat(64));

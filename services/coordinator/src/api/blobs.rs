@@ -38,6 +38,13 @@ async fn upload(State(blobs): State<Arc<dyn BlobStore>>, body: Bytes) -> Result<
     if body.is_empty() {
         return Err(ApiError::invalid("the body is empty: send the image's bytes"));
     }
+    if let Sniffed::Other(what) = sniff(&body) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("the body is not an image ({what}): upload the bytes of a JPEG, PNG, GIF, WebP, TIFF or other image file"),
+        ));
+    }
     let size = body.len() as u64;
     let key = blobs.put(body).await.map_err(ApiError::unavailable)?;
     let location = format!("/v1/blobs/{key}");

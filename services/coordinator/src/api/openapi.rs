@@ -60,8 +60,7 @@ pub fn document() -> Value {
                             "headers": { "Location": { "schema": { "type": "string" }, "description": "The task's URL" } },
                             "content": json_body("Accepted")["content"].clone()
                         },
-                        "400": error("Malformed JSON or a wrong field type"),
-                        "422": error("The submit command breaks a rule"),
+                        "400": error("Malformed JSON, a wrong field type, or a submit that breaks a rule (the message names it)"),
                         "401": error("Missing or wrong bearer token")
                     }
                 },
@@ -146,7 +145,8 @@ pub fn document() -> Value {
                     "responses": {
                         "201": ok("Stored (or already stored: keys are content addresses)", "Uploaded"),
                         "400": error("An empty body"),
-                        "413": { "description": "Larger than download.max_bytes" }
+                        "413": { "description": "Larger than download.max_bytes" },
+                        "415": error("The bytes are not an image (the message says what they look like)")
                     }
                 }
             },
