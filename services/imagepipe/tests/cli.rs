@@ -58,6 +58,26 @@ async fn submit_wait_status_and_dlq_go_through_the_api_and_errors_are_one_line()
     let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(view["id"], id.as_str());
 
+    // A reader that has stopped reading (`imagepipe status ID | head -3`): a quiet exit 0.
+    for command in [vec!["status", &id], vec!["status", &id, "--json"], vec!["dlq", "list"]] {
+        let api = api.clone();
+        let command: Vec<String> = command.iter().map(|s| (*s).to_owned()).collect();
+        let out = tokio::task::spawn_blocking(move || {
+            let (reader, writer) = std::io::pipe().unwrap();
+            drop(reader);
+            std::process::Command::new(env!("CARGO_BIN_EXE_imagepipe"))
+                .args(&command)
+                .args(["--api", &api])
+                .env_remove("IMAGEPIPE_TOKEN")
+                .stdout(writer)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!((out.status.code(), text(&out.stderr)), (Some(0), String::new()), "a closed pipe");
+    }
+
     let out = imagepipe(args(&["dlq", "list", "--json", "--api", &api])).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap(), serde_json::json!([]));

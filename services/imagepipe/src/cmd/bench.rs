@@ -126,7 +126,7 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
     if args.json {
         print_json(&report)?;
     } else {
-        print!("{}", report.text());
+        out!("{}", report.text());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -18,7 +18,7 @@ pub fn run(config: &ConfigArgs, action: ConfigAction) -> anyhow::Result<ExitCode
     match action {
         ConfigAction::Print => {
             let settings = config.load().context("loading the configuration")?;
-            print!("{}", settings.to_masked_toml().context("printing the configuration")?);
+            out!("{}", settings.to_masked_toml().context("printing the configuration")?);
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -62,7 +62,7 @@ pub async fn run(config: &ConfigArgs, args: DemoArgs) -> anyhow::Result<ExitCode
     if args.json {
         print_json(&tasks)?;
     } else {
-        println!("{}", table(&tasks));
+        outln!("{}", table(&tasks));
     }
     let failed: Vec<_> = tasks.iter().filter(|(_, t)| t.state != TaskState::Completed).collect();
     for (file, task) in &failed {

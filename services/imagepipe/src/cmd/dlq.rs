@@ -66,10 +66,10 @@ pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
             if json {
                 print_json(&letters)?;
             } else if letters.is_empty() {
-                println!("no dead letters");
+                outln!("no dead letters");
             } else {
                 for l in &letters {
-                    println!("{}  {:<16} x{}  {}", l.id, l.source, l.delivery_count, one_line(&l.reason));
+                    outln!("{}  {:<16} x{}  {}", l.id, l.source, l.delivery_count, one_line(&l.reason));
                 }
             }
         }
@@ -80,25 +80,25 @@ pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
             if json {
                 print_json(&letter)?;
             } else {
-                println!("id          {}", letter.id);
-                println!("source      {}", letter.source);
-                println!("dlq         {}", letter.dlq);
-                println!("reason      {}", letter.reason);
-                println!("deliveries  {}", letter.delivery_count);
-                println!("at          {}", letter.dead_lettered_at);
+                outln!("id          {}", letter.id);
+                outln!("source      {}", letter.source);
+                outln!("dlq         {}", letter.dlq);
+                outln!("reason      {}", letter.reason);
+                outln!("deliveries  {}", letter.delivery_count);
+                outln!("at          {}", letter.dead_lettered_at);
                 if let Some(key) = &letter.key {
-                    println!("key         {key}");
+                    outln!("key         {key}");
                 }
                 for (name, value) in &letter.headers {
-                    println!("header      {name}: {value}");
+                    outln!("header      {name}: {value}");
                 }
-                println!("body\n{}", letter.body);
+                outln!("body\n{}", letter.body);
             }
         }
         DlqAction::Replay { ids } => {
             for id in ids {
                 let replayed = client.replay(&id).await?;
-                println!("{} replayed to {}", replayed.id, replayed.queue);
+                outln!("{} replayed to {}", replayed.id, replayed.queue);
             }
         }
         DlqAction::Purge { ids, all } => {
@@ -106,7 +106,7 @@ pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
             for id in &ids {
                 client.purge(id).await?;
             }
-            println!("purged {} dead letter(s)", ids.len());
+            outln!("purged {} dead letter(s)", ids.len());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,5 +1,7 @@
 //! One module per command.
 
+#[macro_use]
+pub mod output;
 pub mod bench;
 pub mod config;
 pub mod demo;
@@ -51,6 +53,6 @@ pub fn failure_reason(task: &Task) -> String {
 
 /// Prints `value` as pretty JSON on stdout.
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }

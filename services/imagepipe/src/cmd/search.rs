@@ -56,12 +56,12 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("unexpected answer from /v1/search (use --json to see it)");
     };
     if hits.is_empty() {
-        println!("no task has {}", tags.join(if mode == "all" { " and " } else { " or " }));
+        outln!("no task has {}", tags.join(if mode == "all" { " and " } else { " or " }));
     }
     for hit in hits {
         let text = |name: &str| hit[name].as_str().unwrap_or("-").to_owned();
         let score = hit["score"].as_f64().map_or_else(|| "-".into(), |s| format!("{s:.3}"));
-        println!("{:<40} {score:>7}  {}", text("taskId"), text("thumbnailKey"));
+        outln!("{:<40} {score:>7}  {}", text("taskId"), text("thumbnailKey"));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -27,11 +27,11 @@ pub async fn run(args: StatsArgs) -> anyhow::Result<ExitCode> {
         print_json(&answer)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("tasks     {}", counts(&answer.tasks));
-    println!("events    {}", counts(&answer.events));
-    println!("formats   {}", if answer.formats.is_empty() { "-".to_owned() } else { counts(&answer.formats) });
-    println!("bytes     {}", answer.bytes_downloaded);
-    println!();
+    outln!("tasks     {}", counts(&answer.tasks));
+    outln!("events    {}", counts(&answer.events));
+    outln!("formats   {}", if answer.formats.is_empty() { "-".to_owned() } else { counts(&answer.formats) });
+    outln!("bytes     {}", answer.bytes_downloaded);
+    outln!();
     let mut table = Table::new();
     table.load_preset(NOTHING).set_header(["span", "from → to", "count", "mean", "p50", "p95", "p99"]);
     for (span, view) in &answer.latencies {
@@ -45,7 +45,7 @@ pub async fn run(args: StatsArgs) -> anyhow::Result<ExitCode> {
             ms(view.p99_ms),
         ]);
     }
-    println!("{table}");
+    outln!("{table}");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -28,15 +28,15 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let task = &view.task;
-    println!("task     {}", task.id);
-    println!("state    {}", task.state);
+    outln!("task     {}", task.id);
+    outln!("state    {}", task.state);
     for step in Step::ALL {
         let record = task.steps.get(step);
         if record.attempts == 0 {
             continue;
         }
         let took = step_ms(task, step).map_or_else(|| "running".into(), duration);
-        println!(
+        outln!(
             "{:<8} {took} ({} attempt{})",
             step.as_str(),
             record.attempts,
@@ -44,22 +44,22 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if let Some(d) = &task.outputs.download {
-        println!("image    {} {}", d.format, size(d.size));
+        outln!("image    {} {}", d.format, size(d.size));
     }
     if let Some(m) = &task.outputs.metadata {
-        println!("size     {}×{}", m.width, m.height);
-        println!("thumb    {}", m.thumbnail_key);
+        outln!("size     {}×{}", m.width, m.height);
+        outln!("thumb    {}", m.thumbnail_key);
     }
     if let Some(a) = &task.outputs.analysis {
         let labels: Vec<_> = a.predictions.iter().map(|p| format!("{} {:.2}", p.label, p.score)).collect();
         let tags: Vec<_> = a.tags.iter().map(|p| p.label.as_str()).collect();
-        println!("labels   {}", labels.join(", "));
-        println!("tags     {}", tags.join(", "));
+        outln!("labels   {}", labels.join(", "));
+        outln!("tags     {}", tags.join(", "));
     }
     if task.state.is_terminal() && task.state != imagepipe_coordinator::TaskState::Completed {
-        println!("reason   {}", failure_reason(task));
+        outln!("reason   {}", failure_reason(task));
     } else if let Some(e) = &view.last_error {
-        println!("error    {}: {}", e.code, e.message);
+        outln!("error    {}: {}", e.code, e.message);
     }
     Ok(ExitCode::SUCCESS)
 }

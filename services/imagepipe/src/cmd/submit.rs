@@ -68,7 +68,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         let task = client.submit(&submit).await.with_context(|| format!("submitting {source}"))?;
         progress.inc(1);
         if !args.json && !args.wait {
-            progress.suspend(|| println!("{}  {source}", task.task_id));
+            progress.suspend(|| outln!("{}  {source}", task.task_id));
         }
         accepted.push((source.clone(), task));
     }
@@ -102,7 +102,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<ExitCode> {
                         TaskState::Completed => format!("{}  completed  {source}", view.task.id),
                         _ => format!("{}  {}  {source}: {}", view.task.id, view.task.state, failure_reason(&view.task)),
                     };
-                    progress.suspend(|| println!("{line}"));
+                    progress.suspend(|| outln!("{line}"));
                 }
                 *slot = Some(view);
             }

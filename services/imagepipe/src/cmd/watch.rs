@@ -43,14 +43,14 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
         }
         seen += 1;
         if args.json {
-            println!("{}", event.data);
+            outln!("{}", event.data);
             continue;
         }
         let envelope: serde_json::Value =
             serde_json::from_str(&event.data).with_context(|| format!("an event that is not JSON: {}", event.data))?;
         let field = |name: &str| envelope[name].as_str().unwrap_or("-").to_owned();
         let at = envelope["timestamp"].as_u64().map_or_else(|| "-".into(), |ms| ms.to_string());
-        println!("{at} {:<26} {:<40} {}", field("eventType"), field("taskId"), field("source"));
+        outln!("{at} {:<26} {:<40} {}", field("eventType"), field("taskId"), field("source"));
     }
     Ok(ExitCode::SUCCESS)
 }

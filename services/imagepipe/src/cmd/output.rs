@@ -1,0 +1,29 @@
+//! Standard output of the commands: a reader that stops reading (`imagepipe status ID | head -3`)
+//! ends the command quietly instead of a `println!` panic with a backtrace.
+
+use std::fmt;
+use std::io::{self, ErrorKind, Write};
+
+/// Writes `args` to standard output and flushes it. A closed pipe ends the process with
+/// status 0 (the reader has what it wanted); any other error ends it with a one-line message.
+pub fn write(args: fmt::Arguments<'_>) {
+    let mut out = io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        if e.kind() == ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("imagepipe: writing to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `print!` to standard output through [`write`].
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::cmd::output::write(format_args!($($arg)*)) };
+}
+
+/// `println!` to standard output through [`write`].
+macro_rules! outln {
+    () => { $crate::cmd::output::write(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::cmd::output::write(format_args!("{}\n", format_args!($($arg)*))) };
+}
