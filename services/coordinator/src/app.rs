@@ -37,6 +37,11 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn TaskStore>, Store
 }
 
 /// The retry and deadline rules of the `coordinator` section.
+///
+/// # Panics
+///
+/// When `retry_min_backoff` is zero or longer than `retry_max_backoff`, which
+/// [`Settings::validate`] refuses.
 pub fn policy(settings: &CoordinatorConfig) -> Policy {
     let step = |step: Step| {
         let deadline = match step {
@@ -50,7 +55,7 @@ pub fn policy(settings: &CoordinatorConfig) -> Policy {
         download: step(Step::Download),
         metadata: step(Step::Metadata),
         analyze: step(Step::Analyze),
-        ..Policy::default()
+        backoff: settings.retry_backoff().expect("Settings::validate checks the coordinator's retry backoff"),
     }
 }
 

@@ -61,6 +61,11 @@ impl ExponentialBackoff {
         Self { min: Duration::from_secs(1), max: Duration::from_secs(60), jitter: Jitter::Full }
     }
 
+    /// This backoff's jitter between `min` and `max` instead.
+    pub fn with_range(self, min: Duration, max: Duration) -> Result<Self, InvalidBackoff> {
+        Self::new(min, max, self.jitter)
+    }
+
     /// Reconnects and fetch retries after a broker hiccup: 100 ms doubling, capped at 10 s,
     /// plus up to 50 %.
     pub fn broker_reconnect() -> Self {
@@ -196,6 +201,13 @@ mod tests {
         assert_eq!(attempts.failures(), 6);
         attempts.reset();
         assert_eq!(attempts.next_delay(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn with_range_keeps_the_jitter() {
+        let backoff = ExponentialBackoff::step_retries().with_range(secs(2), secs(5)).unwrap();
+        assert_eq!((backoff.min(), backoff.max(), backoff.jitter), (secs(2), secs(5), Jitter::Full));
+        assert!(ExponentialBackoff::step_retries().with_range(secs(5), secs(2)).is_err());
     }
 
     #[test]

@@ -72,6 +72,16 @@ fn retryable(step: Step, attempt: u32) -> Input {
     }))
 }
 
+fn retry_after(step: Step, attempt: u32, retry_after_ms: u64) -> Input {
+    let error = StepError::new("http_503", "Retry-After");
+    Input::Result(Box::new(StepResult {
+        task_id: "tsk_1".into(),
+        step,
+        attempt,
+        outcome: StepOutcome::Retryable { error, retry_after_ms: Some(retry_after_ms) },
+    }))
+}
+
 fn permanent(step: Step, attempt: u32) -> Input {
     let error = StepError::new("http_404", "not found");
     Input::Result(Box::new(StepResult {
@@ -184,6 +194,23 @@ fn retry_after_from_the_worker_lengthens_the_backoff() {
         },
     }));
     assert_eq!(apply(&task, input, 0).task.timer.unwrap().due_at, 30_000);
+}
+
+#[test]
+fn a_retry_after_longer_than_the_backoff_cap_is_cut_to_the_cap() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let input = retry_after(Step::Download, 1, 3_600_000);
+    let settings = imagepipe_runtime::config::CoordinatorConfig {
+        retry_max_backoff: Duration::from_secs(45),
+        ..Default::default()
+    };
+    let policy = crate::app::policy(&settings);
+    let Ok(Verdict::Apply(d)) = decide(&task, &input, &ctx(5_000), &policy) else { panic!("the retry applies") };
+    assert_eq!(d.task.timer.unwrap().due_at, 5_000 + 45_000, "coordinator.retry_max_backoff away, not an hour");
+    let event: Event<TaskRetrying> = Event::from_json(d.outbox[0].body.as_bytes()).unwrap();
+    assert_eq!(event.payload.delay_ms, 45_000);
+    let d = apply(&task, retry_after(Step::Download, 1, 3_600_000), 5_000);
+    assert_eq!(d.task.timer.unwrap().due_at, 5_000 + 60_000, "the default cap is 60 s");
 }
 
 #[test]

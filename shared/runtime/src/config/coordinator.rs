@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, list_or_comma_separated, positive};
+use crate::backoff::ExponentialBackoff;
 
 /// The `coordinator` section: retries, deadlines and limits of the task coordinator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,6 +15,14 @@ pub struct CoordinatorConfig {
     pub max_in_flight: u64,
     /// Attempts per step before the task fails.
     pub max_attempts: u32,
+    /// Delay before a step's first retry; it doubles per attempt up to `retry_max_backoff`,
+    /// with full jitter (each delay drawn between zero and the doubled value).
+    #[serde(with = "humantime_serde")]
+    pub retry_min_backoff: Duration,
+    /// Longest delay before a retry, whatever a worker reports: a server answering
+    /// `Retry-After: 3600` holds its task (and its in-flight slot) this long at most.
+    #[serde(with = "humantime_serde")]
+    pub retry_max_backoff: Duration,
     /// How long a step may stay silent before the attempt counts as failed.
     #[serde(with = "humantime_serde")]
     pub step_deadline: Duration,
@@ -40,10 +49,14 @@ pub struct CoordinatorConfig {
 }
 
 impl Default for CoordinatorConfig {
+    /// The retry backoff's range is [`ExponentialBackoff::step_retries`]'s.
     fn default() -> Self {
+        let backoff = ExponentialBackoff::step_retries();
         Self {
             max_in_flight: 1_000,
             max_attempts: 5,
+            retry_min_backoff: backoff.min(),
+            retry_max_backoff: backoff.max(),
             step_deadline: Duration::from_secs(300),
             download_deadline: None,
             metadata_deadline: None,
@@ -56,6 +69,14 @@ impl Default for CoordinatorConfig {
 }
 
 impl CoordinatorConfig {
+    /// The backoff between a step's attempts: [`ExponentialBackoff::step_retries`] between
+    /// `retry_min_backoff` and `retry_max_backoff`.
+    pub fn retry_backoff(&self) -> Result<ExponentialBackoff, ConfigError> {
+        ExponentialBackoff::step_retries()
+            .with_range(self.retry_min_backoff, self.retry_max_backoff)
+            .map_err(|e| ConfigError::invalid("coordinator.retry_min_backoff", e.to_string()))
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if self.max_in_flight == 0 {
             return Err(ConfigError::invalid("coordinator.max_in_flight", "must be at least 1"));
@@ -63,6 +84,7 @@ impl CoordinatorConfig {
         if self.max_attempts == 0 {
             return Err(ConfigError::invalid("coordinator.max_attempts", "must be at least 1"));
         }
+        self.retry_backoff()?;
         positive("coordinator.step_deadline", self.step_deadline)?;
         for (key, deadline) in [
             ("coordinator.download_deadline", self.download_deadline),
