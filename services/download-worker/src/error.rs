@@ -8,7 +8,8 @@ use imagepipe_contracts::StepError;
 use imagepipe_net::{FetchError, StatusCode};
 use imagepipe_runtime::step::{self, StepFailure};
 
-/// Longest `Retry-After` honoured; a server asking for more is retried after this.
+/// Longest `Retry-After` reported; a server asking for more is reported as asking for this. The
+/// coordinator holds a task no longer than `coordinator.retry_max_backoff` whatever is reported.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// Stable error codes of the download step (the `code` of its [`StepError`]s). An HTTP status
@@ -19,9 +20,10 @@ pub mod codes {
     pub const NOT_AN_IMAGE: &str = "not_an_image";
     /// The body or blob is larger than `download.max_bytes`.
     pub const TOO_LARGE: &str = "too_large";
-    /// A connect or total timeout ran out.
+    /// A connect, read (no byte for `download.read_timeout`) or total timeout ran out.
     pub const TIMEOUT: &str = "timeout";
-    /// The SSRF guard refused an address the URL leads to.
+    /// The SSRF guard refused an address the URL leads to; the message names the setting that
+    /// would allow it (`download.allow_cidrs`).
     pub const ADDRESS_REFUSED: &str = "address_refused";
     /// The URL is unusable (does not parse, has no host, or a scheme other than http/https).
     pub const INVALID_URL: &str = "invalid_url";

@@ -1,5 +1,9 @@
 //! The download step's [`StepHandler`]: fetch the image (or read the uploaded blob), check by
 //! its magic bytes that it is an image, and store it under its content address.
+//!
+//! A URL leaves this module, in a log, an error or the step's output, only as
+//! [`redacted_url`] shows it (scheme, host and path): user info and query strings often carry
+//! credentials.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -96,7 +100,7 @@ impl StepHandler for DownloadHandler {
     async fn process(&self, command: &DownloadCommand) -> Result<DownloadOutput, StepFailure> {
         let image = self.download(&command.source).await?;
         tracing::info!(task_id = %command.task_id, blob_key = %image.blob_key, size = image.size,
-            format = %image.format, "image downloaded");
+            format = %image.format, final_url = image.final_url.as_deref(), "image downloaded");
         Ok(image)
     }
 }

@@ -19,7 +19,7 @@ use imagepipe_bus::{Bus, BusError};
 use imagepipe_contracts::names::queues;
 use imagepipe_net::{BuildError, ClientBuilder, GuardedClient};
 use imagepipe_runtime::clock::SystemClock;
-use imagepipe_runtime::config::ConfigError;
+use imagepipe_runtime::config::{ConfigError, Outbound};
 use imagepipe_runtime::step::{Reporting, StepReporter};
 use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
@@ -55,8 +55,8 @@ pub enum RunError {
     /// The blob store of `blob.*` could not be opened.
     #[error("opening the blob store")]
     BlobStore(#[source] BlobConfigError),
-    /// `net.allow_cidrs` does not parse.
-    #[error("reading the network allowlist")]
+    /// `download.allow_cidrs` (or, while it is unset, `net.allow_cidrs`) does not parse.
+    #[error("reading the download allowlist")]
     Allowlist(#[source] Box<ConfigError>),
     /// The HTTP client could not be built.
     #[error(transparent)]
@@ -69,13 +69,13 @@ pub enum RunError {
     Worker(#[source] WorkerError),
 }
 
-/// The HTTP client `settings` describe (`download.*` limits, `net.allow_cidrs`), with the system
-/// resolver; tests replace the resolver and add a dial check before building it.
+/// The HTTP client `settings` describe (`download.*` limits, `download.allow_cidrs` or else
+/// `net.allow_cidrs`), with the system resolver; tests replace the resolver and add a dial check
+/// before building it.
 pub fn client_builder(settings: &Settings) -> Result<ClientBuilder, RunError> {
     let download = &settings.download;
     settings
-        .net
-        .client_builder(download.limits(), download.user_agent.clone())
+        .client_builder(Outbound::Download, download.limits(), download.user_agent.clone())
         .map_err(|e| RunError::Allowlist(Box::new(e)))
 }
 

@@ -6,7 +6,7 @@
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use imagepipe_blob::{BlobKey, BlobStore};
@@ -137,15 +137,59 @@ fn httpdate_in(delay: Duration) -> String {
 
 #[tokio::test]
 async fn a_slow_drip_times_out_and_is_retryable() {
+    // A byte every 50 ms is never silent for the read timeout: the total timeout ends it.
     let server =
-        FixtureServer::start([("/drip.jpg", Route::Drip { declared: 10_000_000, every: Duration::from_millis(20) })])
+        FixtureServer::start([("/drip.jpg", Route::Drip { declared: 10_000_000, every: Duration::from_millis(50) })])
             .await
             .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let limits = Limits { total_timeout: Duration::from_millis(300), ..Limits::default() };
-    let (handler, _, _) = handler(dir.path(), &[LOOPBACK], StaticResolver::new(), limits).await;
+    let limits = Limits {
+        read_timeout: Duration::from_millis(250),
+        total_timeout: Duration::from_millis(600),
+        ..Limits::default()
+    };
+    let (handler, _, dial) = handler(dir.path(), &[LOOPBACK], StaticResolver::new(), limits).await;
+    let started = Instant::now();
     let error = handler.download(&url(&server.url("/drip.jpg"))).await.unwrap_err();
+    let took = started.elapsed();
     assert_eq!((error.code().as_str(), error.is_retryable()), ("timeout", true), "{error}");
+    assert!(error.to_string().contains("Total timeout"), "{error}");
+    assert!((limits.total_timeout..Duration::from_secs(5)).contains(&took), "{took:?}");
+    assert!(dial.violations().is_empty());
+}
+
+#[tokio::test]
+async fn a_server_that_never_sends_headers_times_out_after_the_read_timeout() {
+    let server = FixtureServer::start([("/hang.jpg", Route::Silent)]).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits { read_timeout: Duration::from_millis(300), ..Limits::default() };
+    let (handler, _, dial) = handler(dir.path(), &[LOOPBACK], StaticResolver::new(), limits).await;
+    let started = Instant::now();
+    let error = handler.download(&url(&server.url("/hang.jpg"))).await.unwrap_err();
+    let took = started.elapsed();
+    assert_eq!((error.code().as_str(), error.is_retryable()), ("timeout", true), "{error}");
+    assert!(error.to_string().contains("Read timeout"), "{error}");
+    // The total timeout (20 s by default) is far off: only the read timeout can end it this soon.
+    assert!((limits.read_timeout..Duration::from_secs(3)).contains(&took), "{took:?}");
+    assert_eq!(server.requests().len(), 1, "the server got the request and never answered");
+    assert!(dial.violations().is_empty());
+}
+
+#[tokio::test]
+async fn urls_in_errors_show_no_credentials_or_query() {
+    let server = FixtureServer::start([("/busy.jpg", Route::status(503))]).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (handler, _, _) = handler(dir.path(), &[LOOPBACK], StaticResolver::new(), Limits::default()).await;
+    let port = server.addr().port();
+    let secret = format!("http://alice:hunter2@127.0.0.1:{port}/busy.jpg?X-Amz-Signature=s3cr3t#frag");
+    let refused = "http://alice:hunter2@10.0.0.1/a.jpg?token=s3cr3t";
+    for (source, shown) in [(secret.as_str(), server.url("/busy.jpg")), (refused, "http://10.0.0.1/a.jpg".into())] {
+        let message = handler.download(&url(source)).await.unwrap_err().to_step_error().message;
+        assert!(message.starts_with(&format!("{shown}: ")), "{message}");
+        for leak in ["alice", "hunter2", "s3cr3t", "Signature", "token", "frag"] {
+            assert!(!message.contains(leak), "{leak} in {message}");
+        }
+    }
 }
 
 #[tokio::test]

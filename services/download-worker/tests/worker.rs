@@ -18,6 +18,7 @@ use imagepipe_contracts::{
 use imagepipe_download_worker::{client_builder, run_with_client};
 use imagepipe_net::StaticResolver;
 use imagepipe_net::testing::{FixtureServer, LoopbackOnly, Route};
+use imagepipe_runtime::backoff::{ExponentialBackoff, Jitter};
 use imagepipe_runtime::step::outgoing;
 use imagepipe_runtime::{Settings, Shutdown};
 
@@ -138,7 +139,12 @@ async fn commands_become_events_and_step_results() {
     };
     assert_eq!(permanent("tsk_missing").0, "http_404");
     assert_eq!(permanent("tsk_text"), ("not_an_image".into(), "not an image (detected: text)".into()));
-    assert_eq!(permanent("tsk_ssrf").0, "address_refused");
+    let (code, message) = permanent("tsk_ssrf");
+    assert_eq!(code, "address_refused");
+    assert!(
+        message.ends_with("add 169.254.169.254/32 to download.allow_cidrs (IMAGEPIPE_DOWNLOAD__ALLOW_CIDRS)"),
+        "the refusal says the way out: {message}"
+    );
     match &results["tsk_busy"].outcome {
         StepOutcome::Retryable { error, retry_after_ms } => {
             assert_eq!((error.code.as_str(), *retry_after_ms), ("http_503", Some(30_000)));
@@ -169,10 +175,12 @@ type Change = fn(&mut Settings);
 
 #[test]
 fn download_settings_are_validated_by_key() {
-    let cases: [(Change, &str); 5] = [
+    let cases: [(Change, &str); 7] = [
         (|s| s.download.max_bytes = 0, "download.max_bytes"),
         (|s| s.download.connect_timeout = Duration::ZERO, "download.connect_timeout"),
         (|s| s.download.connect_timeout = s.download.total_timeout * 2, "download.connect_timeout"),
+        (|s| s.download.read_timeout = Duration::ZERO, "download.read_timeout"),
+        (|s| s.download.read_timeout = s.download.total_timeout * 2, "download.read_timeout"),
         (|s| s.download.max_redirects = 21, "download.max_redirects"),
         (|s| s.download.user_agent = "bad\nagent".into(), "download.user_agent"),
     ];
@@ -192,4 +200,51 @@ fn a_bad_allowlist_stops_the_worker_before_it_starts() {
     settings.net.allow_cidrs = vec!["10.0.0.0/33".into()];
     let error = client_builder(&settings).unwrap_err();
     assert!(format!("{error:?}").contains("net.allow_cidrs[0]"), "{error:?}");
+
+    settings.net.allow_cidrs.clear();
+    settings.download.allow_cidrs = Some(vec!["10.0.0.0/8".into(), "::1/128".into(), "10.0.0.300/8".into()]);
+    let error = client_builder(&settings).unwrap_err();
+    assert!(format!("{error:?}").contains("download.allow_cidrs[2]"), "{error:?}");
+}
+
+#[tokio::test]
+async fn download_allow_cidrs_replaces_net_allow_cidrs_for_downloads() {
+    let server = FixtureServer::start([("/cat.jpg", Route::ok("image/jpeg", jpeg_with_exif_and_gps()))]).await.unwrap();
+    let server = &server;
+    let fetch = |settings: Settings| async move {
+        let client = client_builder(&settings).unwrap().dial_check(LoopbackOnly::new()).build().unwrap();
+        client.get(&server.url("/cat.jpg")).await.map(|r| r.status)
+    };
+    let mut settings = Settings::default();
+    settings.net.allow_cidrs = vec![LOOPBACK.into()];
+    assert_eq!(fetch(settings.clone()).await.unwrap(), 200, "unset: net.allow_cidrs applies");
+    settings.download.allow_cidrs = Some(vec!["10.0.0.0/8".into()]);
+    let error = fetch(settings.clone()).await.unwrap_err();
+    assert!(error.to_string().contains("download.allow_cidrs"), "set: it replaces net.allow_cidrs: {error}");
+    settings.net.allow_cidrs.clear();
+    settings.download.allow_cidrs = Some(vec![LOOPBACK.into()]);
+    assert_eq!(fetch(settings).await.unwrap(), 200);
+}
+
+/// The worst case of a task whose server drips its image a byte a second (or never answers),
+/// with default settings: every download attempt runs to `download.total_timeout` (which
+/// includes connecting, so `connect_timeout` adds nothing), and between attempts the
+/// coordinator waits its retry backoff (full jitter: at most the un-jittered doubling) plus up to
+/// one `coordinator.sweep_interval` before its timer is seen. It must end within two minutes.
+#[test]
+fn default_limits_end_a_dripping_or_silent_download_within_two_minutes() {
+    let settings = Settings::default();
+    let (download, coordinator) = (&settings.download, &settings.coordinator);
+    assert!(download.connect_timeout <= download.total_timeout && download.read_timeout <= download.total_timeout);
+    let cap =
+        ExponentialBackoff::new(coordinator.retry_min_backoff, coordinator.retry_max_backoff, Jitter::None).unwrap();
+    let attempts = coordinator.max_attempts;
+    let downloading = download.total_timeout * attempts;
+    let waiting: Duration = (0..attempts - 1).map(|retry| cap.delay(retry) + coordinator.sweep_interval).sum();
+    let worst = downloading + waiting;
+    assert!(
+        worst <= Duration::from_secs(120),
+        "{attempts} attempts × {:?} + {waiting:?} between them = {worst:?}, over two minutes",
+        download.total_timeout
+    );
 }

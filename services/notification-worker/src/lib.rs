@@ -18,7 +18,7 @@ pub mod sign;
 use imagepipe_bus::{Bus, BusError, ConsumerConfig, Selector, Subscription};
 use imagepipe_net::{BuildError, ClientBuilder, GuardedClient, Limits};
 use imagepipe_runtime::backoff::{ExponentialBackoff, InvalidBackoff, Jitter};
-use imagepipe_runtime::config::ConfigError;
+use imagepipe_runtime::config::{ConfigError, Outbound};
 use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
 use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker};
@@ -51,8 +51,8 @@ pub mod metrics {
 /// The worker could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// `net.allow_cidrs` does not parse.
-    #[error("reading the network allowlist")]
+    /// `notification.allow_cidrs` (or, while it is unset, `net.allow_cidrs`) does not parse.
+    #[error("reading the webhook allowlist")]
     Allowlist(#[source] Box<ConfigError>),
     /// The HTTP client could not be built.
     #[error(transparent)]
@@ -71,18 +71,21 @@ pub enum RunError {
     Worker(#[source] WorkerError),
 }
 
-/// The webhook client `settings` describe (`notification.*` timeouts, `net.allow_cidrs`), with
-/// the system resolver; tests replace the resolver and add a dial check before building it.
+/// The webhook client `settings` describe (`notification.*` timeouts, `notification.allow_cidrs`
+/// or else `net.allow_cidrs`), with the system resolver; tests replace the resolver and add a
+/// dial check before building it. A receiver silent for the client's default read timeout (or
+/// `notification.total_timeout`, when shorter) fails the post.
 pub fn client_builder(settings: &Settings) -> Result<ClientBuilder, RunError> {
     let notification = &settings.notification;
     let limits = Limits {
         max_bytes: MAX_RESPONSE_BYTES,
         connect_timeout: notification.connect_timeout,
+        read_timeout: Limits::default().read_timeout.min(notification.total_timeout),
         total_timeout: notification.total_timeout,
         max_redirects: 0,
     };
     let user_agent = concat!("imagepipe-notification-worker/", env!("CARGO_PKG_VERSION"));
-    settings.net.client_builder(limits, user_agent).map_err(|e| RunError::Allowlist(Box::new(e)))
+    settings.client_builder(Outbound::Notification, limits, user_agent).map_err(|e| RunError::Allowlist(Box::new(e)))
 }
 
 /// The subscription: group [`GROUP`], selector [`SELECTOR`], `notification.max_attempts`

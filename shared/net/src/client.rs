@@ -31,18 +31,30 @@ pub struct Limits {
     pub max_bytes: u64,
     /// Longest time to resolve and connect one hop.
     pub connect_timeout: Duration,
-    /// Longest time for the whole exchange: every redirect and the body.
+    /// Longest wait for the next byte: for the response head once a hop's request is under way
+    /// (its connection included), then for each piece of the body. A server that accepts the
+    /// connection and never answers fails after this long instead of holding the exchange until
+    /// the total timeout.
+    pub read_timeout: Duration,
+    /// Longest time for the whole exchange: every redirect and the body. This is what ends a
+    /// server that drips its body just fast enough never to trip `read_timeout`.
     pub total_timeout: Duration,
     /// Most redirects followed.
     pub max_redirects: u32,
 }
 
 impl Default for Limits {
+    /// 25 MiB, 5 redirects, 10 s to connect, 10 s of silence, 20 s in all. The total is short
+    /// because a server dripping a byte a second is only stopped by it, and the download step is
+    /// retried: with the coordinator's default 5 attempts and retry backoff (at most 1 + 2 + 4 +
+    /// 8 s), such a server ends its task in at most 5 × 20 + 15 = 115 s, within two minutes
+    /// (25 MiB in 20 s still takes only ~10 Mbit/s).
     fn default() -> Self {
         Self {
             max_bytes: 25 * 1024 * 1024,
             connect_timeout: Duration::from_secs(10),
-            total_timeout: Duration::from_secs(60),
+            read_timeout: Duration::from_secs(10),
+            total_timeout: Duration::from_secs(20),
             max_redirects: 5,
         }
     }
@@ -104,6 +116,7 @@ pub struct ClientBuilder {
     dial_check: Option<Arc<dyn DialCheck>>,
     limits: Limits,
     user_agent: String,
+    allowlist_setting: Option<String>,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -112,14 +125,22 @@ impl fmt::Debug for ClientBuilder {
             .field("allow", &self.allow)
             .field("limits", &self.limits)
             .field("user_agent", &self.user_agent)
+            .field("allowlist_setting", &self.allowlist_setting)
             .finish_non_exhaustive()
     }
 }
 
 impl ClientBuilder {
-    /// Networks reachable despite the policy (`net.allow_cidrs`).
+    /// Networks reachable despite the policy (`download.allow_cidrs`, `net.allow_cidrs`, ...).
     pub fn allow(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
         self.allow.extend(networks);
+        self
+    }
+
+    /// The setting that extends this client's allowlist, named in every refusal so that whoever
+    /// reads it knows the way out (`download.allow_cidrs (IMAGEPIPE_DOWNLOAD__ALLOW_CIDRS)`).
+    pub fn allowlist_setting(mut self, setting: impl Into<String>) -> Self {
+        self.allowlist_setting = Some(setting.into());
         self
     }
 
@@ -160,7 +181,8 @@ impl ClientBuilder {
             .user_agent(self.user_agent)
             .build()
             .map_err(BuildError)?;
-        Ok(GuardedClient { http, guard, limits: self.limits })
+        let allowlist_setting = self.allowlist_setting.map(Arc::from);
+        Ok(GuardedClient { http, guard, limits: self.limits, allowlist_setting })
     }
 }
 
@@ -171,6 +193,7 @@ pub struct GuardedClient {
     http: reqwest::Client,
     guard: Arc<Guard>,
     limits: Limits,
+    allowlist_setting: Option<Arc<str>>,
 }
 
 impl GuardedClient {
@@ -182,6 +205,7 @@ impl GuardedClient {
             dial_check: None,
             limits: Limits::default(),
             user_agent: concat!("imagepipe/", env!("CARGO_PKG_VERSION")).to_owned(),
+            allowlist_setting: None,
         }
     }
 
@@ -197,7 +221,7 @@ impl GuardedClient {
 
     /// Sends `request`, following redirects, within the total timeout.
     pub async fn send(&self, request: Request) -> Result<Response, FetchError> {
-        let mut at = request.url.clone();
+        let mut at = redacted_raw(&request.url);
         let total = self.limits.total_timeout;
         let outcome = tokio::time::timeout(total, self.exchange(request, &mut at)).await;
         outcome.unwrap_or(Err(FetchError::Timeout { url: at, kind: TimeoutKind::Total, after: total }))
@@ -207,26 +231,29 @@ impl GuardedClient {
     async fn exchange(&self, request: Request, at: &mut String) -> Result<Response, FetchError> {
         let Request { mut method, url, mut headers, mut body } = request;
         let mut url =
-            Url::parse(&url).map_err(|e| FetchError::InvalidUrl { url: url.clone(), reason: e.to_string() })?;
+            Url::parse(&url).map_err(|e| FetchError::InvalidUrl { url: redacted_raw(&url), reason: e.to_string() })?;
         let mut redirects = 0;
         loop {
-            *at = shown(&url);
+            *at = redacted(&url);
             self.check_target(&url)?;
             let mut outgoing = self.http.request(method.clone(), url.clone()).headers(headers.clone());
             if let Some(body) = &body {
                 outgoing = outgoing.body(body.clone());
             }
-            let response = outgoing.send().await.map_err(|e| self.classify(&url, e))?;
+            let response = tokio::time::timeout(self.limits.read_timeout, outgoing.send())
+                .await
+                .map_err(|_| self.read_timed_out(&url))?
+                .map_err(|e| self.classify(&url, e))?;
             let status = response.status();
 
             let location = response.headers().get(header::LOCATION).filter(|_| is_followed_redirect(status));
             if let Some(location) = location {
                 if redirects == self.limits.max_redirects {
-                    return Err(FetchError::TooManyRedirects { url: shown(&url), limit: self.limits.max_redirects });
+                    return Err(FetchError::TooManyRedirects { url: redacted(&url), limit: self.limits.max_redirects });
                 }
                 let next =
                     location.to_str().ok().and_then(|l| url.join(l).ok()).ok_or_else(|| FetchError::BadRedirect {
-                        url: shown(&url),
+                        url: redacted(&url),
                         location: String::from_utf8_lossy(location.as_bytes()).into(),
                     })?;
                 redirects += 1;
@@ -255,28 +282,33 @@ impl GuardedClient {
     /// and https, or an IP literal the policy refuses (names are checked when resolved).
     fn check_target(&self, url: &Url) -> Result<(), FetchError> {
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(FetchError::Scheme { url: shown(url), scheme: url.scheme().to_owned() });
+            return Err(FetchError::Scheme { url: redacted(url), scheme: url.scheme().to_owned() });
         }
         let ip = match url.host() {
-            None => return Err(FetchError::InvalidUrl { url: shown(url), reason: "no host".into() }),
+            None => return Err(FetchError::InvalidUrl { url: redacted(url), reason: "no host".into() }),
             Some(url::Host::Domain(_)) => return Ok(()),
             Some(url::Host::Ipv4(ip)) => ip.into(),
             Some(url::Host::Ipv6(ip)) => ip.into(),
         };
         let host = url.host_str().unwrap_or_default();
-        self.guard.approve(host, ip).map_err(|e| guard_error(url, &e))
+        self.guard.approve(host, ip).map_err(|e| self.guard_error(url, &e))
     }
 
     async fn read_body(&self, url: &Url, mut response: reqwest::Response) -> Result<Bytes, FetchError> {
         let limit = self.limits.max_bytes;
-        let too_large = || FetchError::TooLarge { url: shown(url), limit };
+        let too_large = || FetchError::TooLarge { url: redacted(url), limit };
         let declared = response.content_length();
         if declared.is_some_and(|n| n > limit) {
             return Err(too_large());
         }
         let capacity = declared.unwrap_or(0).min(limit).min(INITIAL_BODY_CAPACITY);
         let mut body = BytesMut::with_capacity(usize::try_from(capacity).unwrap_or(0));
-        while let Some(chunk) = response.chunk().await.map_err(|e| self.classify(url, e))? {
+        let read_timeout = self.limits.read_timeout;
+        while let Some(chunk) = tokio::time::timeout(read_timeout, response.chunk())
+            .await
+            .map_err(|_| self.read_timed_out(url))?
+            .map_err(|e| self.classify(url, e))?
+        {
             if (body.len() + chunk.len()) as u64 > limit {
                 return Err(too_large());
             }
@@ -285,18 +317,43 @@ impl GuardedClient {
         Ok(body.freeze())
     }
 
+    fn read_timed_out(&self, url: &Url) -> FetchError {
+        FetchError::Timeout { url: redacted(url), kind: TimeoutKind::Read, after: self.limits.read_timeout }
+    }
+
     fn classify(&self, url: &Url, error: reqwest::Error) -> FetchError {
         if let Some(guard) = find_in_chain::<GuardError>(&error) {
-            return guard_error(url, guard);
+            return self.guard_error(url, guard);
         }
         if error.is_timeout() {
             let after = self.limits.connect_timeout;
-            return FetchError::Timeout { url: shown(url), kind: TimeoutKind::Connect, after };
+            return FetchError::Timeout { url: redacted(url), kind: TimeoutKind::Connect, after };
         }
+        // reqwest's message names the whole URL, query included; the error names it redacted.
+        let error = error.without_url();
         if error.is_connect() {
-            FetchError::Connect { url: shown(url), source: error }
+            FetchError::Connect { url: redacted(url), source: error }
         } else {
-            FetchError::Transport { url: shown(url), source: error }
+            FetchError::Transport { url: redacted(url), source: error }
+        }
+    }
+
+    fn guard_error(&self, url: &Url, error: &GuardError) -> FetchError {
+        let url = redacted(url);
+        match error {
+            GuardError::Refused { host, addr, reason } => FetchError::Refused {
+                url,
+                host: host.clone(),
+                addr: *addr,
+                reason: *reason,
+                allowlist_setting: self.allowlist_setting.as_deref().map(str::to_owned),
+            },
+            GuardError::Resolve { host, source } => FetchError::Resolve {
+                url,
+                host: host.clone(),
+                source: io::Error::new(source.kind(), source.to_string()),
+            },
+            GuardError::DialRefused { addr } => FetchError::DialRefused { url, addr: *addr },
         }
     }
 }
@@ -304,19 +361,6 @@ impl GuardedClient {
 /// Statuses whose `Location` is followed.
 fn is_followed_redirect(status: StatusCode) -> bool {
     matches!(status.as_u16(), 301 | 302 | 303 | 307 | 308)
-}
-
-fn guard_error(url: &Url, error: &GuardError) -> FetchError {
-    let url = shown(url);
-    match error {
-        GuardError::Refused { host, addr, reason } => {
-            FetchError::Refused { url, host: host.clone(), addr: *addr, reason: *reason }
-        }
-        GuardError::Resolve { host, source } => {
-            FetchError::Resolve { url, host: host.clone(), source: io::Error::new(source.kind(), source.to_string()) }
-        }
-        GuardError::DialRefused { addr } => FetchError::DialRefused { url, addr: *addr },
-    }
 }
 
 fn find_in_chain<'a, E: StdError + 'static>(error: &'a (dyn StdError + 'static)) -> Option<&'a E> {
@@ -330,12 +374,26 @@ fn find_in_chain<'a, E: StdError + 'static>(error: &'a (dyn StdError + 'static))
     None
 }
 
-/// The URL without its password, for errors, logs and reports.
-pub fn shown(url: &Url) -> String {
-    if url.password().is_none() {
-        return url.to_string();
-    }
+/// The URL as errors, logs and reports show it: scheme, host, port and path. The user name,
+/// password, query and fragment are left out, for any of them may carry a credential (a signed
+/// URL's signature, an API key, a token).
+pub fn redacted(url: &Url) -> String {
     let mut url = url.clone();
+    let _ = url.set_username("");
     let _ = url.set_password(None);
+    url.set_query(None);
+    url.set_fragment(None);
     url.to_string()
+}
+
+/// A string that does not parse as a URL, shown as [`redacted`] would: cut at the first `?` or
+/// `#`, and without the user information before an `@` in its authority.
+fn redacted_raw(raw: &str) -> String {
+    let raw = &raw[..raw.find(['?', '#']).unwrap_or(raw.len())];
+    let authority = raw.find("://").map_or(0, |i| i + 3);
+    let authority_end = raw[authority..].find('/').map_or(raw.len(), |i| authority + i);
+    match raw[authority..authority_end].rfind('@') {
+        Some(at) => format!("{}{}", &raw[..authority], &raw[authority + at + 1..]),
+        None => raw.to_owned(),
+    }
 }

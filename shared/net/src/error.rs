@@ -11,6 +11,9 @@ use crate::policy::Blocked;
 pub enum TimeoutKind {
     /// Resolving and connecting to one hop took longer than the connect timeout.
     Connect,
+    /// No byte arrived within the read timeout: no response head after the request went out,
+    /// or no next piece of the body.
+    Read,
     /// The whole exchange (every redirect and the body) took longer than the total timeout.
     Total,
 }
@@ -35,7 +38,7 @@ pub enum FetchError {
         scheme: String,
     },
     /// The SSRF guard refused an address the host resolves to; nothing was sent to it.
-    #[error("{url}: {host} resolves to {addr}, {reason}, which is not allowed")]
+    #[error("{url}: {host} resolves to {addr}, {reason}, which is not allowed{}", way_out(*.addr, .allowlist_setting.as_deref()))]
     Refused {
         /// The URL.
         url: String,
@@ -45,6 +48,10 @@ pub enum FetchError {
         addr: IpAddr,
         /// Why it is refused.
         reason: Blocked,
+        /// The setting that would allow it ([`ClientBuilder::allowlist_setting`]).
+        ///
+        /// [`ClientBuilder::allowlist_setting`]: crate::ClientBuilder::allowlist_setting
+        allowlist_setting: Option<String>,
     },
     /// The host name could not be resolved.
     #[error("{url}: resolving {host}")]
@@ -131,6 +138,13 @@ impl FetchError {
                 | FetchError::Transport { .. }
         )
     }
+}
+
+/// How a refusal tells the way out: the single-address entry of `setting` that allows `addr`.
+fn way_out(addr: IpAddr, setting: Option<&str>) -> String {
+    let Some(setting) = setting else { return String::new() };
+    let prefix = if addr.is_ipv4() { 32 } else { 128 };
+    format!("; to reach it anyway, add {addr}/{prefix} to {setting}")
 }
 
 /// The client could not be built.

@@ -71,6 +71,9 @@ pub enum Route {
         /// The repeated bytes.
         chunk: Bytes,
     },
+    /// Reads the request and never answers, holding the connection open until the client
+    /// hangs up.
+    Silent,
 }
 
 impl Route {
@@ -239,6 +242,11 @@ async fn respond(stream: &mut TcpStream, route: Route) -> std::io::Result<()> {
             loop {
                 stream.write_all(&chunk).await?;
             }
+        }
+        Route::Silent => {
+            let mut byte = [0u8; 1];
+            while stream.read(&mut byte).await? > 0 {}
+            Ok(())
         }
     }
 }

@@ -2,10 +2,12 @@
 //! that refuses (and records) any address beyond loopback, so no test can send a packet further.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use imagepipe_net::testing::{FixtureServer, LoopbackOnly, Route};
-use imagepipe_net::{Blocked, FetchError, GuardedClient, Limits, Request, StaticResolver, TimeoutKind, header};
+use imagepipe_net::{
+    Blocked, FetchError, GuardedClient, Limits, Request, StaticResolver, TimeoutKind, header, redacted_url,
+};
 
 const LOOPBACK: &str = "127.0.0.1/32";
 
@@ -211,13 +213,61 @@ async fn an_endless_body_is_cut_off_once_it_passes_the_limit() {
 
 #[tokio::test]
 async fn a_slow_drip_runs_into_the_total_timeout() {
+    // Every byte comes well within the read timeout: only the total timeout can end it.
     let drip = Route::Drip { declared: 1_000_000, every: Duration::from_millis(20) };
     let server = FixtureServer::start([("/drip", drip)]).await.unwrap();
-    let limits = Limits { total_timeout: Duration::from_millis(300), ..Limits::default() };
+    let limits = Limits {
+        read_timeout: Duration::from_millis(200),
+        total_timeout: Duration::from_millis(600),
+        ..Limits::default()
+    };
     let (client, _) = client(&[LOOPBACK], StaticResolver::new(), limits);
+    let started = Instant::now();
     let err = client.get(&server.url("/drip")).await.unwrap_err();
     assert!(matches!(err, FetchError::Timeout { kind: TimeoutKind::Total, .. }), "{err:?}");
     assert!(err.is_retryable());
+    let took = started.elapsed();
+    assert!((limits.total_timeout..Duration::from_secs(5)).contains(&took), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_runs_into_the_read_timeout() {
+    let server = FixtureServer::start([("/silent", Route::Silent)]).await.unwrap();
+    let limits = Limits { read_timeout: Duration::from_millis(300), ..Limits::default() };
+    let (client, _) = client(&[LOOPBACK], StaticResolver::new(), limits);
+    let started = Instant::now();
+    let err = client.get(&server.url("/silent")).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(err, FetchError::Timeout { kind: TimeoutKind::Read, after, .. } if after == limits.read_timeout),
+        "{err:?}"
+    );
+    assert!(err.is_retryable());
+    assert!(
+        (limits.read_timeout..Duration::from_secs(5)).contains(&took),
+        "{took:?}, total is {:?}",
+        limits.total_timeout
+    );
+    assert_eq!(server.requests().len(), 1, "the request went out; the answer never came");
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_runs_into_the_read_timeout() {
+    // One byte of the body, then nothing for an hour.
+    let stall = Route::Drip { declared: 1_000, every: Duration::from_secs(3600) };
+    let server = FixtureServer::start([("/stall", stall)]).await.unwrap();
+    let limits = Limits { read_timeout: Duration::from_millis(300), ..Limits::default() };
+    let (client, _) = client(&[LOOPBACK], StaticResolver::new(), limits);
+    let started = Instant::now();
+    let err = client.get(&server.url("/stall")).await.unwrap_err();
+    assert!(matches!(err, FetchError::Timeout { kind: TimeoutKind::Read, .. }), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[test]
+fn the_default_timeouts_nest() {
+    let limits = Limits::default();
+    assert!(limits.connect_timeout <= limits.total_timeout && limits.read_timeout <= limits.total_timeout);
 }
 
 #[tokio::test]
@@ -259,6 +309,43 @@ async fn unusable_urls_are_refused_and_passwords_never_shown() {
     }
     let err = client.get("http://user:hunter2@evil.test/").await.unwrap_err();
     assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+#[tokio::test]
+async fn urls_in_errors_keep_only_scheme_host_and_path() {
+    let (client, _) = local(true);
+    let err = client.get("http://alice:hunter2@evil.test/latest/x.jpg?X-Amz-Signature=s3cr3t#frag").await.unwrap_err();
+    let message = err.to_string();
+    assert!(message.starts_with("http://evil.test/latest/x.jpg: "), "{message}");
+    let err = client.get("http://alice:hunter2@exa mple.test/x.jpg?token=s3cr3t").await.unwrap_err();
+    assert!(matches!(err, FetchError::InvalidUrl { .. }), "{err:?}");
+    for message in [message, err.to_string()] {
+        for secret in ["alice", "hunter2", "s3cr3t", "Signature", "token", "frag"] {
+            assert!(!message.contains(secret), "{secret} in {message}");
+        }
+    }
+    let url = "https://bob:pw@images.test:8443/a/b.png?sig=1#top".parse().unwrap();
+    assert_eq!(redacted_url(&url), "https://images.test:8443/a/b.png");
+}
+
+#[tokio::test]
+async fn a_refusal_names_the_setting_that_allows_the_address() {
+    let setting = "download.allow_cidrs (IMAGEPIPE_DOWNLOAD__ALLOW_CIDRS)";
+    let resolver = StaticResolver::new().with("intranet.test", ["10.1.2.3".parse().unwrap()]);
+    let client = GuardedClient::builder()
+        .resolver(resolver)
+        .dial_check(LoopbackOnly::new())
+        .allowlist_setting(setting)
+        .build()
+        .unwrap();
+    for (url, entry) in [("http://intranet.test/a.jpg", "10.1.2.3/32"), ("http://[::1]/a.jpg", "::1/128")] {
+        let err = client.get(url).await.unwrap_err();
+        assert!(matches!(&err, FetchError::Refused { allowlist_setting: Some(s), .. } if s == setting), "{err:?}");
+        assert!(err.to_string().ends_with(&format!("; to reach it anyway, add {entry} to {setting}")), "{err}");
+    }
+    let (plain, _) = local(false);
+    let err = plain.get("http://127.0.0.1/").await.unwrap_err();
+    assert!(err.to_string().ends_with("which is not allowed"), "no setting, no hint: {err}");
 }
 
 #[tokio::test]

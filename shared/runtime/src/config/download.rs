@@ -5,7 +5,7 @@ use std::time::Duration;
 use imagepipe_net::Limits;
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, positive};
+use super::{ConfigError, optional_list_or_comma_separated, positive};
 
 /// The `download` section: limits of the download worker's HTTP client.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,13 +16,26 @@ pub struct DownloadConfig {
     /// Longest time to resolve and connect to one server.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
-    /// Longest time for a whole download, redirects and body included.
+    /// Longest wait for the next byte: for the response head (connecting included), then for
+    /// each piece of the body. A server that accepts the connection and never answers fails
+    /// with `timeout` (retried) after this long.
+    #[serde(with = "humantime_serde")]
+    pub read_timeout: Duration,
+    /// Longest time for a whole download, redirects and body included. It bounds how long a
+    /// server that drips its body (too slowly to finish, too fast for `read_timeout`) holds a
+    /// task: at most `coordinator.max_attempts` times this, plus the retry backoff. The default
+    /// keeps that under two minutes (see [`Limits::default`]).
     #[serde(with = "humantime_serde")]
     pub total_timeout: Duration,
     /// Most redirects followed, each one checked by the SSRF guard like the first request.
     pub max_redirects: u32,
     /// The `User-Agent` header of downloads.
     pub user_agent: String,
+    /// CIDRs downloads may reach despite the SSRF guard; a comma-separated list in the
+    /// environment. Unset, downloads use `net.allow_cidrs`; set (even to an empty list), it
+    /// replaces `net.allow_cidrs` for downloads.
+    #[serde(default, deserialize_with = "optional_list_or_comma_separated", skip_serializing_if = "Option::is_none")]
+    pub allow_cidrs: Option<Vec<String>>,
 }
 
 impl DownloadConfig {
@@ -33,13 +46,15 @@ impl DownloadConfig {
 impl Default for DownloadConfig {
     /// The HTTP client's own [`Limits::default`], so the two never disagree.
     fn default() -> Self {
-        let Limits { max_bytes, connect_timeout, total_timeout, max_redirects } = Limits::default();
+        let Limits { max_bytes, connect_timeout, read_timeout, total_timeout, max_redirects } = Limits::default();
         Self {
             max_bytes,
             connect_timeout,
+            read_timeout,
             total_timeout,
             max_redirects,
             user_agent: concat!("imagepipe-download-worker/", env!("CARGO_PKG_VERSION")).into(),
+            allow_cidrs: None,
         }
     }
 }
@@ -50,6 +65,7 @@ impl DownloadConfig {
         Limits {
             max_bytes: self.max_bytes,
             connect_timeout: self.connect_timeout,
+            read_timeout: self.read_timeout,
             total_timeout: self.total_timeout,
             max_redirects: self.max_redirects,
         }
@@ -60,12 +76,14 @@ impl DownloadConfig {
             return Err(ConfigError::invalid("download.max_bytes", "must be at least 1"));
         }
         positive("download.connect_timeout", self.connect_timeout)?;
+        positive("download.read_timeout", self.read_timeout)?;
         positive("download.total_timeout", self.total_timeout)?;
-        if self.connect_timeout > self.total_timeout {
-            return Err(ConfigError::invalid(
-                "download.connect_timeout",
-                "must not be longer than download.total_timeout",
-            ));
+        for (key, timeout) in
+            [("download.connect_timeout", self.connect_timeout), ("download.read_timeout", self.read_timeout)]
+        {
+            if timeout > self.total_timeout {
+                return Err(ConfigError::invalid(key, "must not be longer than download.total_timeout"));
+            }
         }
         let limit = Self::MAX_REDIRECTS_LIMIT;
         if self.max_redirects > limit {

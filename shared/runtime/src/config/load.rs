@@ -144,6 +144,11 @@ fn key_error_message(key: &str, message: &str) -> String {
     message
 }
 
+/// `worker.ack_wait` → `IMAGEPIPE_WORKER__ACK_WAIT`, the environment variable that sets a key.
+pub(super) fn key_to_env_name(key: &str) -> String {
+    format!("{ENV_PREFIX}_{}", key.to_ascii_uppercase().replace('.', ENV_LEVEL_SEPARATOR))
+}
+
 /// `IMAGEPIPE_WORKER__ACK_WAIT` → `worker.ack_wait`.
 fn env_name_to_key(name: &str) -> String {
     name[ENV_PREFIX.len() + 1..].to_ascii_lowercase().replace(ENV_LEVEL_SEPARATOR, ".")

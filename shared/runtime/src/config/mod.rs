@@ -41,7 +41,7 @@ pub use http::HttpConfig;
 pub use load::{CONFIG_PATH_ENV, ConfigArgs, ENV_PREFIX};
 pub use log::{LogConfig, LogFormat};
 pub use metadata::MetadataConfig;
-pub use net::NetConfig;
+pub use net::{NetConfig, Outbound};
 pub use notification::NotificationConfig;
 pub use secret::{MASK, Secret, SecretUrl, mask_url_credentials};
 pub use store::{RedisConfig, StoreConfig, StoreKind};
@@ -112,6 +112,14 @@ fn list_or_comma_separated<'de, D: Deserializer<'de>>(deserializer: D) -> Result
 
     let items = deserializer.deserialize_any(ListVisitor)?;
     Ok(items.into_iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+}
+
+/// [`list_or_comma_separated`] for a list that may be left unset (`None` when the key is
+/// absent, with `#[serde(default)]`).
+fn optional_list_or_comma_separated<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<String>>, D::Error> {
+    list_or_comma_separated(deserializer).map(Some)
 }
 
 #[cfg(test)]

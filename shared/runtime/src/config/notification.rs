@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Secret, list_or_comma_separated};
+use super::{ConfigError, Secret, list_or_comma_separated, optional_list_or_comma_separated};
 
 /// The `notification` section: where and how the notification worker posts webhooks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +32,11 @@ pub struct NotificationConfig {
     /// Longest delay between two attempts.
     #[serde(with = "humantime_serde")]
     pub retry_max: Duration,
+    /// CIDRs webhooks may reach despite the SSRF guard; a comma-separated list in the
+    /// environment. Unset, webhooks use `net.allow_cidrs`; set (even to an empty list), it
+    /// replaces `net.allow_cidrs` for webhooks.
+    #[serde(default, deserialize_with = "optional_list_or_comma_separated", skip_serializing_if = "Option::is_none")]
+    pub allow_cidrs: Option<Vec<String>>,
 }
 
 impl Default for NotificationConfig {
@@ -44,6 +49,7 @@ impl Default for NotificationConfig {
             max_attempts: 8,
             retry_min: Duration::from_secs(1),
             retry_max: Duration::from_secs(300),
+            allow_cidrs: None,
         }
     }
 }

@@ -170,6 +170,12 @@ fn a_value_of_the_wrong_form_names_its_key() {
 fn unusable_values_are_rejected_naming_the_key() {
     let cases: &[(&[(&str, &str)], &str)] = &[
         (&[("IMAGEPIPE_NET__ALLOW_CIDRS", "10.0.0.0/8,10.0.0.300/8")], "net.allow_cidrs[1]"),
+        (&[("IMAGEPIPE_DOWNLOAD__ALLOW_CIDRS", "10.0.0.0/8,::1/128,10.0.0.0/33")], "download.allow_cidrs[2]"),
+        (&[("IMAGEPIPE_NOTIFICATION__ALLOW_CIDRS", "fd00::/8,not-a-cidr")], "notification.allow_cidrs[1]"),
+        (&[("IMAGEPIPE_DOWNLOAD__READ_TIMEOUT", "0s")], "download.read_timeout"),
+        (&[("IMAGEPIPE_DOWNLOAD__READ_TIMEOUT", "1m")], "download.read_timeout"),
+        (&[("IMAGEPIPE_COORDINATOR__RETRY_MIN_BACKOFF", "0s")], "coordinator.retry_min_backoff"),
+        (&[("IMAGEPIPE_COORDINATOR__RETRY_MIN_BACKOFF", "2m")], "coordinator.retry_min_backoff"),
         (&[("IMAGEPIPE_HTTP__PORT", "0")], "http.port"),
         (&[("IMAGEPIPE_WORKER__CONCURRENCY", "0")], "worker.concurrency"),
         (&[("IMAGEPIPE_WORKER__MAX_DELIVERIES", "0")], "worker.max_deliveries"),
@@ -194,6 +200,60 @@ fn unusable_values_are_rejected_naming_the_key() {
         let err = load(None, vars).unwrap_err();
         assert!(matches!(err, ConfigError::Invalid { .. }), "{vars:?}: {err:?}");
         assert_eq!(err.key(), Some(*key), "{vars:?}: {err}");
+    }
+}
+
+#[test]
+fn the_download_and_webhook_allowlists_inherit_net_allow_cidrs_until_set() {
+    let defaults = load(None, &[]).unwrap();
+    assert_eq!((&defaults.download.allow_cidrs, &defaults.notification.allow_cidrs), (&None, &None));
+    assert_eq!(defaults.download.read_timeout, Duration::from_secs(10));
+    assert_eq!(defaults.download.total_timeout, Duration::from_secs(20));
+    assert_eq!(
+        (defaults.coordinator.retry_min_backoff, defaults.coordinator.retry_max_backoff),
+        (Duration::from_secs(1), Duration::from_secs(60))
+    );
+
+    let net: Vec<ipnet::IpNet> = vec!["192.168.0.0/16".parse().unwrap()];
+    let inherited = load(None, &[("IMAGEPIPE_NET__ALLOW_CIDRS", "192.168.0.0/16")]).unwrap();
+    assert_eq!(inherited.allowed_networks(Outbound::Download).unwrap(), net);
+    assert_eq!(inherited.allowed_networks(Outbound::Notification).unwrap(), net);
+
+    let own = load(
+        None,
+        &[
+            ("IMAGEPIPE_NET__ALLOW_CIDRS", "192.168.0.0/16"),
+            ("IMAGEPIPE_DOWNLOAD__ALLOW_CIDRS", "10.0.0.0/8,::1/128"),
+            ("IMAGEPIPE_NOTIFICATION__ALLOW_CIDRS", ""),
+        ],
+    )
+    .unwrap();
+    assert_eq!(own.download.allow_cidrs.as_deref(), Some(&["10.0.0.0/8".to_owned(), "::1/128".to_owned()][..]));
+    let download: Vec<ipnet::IpNet> = vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
+    assert_eq!(own.allowed_networks(Outbound::Download).unwrap(), download, "replaces net.allow_cidrs");
+    assert_eq!(own.allowed_networks(Outbound::Notification).unwrap(), [], "set to nothing: nothing");
+    assert_eq!(own.net.allowed_networks().unwrap(), net);
+
+    let file = TempToml::new("allowlists", "[download]\nallow_cidrs = [\"10.1.0.0/16\"]\nread_timeout = \"3s\"\n");
+    let settings = load(Some(&file), &[]).unwrap();
+    assert_eq!(settings.download.allow_cidrs, Some(vec!["10.1.0.0/16".to_owned()]));
+    assert_eq!(settings.download.read_timeout, Duration::from_secs(3));
+    let printed = TempToml::new("allowlists-printed", &settings.to_masked_toml().unwrap());
+    assert_eq!(load(Some(&printed), &[]).unwrap(), settings, "set and unset allowlists survive printing");
+}
+
+#[tokio::test]
+async fn a_refusal_names_the_allowlist_of_its_client() {
+    let settings = Settings::default();
+    for (client, hint) in [
+        (Outbound::Download, "add 10.0.0.1/32 to download.allow_cidrs (IMAGEPIPE_DOWNLOAD__ALLOW_CIDRS)"),
+        (Outbound::Notification, "add 10.0.0.1/32 to notification.allow_cidrs (IMAGEPIPE_NOTIFICATION__ALLOW_CIDRS)"),
+    ] {
+        let builder = settings.client_builder(client, imagepipe_net::Limits::default(), "test").unwrap();
+        let client = builder.dial_check(|_| false).build().unwrap();
+        // 10.0.0.1 is refused before anything is dialled (and the dial check refuses all).
+        let error = client.get("http://10.0.0.1/a.jpg").await.unwrap_err();
+        assert!(error.to_string().ends_with(hint), "{error}");
     }
 }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::{ConfigError, Settings};
+use super::{ConfigError, Outbound, Settings};
 
 impl Settings {
     /// Checks every section; the first problem found is returned, naming its key.
@@ -18,6 +18,9 @@ impl Settings {
             .validate()
             .map_err(|imagepipe_blob::BlobConfigError::Invalid { key, reason }| ConfigError::invalid(key, reason))?;
         self.net.allowed_networks()?;
+        for client in [Outbound::Download, Outbound::Notification] {
+            self.allowed_networks(client)?;
+        }
         self.download.validate()?;
         self.http.validate()?;
         self.ai.validate()?;
