@@ -6,7 +6,7 @@
 //!   headers; [`TaskQueue::consume`] opens a [`Consumer`] that competing replicas share.
 //! - [`EventBus`]: broadcast events. [`EventBus::publish`]; [`EventBus::subscribe`] with a durable
 //!   group, a [`Selector`] and a [`StartPosition`]; every group gets every matching event, the
-//!   members of one group compete.
+//!   members of one group compete. A group of one process expires when idle ([`GroupLifetime`]).
 //!
 //! Both hand out [`Delivery`]s that the handler settles: [`Delivery::ack`],
 //! [`Delivery::nack`] (redeliver after a delay), [`Delivery::progress`] (extend the ack
@@ -37,8 +37,8 @@ pub mod nats;
 
 pub use bus::Bus;
 pub use config::{
-    BusConfig, BusKind, ConsumerConfig, KafkaConfig, NatsConfig, NatsStorage, NatsTlsConfig, StartPosition,
-    Subscription,
+    BusConfig, BusKind, ConsumerConfig, GroupLifetime, KafkaConfig, NatsConfig, NatsStorage, NatsTlsConfig,
+    StartPosition, Subscription,
 };
 pub use delivery::{AckHandle, Delivery};
 pub use error::{BoxError, BusError};

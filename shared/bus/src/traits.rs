@@ -45,7 +45,8 @@ pub trait EventBus: Send + Sync {
     /// the broker has accepted it. The backend adds the `imagepipe-event-type` header.
     async fn publish(&self, event_type: &str, message: Message) -> Result<(), BusError>;
 
-    /// Joins (creating if new) the durable subscriber group of `subscription`. The start
-    /// position applies only when the group is created; a known group resumes where it was.
+    /// Joins (creating if new) the subscriber group of `subscription`, durable or expiring when
+    /// idle as its [`GroupLifetime`](crate::GroupLifetime) says. The start position applies only
+    /// when the group is created; a known group resumes where it was.
     async fn subscribe(&self, subscription: Subscription) -> Result<Box<dyn Consumer>, BusError>;
 }

@@ -1,6 +1,6 @@
 //! A consumer on one in-memory queue or subscriber group.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,6 +17,24 @@ pub(super) struct MemoryConsumer {
     pub(super) queue: Arc<Queue>,
     pub(super) dlq: Arc<Queue>,
     pub(super) config: ConsumerConfig,
+    /// Set for a member of a group that expires when idle: leaves the group when dropped.
+    pub(super) _member: Option<Member>,
+}
+
+/// Membership of a group that goes with its last member; leaving on drop.
+pub(super) struct Member {
+    /// The bus (weak: a consumer does not keep a dropped bus open).
+    pub(super) shared: Weak<super::Shared>,
+    /// The group.
+    pub(super) group: String,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.events.leave(&self.group);
+        }
+    }
 }
 
 #[async_trait]

@@ -11,6 +11,8 @@
 //!   [`MemoryConfig::dedup_window`] is accepted and dropped.
 //! - Each topic retains its last [`MemoryConfig::retention`] events for groups that start from
 //!   the beginning or from a time.
+//! - A group that expires when idle ([`GroupLifetime::UntilIdle`]) is deleted when its last
+//!   consumer is dropped.
 //!
 //! Time is tokio time, so tests can pause it. There are no background tasks: due times are
 //! acted on by `fetch`. Dropping the last handle of the bus closes every queue: waiting calls
@@ -33,12 +35,12 @@ use imagepipe_contracts::names;
 
 use crate::bus::Bus;
 pub use crate::config::MemoryConfig;
-use crate::config::{ConsumerConfig, Subscription, is_valid_name};
+use crate::config::{ConsumerConfig, GroupLifetime, Subscription, is_valid_name};
 use crate::error::BusError;
 use crate::message::Message;
 use crate::selector::is_valid_event_type;
 use crate::traits::{Consumer, EventBus, TaskQueue};
-use consumer::MemoryConsumer;
+use consumer::{Member, MemoryConsumer};
 use queue::Queue;
 use topics::Events;
 
@@ -138,7 +140,7 @@ impl TaskQueue for MemoryBus {
         check_queue_name(queue)?;
         check_consumer(queue, &config)?;
         let dlq = self.queue(&names::dead_letter_queue(queue));
-        Ok(Box::new(MemoryConsumer { queue: self.queue(queue), dlq, config }))
+        Ok(Box::new(MemoryConsumer { queue: self.queue(queue), dlq, config, _member: None }))
     }
 }
 
@@ -159,6 +161,12 @@ impl EventBus for MemoryBus {
         check_consumer(&format!("subscriber group {group}"), &subscription.consumer)?;
         let queue = self.shared.events.join(&subscription);
         let dlq = self.queue(&names::dead_letter_queue_of_group(group));
-        Ok(Box::new(MemoryConsumer { queue, dlq, config: subscription.consumer }))
+        let member = match subscription.lifetime {
+            GroupLifetime::Durable => None,
+            GroupLifetime::UntilIdle(_) => {
+                Some(Member { shared: Arc::downgrade(&self.shared), group: subscription.group.clone() })
+            }
+        };
+        Ok(Box::new(MemoryConsumer { queue, dlq, config: subscription.consumer, _member: member }))
     }
 }

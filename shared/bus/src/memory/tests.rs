@@ -237,6 +237,28 @@ async fn a_publish_reaches_every_group_or_none() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_group_expiring_when_idle_goes_with_its_last_member() {
+    let bus = bus_with(MemoryConfig { capacity: 1, send_timeout: Duration::from_secs(1), ..MemoryConfig::default() });
+    let group = || Subscription::new("sse", Selector::all()).expiring_when_idle(Duration::from_secs(60));
+    let (a, b) = (bus.subscribe(group()).await.unwrap(), bus.subscribe(group()).await.unwrap());
+    bus.publish("task.created", msg("1")).await.unwrap();
+    drop(a);
+    assert_eq!(one(&*b, Duration::ZERO).await.unwrap().message.payload.as_ref(), b"1", "one member left");
+    drop(b);
+    for i in 2..5 {
+        bus.publish("task.created", msg(&i.to_string())).await.expect("no group is left to fill up");
+    }
+    let rejoined = bus.subscribe(group()).await.unwrap();
+    assert!(one(&*rejoined, Duration::ZERO).await.is_none(), "a new group, starting at new events");
+
+    let durable = bus.subscribe(Subscription::new("kept", Selector::all())).await.unwrap();
+    drop((rejoined, durable));
+    bus.publish("task.created", msg("5")).await.unwrap();
+    let durable = bus.subscribe(Subscription::new("kept", Selector::all())).await.unwrap();
+    assert_eq!(one(&*durable, Duration::ZERO).await.unwrap().message.payload.as_ref(), b"5", "a durable group stays");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_nack_with_a_short_delay_wakes_a_waiting_fetch() {
     let bus = bus();
     bus.send(QUEUE, msg("a")).await.unwrap();

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::dedup::DedupWindow;
 use super::queue::{Queue, after};
-use crate::config::{MemoryConfig, StartPosition, Subscription};
+use crate::config::{GroupLifetime, MemoryConfig, StartPosition, Subscription};
 use crate::error::BusError;
 use crate::message::Message;
 use crate::selector::Selector;
@@ -43,6 +43,9 @@ struct Retained {
 struct Group {
     selector: Selector,
     queue: Arc<Queue>,
+    /// Members of a group that goes with its last one ([`GroupLifetime::UntilIdle`]); `None`
+    /// for a durable group.
+    members: Option<usize>,
 }
 
 impl Events {
@@ -106,11 +109,15 @@ impl Events {
 
     /// The queue of `subscription`'s group: the existing one (resumed; its start position is
     /// ignored, a changed selector applies to later events), or a new one holding the retained
-    /// events its start position and selector ask for.
+    /// events its start position and selector ask for. A member of a group that expires when
+    /// idle is counted; [`leave`](Self::leave) drops the group with its last member.
     pub(super) fn join(&self, subscription: &Subscription) -> Arc<Queue> {
         let mut state = self.lock();
         let state = &mut *state;
         if let Some(group) = state.groups.get_mut(&subscription.group) {
+            if let Some(members) = &mut group.members {
+                *members += 1;
+            }
             if group.selector != subscription.selector {
                 tracing::info!(group = %subscription.group, from = %group.selector, to = %subscription.selector,
                     "subscriber group selector changed");
@@ -139,11 +146,29 @@ impl Events {
         queue.push_unbounded(backlog.into_iter().map(|r| r.message.clone()));
         tracing::info!(group = %subscription.group, selector = %subscription.selector, start = ?subscription.start,
             backlog = queue.len(), "subscriber group created");
+        let members = match subscription.lifetime {
+            GroupLifetime::Durable => None,
+            GroupLifetime::UntilIdle(_) => Some(1),
+        };
         state.groups.insert(
             subscription.group.clone(),
-            Group { selector: subscription.selector.clone(), queue: queue.clone() },
+            Group { selector: subscription.selector.clone(), queue: queue.clone(), members },
         );
         queue
+    }
+
+    /// A member of `group` is gone: a group that expires when idle is deleted with its last
+    /// member (in one process, a member nobody holds is idle for ever).
+    pub(super) fn leave(&self, group: &str) {
+        let mut state = self.lock();
+        let Some(members) = state.groups.get_mut(group).and_then(|g| g.members.as_mut()) else { return };
+        *members = members.saturating_sub(1);
+        if *members == 0
+            && let Some(gone) = state.groups.remove(group)
+        {
+            gone.queue.close();
+            tracing::info!(group, "subscriber group deleted with its last member");
+        }
     }
 
     /// Closes every group's queue.

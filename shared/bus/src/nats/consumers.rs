@@ -1,5 +1,7 @@
 //! Durable pull consumers: one per task queue, dead-letter queue or subscriber group,
-//! created or updated at `consume` / `subscribe`.
+//! created or updated at `consume` / `subscribe`. A group that must not outlive its process
+//! ([`GroupLifetime::UntilIdle`](crate::config::GroupLifetime)) gets an `inactive_threshold`
+//! (durables honour it since NATS 2.9): the server deletes it once nothing pulls from it.
 
 use std::time::Duration;
 
@@ -22,6 +24,8 @@ pub(crate) struct ConsumerSpec {
     pub deliver: DeliverPolicy,
     /// Ack deadline and allowed deliveries.
     pub consumer: ConsumerConfig,
+    /// When set, the server deletes the consumer once no pull has come for this long.
+    pub inactive_threshold: Option<Duration>,
 }
 
 /// JetStream's `max_deliver` for a consumer allowing `max_deliveries`: one more, so that a
@@ -43,6 +47,7 @@ pub(crate) fn pull_config(spec: &ConsumerSpec, nats: &NatsConfig) -> pull::Confi
         max_deliver: jetstream_max_deliver(spec.consumer.max_deliveries),
         backoff: backoff(spec.consumer.ack_wait, spec.consumer.max_deliveries, &nats.redelivery_backoff),
         replay_policy: ReplayPolicy::Instant,
+        inactive_threshold: spec.inactive_threshold.unwrap_or_default(),
         ..pull::Config::default()
     }
 }
@@ -79,7 +84,8 @@ pub(crate) async fn ensure(stream: &Stream, spec: &ConsumerSpec, nats: &NatsConf
                 && existing.ack_wait == desired.ack_wait
                 && existing.max_deliver == desired.max_deliver
                 && existing.backoff == desired.backoff
-                && existing.ack_policy == desired.ack_policy;
+                && existing.ack_policy == desired.ack_policy
+                && existing.inactive_threshold == desired.inactive_threshold;
             if unchanged {
                 return stream.get_consumer(&spec.durable).await.map_err(setup);
             }

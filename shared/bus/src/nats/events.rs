@@ -1,4 +1,5 @@
-//! [`EventBus`] on the events stream: one durable consumer per subscriber group.
+//! [`EventBus`] on the events stream: one durable consumer per subscriber group (one with an
+//! `inactive_threshold` for a group of [`GroupLifetime::UntilIdle`]).
 //!
 //! A selector of one pattern becomes the consumer's filter subject. NATS 2.9 takes a single
 //! filter per consumer, so a selector of several patterns is filtered to the narrowest subject
@@ -13,7 +14,7 @@ use super::NatsBus;
 use super::consumer::NatsConsumer;
 use super::consumers::ConsumerSpec;
 use super::names::{covering_pattern, durable_name};
-use crate::config::{StartPosition, Subscription};
+use crate::config::{GroupLifetime, StartPosition, Subscription};
 use crate::error::BusError;
 use crate::message::Message;
 use crate::traits::{Consumer, EventBus};
@@ -40,6 +41,10 @@ impl EventBus for NatsBus {
             filter,
             deliver: deliver_policy(subscription.start),
             consumer: subscription.consumer,
+            inactive_threshold: match subscription.lifetime {
+                GroupLifetime::Durable => None,
+                GroupLifetime::UntilIdle(idle) => Some(idle),
+            },
         };
         let consumer = NatsConsumer::open(
             self.shared.clone(),

@@ -40,6 +40,7 @@ impl TaskQueue for NatsBus {
             filter: subject,
             deliver: DeliverPolicy::All,
             consumer: config,
+            inactive_threshold: None,
         };
         let consumer = NatsConsumer::open(
             self.shared.clone(),
