@@ -18,12 +18,21 @@ use crate::engine::{Engine, EngineConfig};
 use crate::events::EventHub;
 use crate::loops::{self, LoopsConfig, RunError};
 use crate::machine::{Policy, StepPolicy};
+use crate::retention::Retention;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
 use crate::store::{StoreError, TaskStore};
 
 /// Events buffered per `/v1/events` client before it is told it lagged.
 const SSE_BUFFER: usize = 1_024;
+
+/// How long the broker keeps a coordinator's `/v1/events` group after the process stopped
+/// pulling from it (it stopped, crashed, or lost the broker; a live one pulls every few seconds
+/// and recreates its group if it was deleted meanwhile).
+pub const SSE_GROUP_IDLE: Duration = Duration::from_secs(60);
+
+/// How often finished tasks and dead letters past their retention are deleted.
+pub const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Opens the store `settings.store` names; Redis keys start with `bus.prefix`.
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn TaskStore>, StoreError> {
@@ -94,6 +103,9 @@ impl Coordinator {
             cap_recheck: Duration::from_millis(500),
             dlq_groups: c.dlq_groups.clone(),
             events_group: format!("coordinator-sse-{}", uuid::Uuid::new_v4().simple()),
+            events_idle: SSE_GROUP_IDLE,
+            retention: Retention::from_settings(c, &settings.dlq),
+            expiry_interval: EXPIRY_INTERVAL,
         };
         let max_upload_bytes = settings.download.max_bytes;
         let hub = EventHub::new(SSE_BUFFER, settings.http.max_sse_clients);

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::engine::{Engine, EngineError, Origin, SubmitFailure};
 use crate::machine::Input;
 use crate::metrics as m;
+use crate::retention::Expirer;
 use crate::store::DeadLetter;
 
 /// Namespace of task ids derived from bus submissions without a `taskId`.
@@ -55,6 +56,7 @@ impl Handler for SubmitHandler {
         match self.engine.submit(&submit, Origin::Bus, || derived_task_id(delivery)).await {
             Ok(_) => {}
             Err(SubmitFailure::Invalid(e)) => return Outcome::reject(format!("invalid submit command: {e}")),
+            Err(e @ SubmitFailure::Conflict { .. }) => return Outcome::reject(e),
             Err(SubmitFailure::Store(e)) => return Outcome::retry(e),
         }
         if let Err(e) = self.engine.start_queued().await {
@@ -134,15 +136,17 @@ impl Consumer for CappedConsumer {
     }
 }
 
-/// Archives dead letters from a dead-letter queue into the store, for `/v1/dlq`.
+/// Archives dead letters from a dead-letter queue into the store, for `/v1/dlq`, and keeps the
+/// archive within `dlq.max_entries` as it grows.
 pub struct DeadLetterArchiver {
     engine: Engine,
+    expirer: Expirer,
 }
 
 impl DeadLetterArchiver {
-    /// An archiver writing to `engine`'s store.
-    pub fn new(engine: Engine) -> Self {
-        Self { engine }
+    /// An archiver writing to `engine`'s store, trimming it with `expirer`.
+    pub fn new(engine: Engine, expirer: Expirer) -> Self {
+        Self { engine, expirer }
     }
 }
 
@@ -185,6 +189,9 @@ impl Handler for DeadLetterArchiver {
             Ok(()) => {
                 counter!(m::DEAD_LETTERS_ARCHIVED, "dlq" => delivery.source.clone()).increment(1);
                 tracing::warn!(dlq = %delivery.source, source = %letter.source, reason = %letter.reason, id = %letter.id, "dead letter archived");
+                if let Err(e) = self.expirer.trim_dead_letters().await {
+                    tracing::warn!(error = %e, "dead-letter archive not trimmed; the next expiry pass does it");
+                }
                 Outcome::Ack
             }
             Err(e) => Outcome::retry(e),

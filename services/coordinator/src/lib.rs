@@ -6,6 +6,7 @@
 //! - [`engine`]: applies inputs with compare-and-set, relays the outbox, sweeps due timers,
 //!   starts queued tasks under the in-flight cap.
 //! - [`consumers`]: handlers of `tasks.submit`, `tasks.results` and the dead-letter queues.
+//! - [`retention`]: deletes finished tasks and old dead letters.
 //! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`loops`]: the loops;
 //!   [`app`]: assembly from the runtime `Settings`.
 
@@ -17,6 +18,7 @@ pub mod events;
 pub mod loops;
 pub mod machine;
 pub mod metrics;
+pub mod retention;
 pub mod store;
 pub mod task;
 

@@ -1,5 +1,5 @@
-//! Wires the coordinator together: the sweeper, the consumers of submissions, results and
-//! dead letters, and the event fan-out behind `/v1/events`.
+//! Wires the coordinator together: the sweeper, the expirer, the consumers of submissions,
+//! results and dead letters, and the event fan-out behind `/v1/events`.
 
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 use crate::consumers::{CappedConsumer, DeadLetterArchiver, ResultHandler, SubmitHandler};
 use crate::engine::Engine;
 use crate::events::{EventHub, Fanout};
+use crate::retention::{Expirer, Retention};
 use crate::store::StoreError;
 
 /// How the coordinator's loops run.
@@ -31,6 +32,13 @@ pub struct LoopsConfig {
     pub dlq_groups: Vec<String>,
     /// This process's subscriber group for `/v1/events`.
     pub events_group: String,
+    /// The broker deletes `events_group` once this process has not pulled from it for this
+    /// long (it stopped, or lost the broker): no group is left behind per start.
+    pub events_idle: Duration,
+    /// How long finished tasks and dead letters are kept.
+    pub retention: Retention,
+    /// How often the expirer deletes what outlived its retention.
+    pub expiry_interval: Duration,
 }
 
 /// Why the coordinator stopped other than by shutdown.
@@ -77,6 +85,13 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         Ok(())
     });
 
+    let expirer = Expirer::new(engine.store().clone(), engine.clock().clone(), config.retention);
+    let (interval, stop, expiring) = (config.expiry_interval, shutdown.clone(), expirer.clone());
+    loops.spawn(async move {
+        expiring.run(interval, stop).await;
+        Ok(())
+    });
+
     // Every consumer is requested at once: joining a Kafka group takes seconds each, and the
     // bus counts them all as opening from here, so readiness waits for the last one.
     let dlq_names: Vec<String> = queues::ALL
@@ -84,8 +99,9 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         .map(|q| names::dead_letter_queue(q))
         .chain(config.dlq_groups.iter().map(|g| names::dead_letter_queue_of_group(g)))
         .collect();
-    let subscription =
-        Subscription::new(config.events_group.clone(), Selector::all()).with_consumer(config.consumer.clone());
+    let subscription = Subscription::new(config.events_group.clone(), Selector::all())
+        .with_consumer(config.consumer.clone())
+        .expiring_when_idle(config.events_idle);
     let submit = bus.queues.consume(queues::SUBMIT, config.consumer.clone());
     let results = bus.queues.consume(queues::RESULTS, config.consumer.clone());
     let dlqs = futures::future::try_join_all(
@@ -110,7 +126,8 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
     let results_worker = named(&config.worker, queues::RESULTS).orderly();
     spawn(&mut loops, results, ResultHandler::new(engine.clone()), results_worker, &shutdown);
     for (dlq, consumer) in dlq_names.iter().zip(dlqs) {
-        spawn(&mut loops, consumer, DeadLetterArchiver::new(engine.clone()), named(&config.worker, dlq), &shutdown);
+        let archiver = DeadLetterArchiver::new(engine.clone(), expirer.clone());
+        spawn(&mut loops, consumer, archiver, named(&config.worker, dlq), &shutdown);
     }
     spawn(&mut loops, events, Fanout(hub), named(&config.worker, &config.events_group), &shutdown);
 

@@ -2,14 +2,16 @@
 //!
 //! For one coordinator process (`imagepipe run`): redb allows one writer at a time, and the
 //! file survives restarts. The wake index has the same semantics as the Redis store's, so the
-//! same suite runs against both.
+//! same suite runs against both. Finished tasks are indexed by the time of their last
+//! transition (`finished`), and [`TaskStore::expire_finished`] deletes the old ones in batches,
+//! each batch one write transaction.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 
 use super::{
     Applied, Created, DeadLetter, DeadLetterPage, ListQuery, StoreError, TaskPage, TaskStore, decode, encode,
@@ -30,6 +32,8 @@ const CLAIMED: TableDefinition<&str, u64> = TableDefinition::new("claimed");
 const CLAIMED_ORDER: TableDefinition<&str, ()> = TableDefinition::new("claimed_order");
 const DEAD_LETTERS: TableDefinition<&str, &[u8]> = TableDefinition::new("dead_letters");
 const DEAD_LETTER_ORDER: TableDefinition<&str, ()> = TableDefinition::new("dead_letter_order");
+/// Finished tasks: `<last transition, 20 digits>\0<id>`.
+const FINISHED: TableDefinition<&str, ()> = TableDefinition::new("finished");
 
 /// Separates the parts of a composite key; ids never contain it.
 const SEP: char = '\u{0}';
@@ -53,12 +57,13 @@ impl EmbeddedStore {
             for table in [TASKS, HISTORY, OUTBOX, DEAD_LETTERS] {
                 txn.open_table(table).map_err(|e| err("opening", e))?;
             }
-            for table in [BY_STATE, BY_CREATION, DUE_ORDER, CLAIMED_ORDER, DEAD_LETTER_ORDER] {
+            for table in [BY_STATE, BY_CREATION, DUE_ORDER, CLAIMED_ORDER, DEAD_LETTER_ORDER, FINISHED] {
                 txn.open_table(table).map_err(|e| err("opening", e))?;
             }
             txn.open_table(IDEMPOTENCY).map_err(|e| err("opening", e))?;
             txn.open_table(DUE).map_err(|e| err("opening", e))?;
             txn.open_table(CLAIMED).map_err(|e| err("opening", e))?;
+            index_finished_tasks(&txn)?;
         }
         txn.commit().map_err(|e| err("opening", e))?;
         Ok(Self { db: Arc::new(db), relay_grace })
@@ -175,9 +180,64 @@ fn write_transition(
         by_creation.insert(at_key(task.created_at, &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
     }
     by_state.insert(state_key(task.state, task.created_at, &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
+    if task.state.is_terminal() {
+        let mut finished = txn.open_table(FINISHED).map_err(|e| err("indexing", e))?;
+        finished.insert(at_key(task.updated_at, &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
+    }
     drop((tasks, history, outbox, by_state));
     if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, grace) {
         due_add_lt(txn, &task.id, at)?;
+    }
+    Ok(())
+}
+
+/// Fills the finished index from the terminal states' entries when it is empty (a store
+/// written before it was kept), so that tasks finished back then expire too.
+fn index_finished_tasks(txn: &WriteTransaction) -> Result<(), StoreError> {
+    let op = "indexing finished tasks";
+    let mut finished = txn.open_table(FINISHED).map_err(|e| err(op, e))?;
+    if !finished.is_empty().map_err(|e| err(op, e))? {
+        return Ok(());
+    }
+    let by_state = txn.open_table(BY_STATE).map_err(|e| err(op, e))?;
+    let tasks = txn.open_table(TASKS).map_err(|e| err(op, e))?;
+    for state in TaskState::ALL.into_iter().filter(|s| s.is_terminal()) {
+        for key in prefixed(&by_state, state.as_str())? {
+            if let Some(task) = read_task(&tasks, id_of(&key))? {
+                finished.insert(at_key(task.updated_at, &task.id).as_str(), ()).map_err(|e| err(op, e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes every row of finished `task` but its finished entry.
+fn forget_task(txn: &WriteTransaction, task: &Task) -> Result<(), StoreError> {
+    let op = "expiring a task";
+    let id = task.id.as_str();
+    txn.open_table(TASKS).map_err(|e| err(op, e))?.remove(id).map_err(|e| err(op, e))?;
+    for table in [HISTORY, OUTBOX] {
+        let mut table = txn.open_table(table).map_err(|e| err(op, e))?;
+        for key in prefixed(&table, id)? {
+            table.remove(key.as_str()).map_err(|e| err(op, e))?;
+        }
+    }
+    if let Some(key) = &task.idempotency_key {
+        let mut idem = txn.open_table(IDEMPOTENCY).map_err(|e| err(op, e))?;
+        let owner = idem.get(key.as_str()).map_err(|e| err(op, e))?.map(|v| v.value() == id);
+        if owner == Some(true) {
+            idem.remove(key.as_str()).map_err(|e| err(op, e))?;
+        }
+    }
+    let mut by_state = txn.open_table(BY_STATE).map_err(|e| err(op, e))?;
+    by_state.remove(state_key(task.state, task.created_at, id).as_str()).map_err(|e| err(op, e))?;
+    let mut by_creation = txn.open_table(BY_CREATION).map_err(|e| err(op, e))?;
+    by_creation.remove(at_key(task.created_at, id).as_str()).map_err(|e| err(op, e))?;
+    for (times, order) in [(DUE, DUE_ORDER), (CLAIMED, CLAIMED_ORDER)] {
+        let mut times = txn.open_table(times).map_err(|e| err(op, e))?;
+        if let Some(at) = times.remove(id).map_err(|e| err(op, e))?.map(|v| v.value()) {
+            txn.open_table(order).map_err(|e| err(op, e))?.remove(at_key(at, id).as_str()).map_err(|e| err(op, e))?;
+        }
     }
     Ok(())
 }
@@ -431,8 +491,31 @@ impl TaskStore for EmbeddedStore {
         .await
     }
 
+    async fn expire_finished(&self, before: u64, max: usize) -> Result<usize, StoreError> {
+        self.run("expiring finished tasks", move |db, _| {
+            write(db, "expiring finished tasks", |txn| {
+                let op = "expiring finished tasks";
+                let (keys, _) = {
+                    let finished = txn.open_table(FINISHED).map_err(|e| err(op, e))?;
+                    range_keys(&finished, "", &format!("{before:020}{SEP_END}"), max)?
+                };
+                let mut expired = 0;
+                for key in keys {
+                    txn.open_table(FINISHED).map_err(|e| err(op, e))?.remove(key.as_str()).map_err(|e| err(op, e))?;
+                    let task = read_task(&txn.open_table(TASKS).map_err(|e| err(op, e))?, id_of(&key))?;
+                    if let Some(task) = task.filter(|t| t.state.is_terminal()) {
+                        forget_task(txn, &task)?;
+                        expired += 1;
+                    }
+                }
+                Ok(expired)
+            })
+        })
+        .await
+    }
+
     async fn put_dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError> {
-        let letter = letter.clone();
+        let letter = letter.capped().into_owned();
         self.run("archiving a dead letter", move |db, _| {
             write(db, "archiving a dead letter", |txn| {
                 let op = "archiving a dead letter";
@@ -444,6 +527,31 @@ impl TaskStore for EmbeddedStore {
                     order.insert(at_key(letter.dead_lettered_at, &letter.id).as_str(), ()).map_err(|e| err(op, e))?;
                 }
                 Ok(())
+            })
+        })
+        .await
+    }
+
+    async fn trim_dead_letters(&self, before: u64, max_entries: u64, max: usize) -> Result<usize, StoreError> {
+        self.run("trimming dead letters", move |db, _| {
+            write(db, "trimming dead letters", |txn| {
+                let op = "trimming dead letters";
+                let mut order = txn.open_table(DEAD_LETTER_ORDER).map_err(|e| err(op, e))?;
+                let (mut doomed, _) = range_keys(&order, "", &format!("{before:020}{SEP_END}"), max)?;
+                let count = order.len().map_err(|e| err(op, e))?;
+                let excess = count.saturating_sub(doomed.len() as u64).saturating_sub(max_entries);
+                let room = max.saturating_sub(doomed.len());
+                if excess > 0 && room > 0 {
+                    let take = room.min(usize::try_from(excess).unwrap_or(usize::MAX));
+                    let (oldest, _) = range_keys(&order, "", "\u{10ffff}", doomed.len() + take)?;
+                    doomed = oldest;
+                }
+                let mut letters = txn.open_table(DEAD_LETTERS).map_err(|e| err(op, e))?;
+                for key in &doomed {
+                    order.remove(key.as_str()).map_err(|e| err(op, e))?;
+                    letters.remove(id_of(key)).map_err(|e| err(op, e))?;
+                }
+                Ok(doomed.len())
             })
         })
         .await
@@ -508,6 +616,8 @@ impl TaskStore for EmbeddedStore {
 
 #[cfg(test)]
 mod tests {
+    use redb::TableHandle;
+
     use super::*;
     use crate::store::suite;
 
@@ -517,6 +627,38 @@ mod tests {
     }
 
     crate::store_suite!(make);
+
+    #[tokio::test]
+    async fn an_expired_task_leaves_no_row_behind() {
+        let (store, _dir) = make("expired").await;
+        suite::expire_the_only_task(&store).await;
+        let txn = store.db.begin_read().unwrap();
+        let mut rows = Vec::new();
+        for table in [TASKS, HISTORY, OUTBOX, DEAD_LETTERS] {
+            rows.push((table.name().to_owned(), txn.open_table(table).unwrap().len().unwrap()));
+        }
+        for table in [BY_STATE, BY_CREATION, DUE_ORDER, CLAIMED_ORDER, DEAD_LETTER_ORDER, FINISHED] {
+            rows.push((table.name().to_owned(), txn.open_table(table).unwrap().len().unwrap()));
+        }
+        for table in [DUE, CLAIMED] {
+            rows.push((table.name().to_owned(), txn.open_table(table).unwrap().len().unwrap()));
+        }
+        rows.push((IDEMPOTENCY.name().to_owned(), txn.open_table(IDEMPOTENCY).unwrap().len().unwrap()));
+        assert!(rows.iter().all(|(_, n)| *n == 0), "rows left: {rows:?}");
+    }
+
+    #[tokio::test]
+    async fn tasks_finished_before_the_finished_table_was_kept_expire_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), suite::RELAY_GRACE).unwrap();
+        suite::write_a_cancelled_task(&store).await;
+        let txn = store.db.begin_write().unwrap();
+        txn.delete_table(FINISHED).unwrap();
+        txn.commit().unwrap();
+        drop(store);
+        let reopened = EmbeddedStore::open(dir.path(), suite::RELAY_GRACE).unwrap();
+        suite::check_the_cancelled_task_expires(&reopened).await;
+    }
 
     #[tokio::test]
     async fn survives_a_restart() {

@@ -9,12 +9,19 @@
 //! path did not relay), the time to look at it. [`TaskStore::claim_due`] hands each due entry
 //! to exactly one caller for a lease; [`TaskStore::release`] re-indexes the task from its
 //! stored state after the caller is done. Both stores pass the same suite (`suite`).
+//!
+//! Nothing grows without bound: a *finished index* (tasks that completed, failed or were
+//! cancelled, by the time of their last transition) lets [`TaskStore::expire_finished`] delete
+//! every record and index entry of a task once it is older than the retention, and
+//! [`TaskStore::trim_dead_letters`] keeps the dead-letter archive within its limits; every
+//! archived body is cut to [`DEAD_LETTER_BODY_BYTES`].
 
 pub mod embedded;
 pub mod redis;
 #[cfg(test)]
 pub(crate) mod suite;
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -128,6 +135,37 @@ pub struct DeadLetter {
     pub body: String,
 }
 
+/// Most bytes of a dead letter's body the archive keeps; a longer body is cut at a UTF-8
+/// character boundary, and the entry carries [`BODY_CUT_HEADER`].
+pub const DEAD_LETTER_BODY_BYTES: usize = 64 * 1024;
+
+/// Header of an archived dead letter whose body was cut to [`DEAD_LETTER_BODY_BYTES`]: the
+/// original body's length in bytes. Such a letter is kept for inspection and cannot be replayed.
+pub const BODY_CUT_HEADER: &str = "imagepipe-dlq-body-bytes";
+
+impl DeadLetter {
+    /// The letter as the archive keeps it: the body cut to [`DEAD_LETTER_BODY_BYTES`] (and
+    /// [`BODY_CUT_HEADER`] added) when longer.
+    pub fn capped(&self) -> Cow<'_, DeadLetter> {
+        if self.body.len() <= DEAD_LETTER_BODY_BYTES {
+            return Cow::Borrowed(self);
+        }
+        let mut end = DEAD_LETTER_BODY_BYTES;
+        while !self.body.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut capped = self.clone();
+        capped.body.truncate(end);
+        capped.headers.push((BODY_CUT_HEADER.to_owned(), self.body.len().to_string()));
+        Cow::Owned(capped)
+    }
+
+    /// Whether the archive cut this letter's body (so it cannot be replayed as it was).
+    pub fn body_was_cut(&self) -> bool {
+        self.headers.iter().any(|(name, _)| name == BODY_CUT_HEADER)
+    }
+}
+
 /// A page of dead letters, oldest first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -178,8 +216,18 @@ pub trait TaskStore: Send + Sync + 'static {
     /// `now + relay_grace` while it has outbox entries.
     async fn release(&self, id: &str, now: u64) -> Result<(), StoreError>;
 
-    /// Archives a dead letter.
+    /// Deletes up to `max` tasks that finished (completed, failed or cancelled) with a last
+    /// transition at or before `before` (Unix ms): the record, history, outbox, idempotency
+    /// key (while it names the task) and every index entry. Returns how many were deleted;
+    /// repeatable, and safe to run on several replicas at once.
+    async fn expire_finished(&self, before: u64, max: usize) -> Result<usize, StoreError>;
+
+    /// Archives a dead letter, its body cut as [`DeadLetter::capped`] says.
     async fn put_dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError>;
+
+    /// Deletes archived dead letters dead-lettered at or before `before` (Unix ms), then the
+    /// oldest beyond `max_entries`; at most `max` per call. Returns how many were deleted.
+    async fn trim_dead_letters(&self, before: u64, max_entries: u64, max: usize) -> Result<usize, StoreError>;
 
     /// A page of archived dead letters, oldest first.
     async fn dead_letters(&self, limit: usize, cursor: Option<&str>) -> Result<DeadLetterPage, StoreError>;

@@ -11,6 +11,7 @@
 //! | `P:{P:idx}:state:<state>`, `P:{P:idx}:all` | sorted sets, score = creation time | the index slot |
 //! | `P:{P:idx}:in_flight` | sorted set: tasks started and unfinished, score = creation time | the index slot |
 //! | `P:{P:idx}:due`, `P:{P:idx}:claimed` | sorted sets: wake time, lease end | the index slot |
+//! | `P:{P:idx}:finished` | sorted set: finished tasks, score = time of the last transition | the index slot |
 //! | `P:{P:dlq}:entries`, `P:{P:dlq}:order` | dead-letter archive | the DLQ slot |
 //!
 //! # Atomicity across slots
@@ -30,6 +31,18 @@
 //!   replicas never claim the same entry; [`TaskStore::release`] re-adds the task at the wake
 //!   time read from the task itself. A task written while claimed was re-added by that write.
 //!   A lease that runs out (the claimer died) makes the task due again.
+//!
+//! # Expiry
+//!
+//! A transition to a terminal state adds the task to the finished set beforehand (with the
+//! other index commands). [`TaskStore::expire_finished`] takes the entries older than the
+//! retention, reads each task and deletes, in this order: its index entries (only those scored
+//! with its creation time, so a new task that reuses the id keeps its own), its idempotency key
+//! (only while it names the task), its keys (only at the version read), and last its finished
+//! entry. A crash between the steps leaves the finished entry, so the next sweep finishes the
+//! job. An entry whose task is not finished (its terminal write lost the compare-and-set) or is
+//! gone is dropped; one scored earlier than its task finished (a store written before the set
+//! was kept is indexed by creation time) is scored again.
 
 use std::time::Duration;
 
@@ -75,6 +88,62 @@ end
 return ids
 "#;
 
+/// Removes task ARGV[1] from every sorted set of KEYS where its score is ARGV[2] (its creation
+/// time), so that a new task reusing the id keeps its entries.
+const UNINDEX: &str = r#"
+for _, key in ipairs(KEYS) do
+  local score = redis.call('ZSCORE', key, ARGV[1])
+  if score and tonumber(score) == tonumber(ARGV[2]) then redis.call('ZREM', key, ARGV[1]) end
+end
+return 0
+"#;
+
+/// Removes ARGV[2..] from the finished set KEYS[1] where finished at or before ARGV[1].
+const UNFINISH: &str = r#"
+for i = 2, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) <= tonumber(ARGV[1]) then redis.call('ZREM', KEYS[1], ARGV[i]) end
+end
+return 0
+"#;
+
+/// Deletes the idempotency key KEYS[1] while it names task ARGV[1].
+const RELEASE_KEY: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"#;
+
+/// Deletes a task's keys (KEYS: task, history, outbox) if it is still at version ARGV[1].
+const FORGET: &str = r#"
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+return 1
+"#;
+
+/// Builds the finished set KEYS[1] from the terminal states' sets KEYS[2..] when it does not
+/// exist (a store written before it was kept; scores are creation times, corrected on expiry).
+const BUILD_FINISHED: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+return redis.call('ZUNIONSTORE', KEYS[1], #KEYS - 1, unpack(KEYS, 2))
+"#;
+
+/// Deletes dead letters (KEYS: entries hash, order set) dead-lettered at or before ARGV[1],
+/// then the oldest beyond ARGV[2] entries; at most ARGV[3] in all. Returns how many.
+const TRIM_DEAD_LETTERS: &str = r#"
+local budget = tonumber(ARGV[3])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, budget)
+local excess = redis.call('ZCARD', KEYS[2]) - #ids - tonumber(ARGV[2])
+if excess > 0 and #ids < budget then
+  local oldest = redis.call('ZRANGE', KEYS[2], #ids, #ids + math.min(excess, budget - #ids) - 1)
+  for _, id in ipairs(oldest) do ids[#ids + 1] = id end
+end
+for _, id in ipairs(ids) do
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+end
+return #ids
+"#;
+
 /// Tasks in Redis, shared by every coordinator replica.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -83,6 +152,11 @@ pub struct RedisStore {
     relay_grace: Duration,
     transition: Script,
     claim: Script,
+    unindex: Script,
+    unfinish: Script,
+    release_key: Script,
+    forget: Script,
+    trim_dead_letters: Script,
 }
 
 fn redis_err(operation: &'static str) -> impl FnOnce(redis::RedisError) -> StoreError {
@@ -109,9 +183,26 @@ impl RedisStore {
             relay_grace,
             transition: Script::new(TRANSITION),
             claim: Script::new(CLAIM),
+            unindex: Script::new(UNINDEX),
+            unfinish: Script::new(UNFINISH),
+            release_key: Script::new(RELEASE_KEY),
+            forget: Script::new(FORGET),
+            trim_dead_letters: Script::new(TRIM_DEAD_LETTERS),
         };
         store.build_in_flight_set().await?;
+        store.build_finished_set().await?;
         Ok(store)
+    }
+
+    /// Builds the finished set from the terminal states' sets when it does not exist (a store
+    /// written before the set was kept), so that tasks finished back then expire too.
+    async fn build_finished_set(&self) -> Result<(), StoreError> {
+        let script = Script::new(BUILD_FINISHED);
+        let mut invocation = script.key(self.index_key("finished"));
+        for state in TaskState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            invocation.key(self.state_key(state));
+        }
+        invocation.invoke_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
     }
 
     /// Builds the in-flight set from the in-flight states' sets when it does not exist (a store
@@ -181,6 +272,9 @@ impl RedisStore {
         if task.version == 1 {
             pipe.zadd(self.index_key("all"), &task.id, task.created_at).ignore();
         }
+        if task.state.is_terminal() {
+            pipe.zadd(self.index_key("finished"), &task.id, task.updated_at).ignore();
+        }
         if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, self.relay_grace) {
             pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(&task.id).ignore();
         }
@@ -230,6 +324,41 @@ impl RedisStore {
             pipe.zrem(key, &task.id).ignore();
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
+    }
+
+    /// Deletes every key and index entry of finished `task` (the order is the module's
+    /// "Expiry"), except its finished entry; whether this call deleted its keys.
+    async fn forget_task(&self, task: &Task) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut unindex = self.unindex.key(self.index_key("all"));
+        unindex.key(self.index_key("in_flight"));
+        for state in TaskState::ALL {
+            unindex.key(self.state_key(state));
+        }
+        unindex
+            .arg(&task.id)
+            .arg(task.created_at)
+            .invoke_async::<()>(&mut conn)
+            .await
+            .map_err(redis_err("expiring"))?;
+        if let Some(key) = &task.idempotency_key {
+            self.release_key
+                .key(self.idem_key(key))
+                .arg(&task.id)
+                .invoke_async::<()>(&mut conn)
+                .await
+                .map_err(redis_err("expiring"))?;
+        }
+        let deleted: i64 = self
+            .forget
+            .key(self.task_key(&task.id))
+            .key(self.history_key(&task.id))
+            .key(self.outbox_key(&task.id))
+            .arg(task.version)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(redis_err("expiring"))?;
+        Ok(deleted == 1)
     }
 
     /// Members of sorted set `key` after `cursor`, in score order, `batch` at a time.
@@ -432,10 +561,59 @@ impl TaskStore for RedisStore {
         pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("releasing a task"))
     }
 
+    async fn expire_finished(&self, before: u64, max: usize) -> Result<usize, StoreError> {
+        let finished = self.index_key("finished");
+        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&finished)
+            .arg("-inf")
+            .arg(before)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(max)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err("expiring"))?;
+        let (mut expired, mut settled, mut late) = (0, Vec::new(), Vec::new());
+        for id in ids {
+            match self.read_task(&id).await {
+                Ok(Some(task)) if task.state.is_terminal() && task.updated_at <= before => {
+                    expired += usize::from(self.forget_task(&task).await?);
+                    settled.push(id);
+                }
+                Ok(Some(task)) if task.state.is_terminal() => late.push((task.updated_at, id)),
+                Ok(_) => settled.push(id),
+                Err(e @ StoreError::Corrupt { .. }) => tracing::warn!(error = %e, "finished task not expired"),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut conn = self.conn.clone();
+        if !late.is_empty() {
+            redis::cmd("ZADD")
+                .arg(&finished)
+                .arg("XX")
+                .arg("GT")
+                .arg(late)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(redis_err("expiring"))?;
+        }
+        if !settled.is_empty() {
+            self.unfinish
+                .key(&finished)
+                .arg(before)
+                .arg(settled)
+                .invoke_async::<()>(&mut conn)
+                .await
+                .map_err(redis_err("expiring"))?;
+        }
+        Ok(expired)
+    }
+
     async fn put_dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError> {
+        let letter = letter.capped();
         let mut pipe = redis::pipe();
         pipe.atomic()
-            .hset(self.dlq_key("entries"), &letter.id, encode(letter))
+            .hset(self.dlq_key("entries"), &letter.id, encode(&letter))
             .ignore()
             .cmd("ZADD")
             .arg(self.dlq_key("order"))
@@ -444,6 +622,18 @@ impl TaskStore for RedisStore {
             .arg(&letter.id)
             .ignore();
         pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("archiving a dead letter"))
+    }
+
+    async fn trim_dead_letters(&self, before: u64, max_entries: u64, max: usize) -> Result<usize, StoreError> {
+        self.trim_dead_letters
+            .key(self.dlq_key("entries"))
+            .key(self.dlq_key("order"))
+            .arg(before)
+            .arg(max_entries)
+            .arg(max)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err("trimming dead letters"))
     }
 
     async fn dead_letters(&self, limit: usize, cursor: Option<&str>) -> Result<DeadLetterPage, StoreError> {
@@ -571,6 +761,24 @@ pub(crate) mod tests {
         };
         assert_eq!(store.apply(&start).await.unwrap(), Applied::Yes);
         assert_eq!(store.get("tsk_noscript").await.unwrap().unwrap().state, TaskState::Downloading);
+    }
+
+    #[tokio::test]
+    async fn an_expired_task_leaves_no_key_behind() {
+        let (store, _cleanup) = make("expired").await;
+        suite::expire_the_only_task(&store).await;
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg(format!("{}:*", store.prefix)).query_async(&mut store.conn.clone()).await.unwrap();
+        assert!(keys.is_empty(), "left behind: {keys:?}");
+    }
+
+    #[tokio::test]
+    async fn tasks_finished_before_the_finished_set_was_kept_expire_too() {
+        let (store, _cleanup) = make("legacy").await;
+        suite::write_a_cancelled_task(&store).await;
+        let () = store.conn.clone().del(store.index_key("finished")).await.unwrap();
+        let again = RedisStore::connect(URL, &store.prefix, suite::RELAY_GRACE).await.unwrap();
+        suite::check_the_cancelled_task_expires(&again).await;
     }
 
     #[tokio::test]

@@ -32,6 +32,9 @@ macro_rules! store_suite {
             a_write_during_a_lease_keeps_the_task_indexed,
             concurrent_claims_are_disjoint,
             dead_letters_are_archived_paged_and_removed,
+            finished_tasks_expire_after_retention,
+            expiry_takes_batches_and_spares_unfinished_tasks,
+            dead_letters_are_capped_by_age_count_and_body_size,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {
@@ -189,12 +192,48 @@ pub async fn counts_tasks_in_flight(store: &impl TaskStore) {
 }
 
 fn ok_download(task: &Task) -> Input {
+    ok(task, imagepipe_contracts::Step::Download)
+}
+
+/// The success of `task`'s running `step`.
+fn ok(task: &Task, step: imagepipe_contracts::Step) -> Input {
     Input::Result(Box::new(StepResult {
         task_id: task.id.clone(),
-        step: imagepipe_contracts::Step::Download,
+        step,
         attempt: task.current_attempt(),
-        outcome: StepOutcome::Ok { output: crate::machine::tests::output(imagepipe_contracts::Step::Download) },
+        outcome: StepOutcome::Ok { output: crate::machine::tests::output(step) },
     }))
+}
+
+/// Creates task `id` (with idempotency key `key`) at `at` and runs every step to completion,
+/// the last transition at `done`; the outbox is relayed (removed) as the engine would.
+async fn complete(store: &impl TaskStore, id: &str, key: Option<&str>, at: u64, done: u64) -> Task {
+    let d = created(id, key, at);
+    assert_eq!(store.create(&d).await.unwrap(), Created::New);
+    let mut task = start(store, &d.task, at).await;
+    for step in imagepipe_contracts::Step::ALL {
+        let now = if step == imagepipe_contracts::Step::Analyze { done } else { at };
+        let d = next(&task, ok(&task, step), now);
+        assert_eq!(store.apply(&d).await.unwrap(), Applied::Yes);
+        task = d.task;
+    }
+    assert_eq!((task.state, task.updated_at), (TaskState::Completed, done));
+    let relayed: Vec<_> = store.outbox(id).await.unwrap().into_iter().map(|e| e.id).collect();
+    store.remove_outbox(id, &relayed).await.unwrap();
+    task
+}
+
+/// Ids of every task a listing shows, page by page.
+async fn listed(store: &impl TaskStore, state: Option<TaskState>) -> Vec<String> {
+    let (mut ids, mut cursor) = (Vec::new(), None);
+    loop {
+        let page = store.list(&ListQuery { state, limit: 50, cursor }).await.unwrap();
+        ids.extend(page.tasks.into_iter().map(|t| t.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return ids,
+        }
+    }
 }
 
 pub async fn wake_index_hands_each_due_task_to_one_claimer(store: &impl TaskStore) {
@@ -293,6 +332,124 @@ pub async fn dead_letters_are_archived_paged_and_removed(store: &impl TaskStore)
     assert!(!store.remove_dead_letter("dl_1").await.unwrap());
     assert!(store.dead_letter("dl_1").await.unwrap().is_none());
     assert_eq!(store.dead_letters(10, None).await.unwrap().entries.len(), 2);
+}
+
+pub async fn finished_tasks_expire_after_retention(store: &impl TaskStore) {
+    let retention = 7 * 24 * 3_600_000;
+    complete(store, "tsk_old", Some("order-old"), T0, T0 + 10).await;
+    let cancel = next(&create_new(store, "tsk_cancelled", T0 + 1).await, Input::Cancel { reason: None }, T0 + 20);
+    store.apply(&cancel).await.unwrap();
+    assert_eq!(cancel.task.state, TaskState::Cancelled);
+    let running = start(store, &create_new(store, "tsk_running", T0 + 2).await, T0 + 3).await;
+
+    assert_eq!(store.expire_finished(T0 + 9, 100).await.unwrap(), 0, "nothing finished that early");
+    assert_eq!(store.expire_finished(T0 + 10, 100).await.unwrap(), 1, "finished at the cut-off: expired");
+    assert!(store.get("tsk_old").await.unwrap().is_none());
+    assert!(store.history("tsk_old").await.unwrap().is_empty());
+    assert!(store.outbox("tsk_old").await.unwrap().is_empty());
+    assert_eq!(store.find_by_idempotency_key("order-old").await.unwrap(), None);
+    assert_eq!(listed(store, None).await, ["tsk_cancelled", "tsk_running"]);
+    assert!(listed(store, Some(TaskState::Completed)).await.is_empty());
+    assert_eq!(store.expire_finished(T0 + 10, 100).await.unwrap(), 0, "expiry is repeatable");
+
+    assert_eq!(store.expire_finished(T0 + 20 + retention, 100).await.unwrap(), 1);
+    assert!(store.get("tsk_cancelled").await.unwrap().is_none());
+    assert!(listed(store, Some(TaskState::Cancelled)).await.is_empty());
+    assert_eq!(store.get("tsk_running").await.unwrap().unwrap(), running, "an unfinished task never expires");
+    assert_eq!(store.count_in_flight().await.unwrap(), 1);
+    assert_eq!(listed(store, Some(TaskState::Downloading)).await, ["tsk_running"]);
+
+    // The id and the idempotency key are free again.
+    let again = created("tsk_old", Some("order-old"), T0 + 30);
+    assert_eq!(store.create(&again).await.unwrap(), Created::New);
+    assert_eq!(store.find_by_idempotency_key("order-old").await.unwrap().as_deref(), Some("tsk_old"));
+    assert_eq!(store.history("tsk_old").await.unwrap().len(), 1, "no history of the expired task is left");
+    assert_eq!(listed(store, Some(TaskState::Queued)).await, ["tsk_old"]);
+}
+
+pub async fn expiry_takes_batches_and_spares_unfinished_tasks(store: &impl TaskStore) {
+    for i in 0..5u64 {
+        complete(store, &format!("tsk_batch_{i}"), None, T0, T0 + 100 + i).await;
+    }
+    // A task whose terminal transition lost its compare-and-set to a start: never finished.
+    let queued = create_new(store, "tsk_lost", T0).await;
+    let lost = next(&queued, Input::Cancel { reason: None }, T0 + 500);
+    start(store, &queued, T0 + 500).await;
+    assert_eq!(store.apply(&lost).await.unwrap(), Applied::Conflict);
+
+    let cutoff = T0 + 1_000;
+    assert_eq!(store.expire_finished(cutoff, 2).await.unwrap(), 2, "at most the batch");
+    assert_eq!(store.expire_finished(cutoff, 2).await.unwrap(), 2);
+    let mut left = 0;
+    for _ in 0..3 {
+        left += store.expire_finished(cutoff, 2).await.unwrap();
+    }
+    assert_eq!(left, 1, "the last finished task, and nothing else");
+    assert_eq!(listed(store, None).await, ["tsk_lost"]);
+    assert_eq!(store.get("tsk_lost").await.unwrap().unwrap().state, TaskState::Downloading);
+    assert_eq!(store.expire_finished(u64::MAX / 2, 100).await.unwrap(), 0);
+}
+
+pub async fn dead_letters_are_capped_by_age_count_and_body_size(store: &impl TaskStore) {
+    let letter = |i: u64, body: String| DeadLetter {
+        id: format!("dl_cap_{i}"),
+        source: "tasks.download".into(),
+        dlq: "dlq.tasks.download".into(),
+        reason: "bad".into(),
+        delivery_count: 5,
+        dead_lettered_at: T0 + i,
+        key: None,
+        message_id: None,
+        headers: vec![],
+        body,
+    };
+    // 'é' is two bytes: the cut lands inside one and moves back to a character boundary.
+    let big = format!("x{}", "é".repeat(super::DEAD_LETTER_BODY_BYTES));
+    for i in 0..6 {
+        let body = if i == 5 { big.clone() } else { format!("{{\"n\":{i}}}") };
+        store.put_dead_letter(&letter(i, body)).await.unwrap();
+    }
+    let kept = store.dead_letter("dl_cap_5").await.unwrap().unwrap();
+    assert!(kept.body.len() <= super::DEAD_LETTER_BODY_BYTES && kept.body.len() > super::DEAD_LETTER_BODY_BYTES - 2);
+    assert!(big.starts_with(&kept.body));
+    assert!(kept.body_was_cut());
+    assert_eq!(kept.headers, [(super::BODY_CUT_HEADER.to_owned(), big.len().to_string())]);
+    assert!(!store.dead_letter("dl_cap_4").await.unwrap().unwrap().body_was_cut());
+
+    assert_eq!(store.trim_dead_letters(T0 + 1, 100, 100).await.unwrap(), 2, "as old as the age limit or older");
+    assert_eq!(store.trim_dead_letters(T0 + 1, 3, 100).await.unwrap(), 1, "the oldest beyond the count");
+    assert_eq!(store.trim_dead_letters(T0, 1, 1).await.unwrap(), 1, "at most `max` per call");
+    let ids: Vec<_> = store.dead_letters(10, None).await.unwrap().entries.into_iter().map(|e| e.id).collect();
+    assert_eq!(ids, ["dl_cap_4", "dl_cap_5"]);
+    assert_eq!(store.trim_dead_letters(T0, 2, 100).await.unwrap(), 0);
+}
+
+/// Runs one task with an idempotency key to completion, lets the sweeper claim and release it
+/// as it would right after, and expires it; the store should hold nothing afterwards.
+pub async fn expire_the_only_task(store: &impl TaskStore) {
+    complete(store, "tsk_gone", Some("order-gone"), T0, T0 + 10).await;
+    let relay_due = T0 + 10 + RELAY_GRACE.as_millis() as u64;
+    for id in store.claim_due(relay_due, Duration::from_secs(30), 10).await.unwrap() {
+        store.release(&id, relay_due).await.unwrap();
+    }
+    assert_eq!(store.expire_finished(T0 + 10, 10).await.unwrap(), 1);
+    assert!(store.get("tsk_gone").await.unwrap().is_none());
+}
+
+/// Writes a task cancelled while queued: created at `T0`, cancelled at `T0 + 50`.
+pub async fn write_a_cancelled_task(store: &impl TaskStore) {
+    let cancel = next(&create_new(store, "tsk_cancelled_early", T0).await, Input::Cancel { reason: None }, T0 + 50);
+    assert_eq!(store.apply(&cancel).await.unwrap(), Applied::Yes);
+    assert_eq!(cancel.task.state, TaskState::Cancelled);
+}
+
+/// Checks that the task of [`write_a_cancelled_task`] expires by the time it was cancelled,
+/// not the time it was created.
+pub async fn check_the_cancelled_task_expires(store: &impl TaskStore) {
+    assert_eq!(store.expire_finished(T0 + 49, 10).await.unwrap(), 0, "expires by its finish, not its creation");
+    assert!(store.get("tsk_cancelled_early").await.unwrap().is_some());
+    assert_eq!(store.expire_finished(T0 + 50, 10).await.unwrap(), 1);
+    assert!(store.get("tsk_cancelled_early").await.unwrap().is_none());
 }
 
 /// Writes a created and started task; returns its id (for restart tests).

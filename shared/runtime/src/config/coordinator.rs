@@ -46,6 +46,10 @@ pub struct CoordinatorConfig {
     /// every task queue's; a comma-separated list in the environment.
     #[serde(deserialize_with = "list_or_comma_separated")]
     pub dlq_groups: Vec<String>,
+    /// How long a finished task (completed, failed, cancelled) is kept after its last
+    /// transition: then its record, history, indexes and idempotency key are deleted.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -64,6 +68,7 @@ impl Default for CoordinatorConfig {
             relay_grace: Duration::from_secs(10),
             sweep_interval: Duration::from_secs(1),
             dlq_groups: Vec::new(),
+            retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -93,6 +98,7 @@ impl CoordinatorConfig {
         ] {
             deadline.map_or(Ok(()), |d| positive(key, d))?;
         }
+        positive("coordinator.retention", self.retention)?;
         positive("coordinator.sweep_interval", self.sweep_interval)
     }
 }

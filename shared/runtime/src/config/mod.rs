@@ -14,6 +14,7 @@
 mod ai;
 mod coordinator;
 mod dedup;
+mod dlq;
 mod download;
 mod error;
 mod http;
@@ -35,6 +36,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 pub use ai::AiConfig;
 pub use coordinator::CoordinatorConfig;
 pub use dedup::DedupConfig;
+pub use dlq::DlqConfig;
 pub use download::DownloadConfig;
 pub use error::ConfigError;
 pub use http::HttpConfig;
@@ -83,6 +85,8 @@ pub struct Settings {
     pub notification: NotificationConfig,
     /// Event subscribers: how handled event ids are remembered (`dedup.*`).
     pub dedup: DedupConfig,
+    /// Coordinator: bounds of the dead-letter archive (`dlq.*`).
+    pub dlq: DlqConfig,
 }
 
 /// Accepts a list, or one string of comma-separated items (how lists arrive from the

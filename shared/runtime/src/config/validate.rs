@@ -30,7 +30,8 @@ impl Settings {
         self.metadata.validate()?;
         self.telemetry.validate()?;
         self.notification.validate()?;
-        self.dedup.validate()
+        self.dedup.validate()?;
+        self.dlq.validate()
     }
 }
 

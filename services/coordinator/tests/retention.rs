@@ -1,0 +1,169 @@
+//! Nothing the coordinator keeps grows for ever: finished tasks go after `coordinator.retention`
+//! (on both stores, with a manual clock), the dead-letter archive stays within `dlq.*`, and a
+//! stopped coordinator leaves no `/v1/events` consumer on NATS.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use imagepipe_bus::NatsConfig;
+use imagepipe_bus::nats::NatsBus;
+use imagepipe_contracts::names::{self, queues};
+use imagepipe_contracts::{Step, SubmitTask};
+use imagepipe_coordinator::consumers::DeadLetterArchiver;
+use imagepipe_coordinator::engine::{Handled, Origin};
+use imagepipe_coordinator::events::EventHub;
+use imagepipe_coordinator::loops::{self, LoopsConfig};
+use imagepipe_coordinator::retention::{Expired, Expirer, Retention};
+use imagepipe_coordinator::store::TaskStore;
+use imagepipe_coordinator::store::embedded::EmbeddedStore;
+use imagepipe_coordinator::store::redis::RedisStore;
+use imagepipe_coordinator::task::TaskState;
+use imagepipe_coordinator::{Input, Task};
+use imagepipe_runtime::clock::ManualClock;
+use imagepipe_runtime::config::WorkerConfig;
+use imagepipe_runtime::shutdown::Shutdown;
+use imagepipe_runtime::worker::{Handler, LoopConfig, Outcome};
+
+const GRACE: Duration = Duration::from_secs(10);
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn retention() -> Retention {
+    Retention { tasks: HOUR, dlq_max_entries: 2, dlq_max_age: 24 * HOUR }
+}
+
+/// Submits `id` with idempotency key `key` and runs it to completion.
+async fn complete(engine: &imagepipe_coordinator::engine::Engine, id: &str, key: &str) -> Task {
+    let submit = SubmitTask {
+        task_id: Some(id.into()),
+        idempotency_key: Some(key.into()),
+        ..SubmitTask::url("https://example.com/cat.jpg")
+    };
+    assert!(engine.submit(&submit, Origin::Http, String::new).await.unwrap().created);
+    engine.start_queued().await.unwrap();
+    let mut task = None;
+    for step in Step::ALL {
+        let handled = engine.handle(id, Input::Result(Box::new(ok(id, step, 1)))).await.unwrap();
+        let Handled::Applied(applied) = handled else { panic!("{step}: {handled:?}") };
+        task = Some(*applied);
+    }
+    task.unwrap()
+}
+
+/// A finished task is kept exactly `retention.tasks` after it finished, then every trace of it
+/// is gone and its idempotency key takes a new task; the archiver keeps the dead-letter
+/// archive within its count as letters arrive, and the expirer drops the old ones.
+async fn expires_on(store: Arc<dyn TaskStore>) {
+    let bus = memory_bus();
+    let clock = ManualClock::at_unix_ms(T0);
+    let engine = engine(store.clone(), &bus, &clock, 10);
+    let expirer = Expirer::new(store.clone(), Arc::new(clock.clone()), retention());
+
+    clock.advance(Duration::from_secs(5));
+    let done = complete(&engine, "tsk_kept_an_hour", "order-9").await;
+    assert_eq!(done.state, TaskState::Completed);
+    let running = SubmitTask { task_id: Some("tsk_running".into()), ..SubmitTask::url("https://example.com/a.jpg") };
+    engine.submit(&running, Origin::Http, String::new).await.unwrap();
+    engine.start_queued().await.unwrap();
+    assert_eq!(expirer.pass().await.unwrap(), Expired::default());
+
+    clock.advance(HOUR - Duration::from_millis(1));
+    assert_eq!(expirer.pass().await.unwrap().tasks, 0, "kept until the retention has passed");
+    assert!(store.get("tsk_kept_an_hour").await.unwrap().is_some());
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(expirer.pass().await.unwrap().tasks, 1);
+    assert!(store.get("tsk_kept_an_hour").await.unwrap().is_none());
+    assert!(store.history("tsk_kept_an_hour").await.unwrap().is_empty());
+    assert_eq!(store.find_by_idempotency_key("order-9").await.unwrap(), None);
+    assert_eq!(store.get("tsk_running").await.unwrap().unwrap().state, TaskState::Downloading);
+
+    let again = SubmitTask { idempotency_key: Some("order-9".into()), ..SubmitTask::url("https://example.com/b.jpg") };
+    let resubmitted = engine.submit(&again, Origin::Http, || "tsk_new".into()).await.unwrap();
+    assert!(resubmitted.created, "the expired task's idempotency key is free again");
+
+    let archiver = DeadLetterArchiver::new(engine.clone(), expirer.clone());
+    let dlq = names::dead_letter_queue(queues::DOWNLOAD);
+    for i in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        let delivery = deliver(&bus, &dlq, format!("{{\"n\":{i}}}").into_bytes()).await;
+        assert_eq!(archiver.handle(&delivery).await, Outcome::Ack);
+        delivery.ack().await.unwrap();
+        assert!(store.dead_letters(10, None).await.unwrap().entries.len() <= 2, "within dlq.max_entries");
+    }
+    let kept: Vec<_> = store.dead_letters(10, None).await.unwrap().entries.into_iter().map(|l| l.body).collect();
+    assert_eq!(kept, [r#"{"n":1}"#, r#"{"n":2}"#], "the oldest went first");
+    clock.advance(24 * HOUR);
+    assert_eq!(expirer.pass().await.unwrap().dead_letters, 2, "older than dlq.max_age");
+    assert!(store.dead_letters(10, None).await.unwrap().entries.is_empty());
+}
+
+#[tokio::test]
+async fn finished_tasks_and_dead_letters_expire_in_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    expires_on(Arc::new(EmbeddedStore::open(dir.path(), GRACE).unwrap())).await;
+}
+
+#[tokio::test]
+async fn finished_tasks_and_dead_letters_expire_in_redis() {
+    let prefix = unique_prefix("retention");
+    let _cleanup = RedisCleanup(prefix.clone());
+    expires_on(Arc::new(RedisStore::connect(REDIS, &prefix, GRACE).await.unwrap())).await;
+}
+
+/// The coordinator's `/v1/events` group on NATS 2.9 exists while it runs, and the server
+/// deletes it once the coordinator has stopped (here after a 1 s idle threshold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_coordinator_leaves_no_events_consumer_on_nats() {
+    let url = std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let prefix = format!("nt_coord_sse_{}", uuid::Uuid::new_v4().simple());
+    let nats = NatsBus::connect(&prefix, &NatsConfig { url: url.clone(), ..NatsConfig::default() })
+        .await
+        .unwrap_or_else(|e| panic!("NATS at {url}: {e} (run scripts/nats.sh)"));
+    let streams = nats.stream_names();
+    let bus = nats.into_bus();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::at_unix_ms(T0);
+    let engine = engine(Arc::new(EmbeddedStore::open(dir.path(), GRACE).unwrap()), &bus, &clock, 10);
+    let group = format!("coordinator-sse-{}", uuid::Uuid::new_v4().simple());
+    let mut worker = LoopConfig::from_settings("coordinator", &WorkerConfig::default());
+    worker.fetch_wait = Duration::from_millis(200);
+    let config = LoopsConfig {
+        worker,
+        consumer: consumer_config(),
+        sweep_interval: Duration::from_secs(1),
+        cap_recheck: Duration::from_millis(100),
+        dlq_groups: Vec::new(),
+        events_group: group.clone(),
+        events_idle: Duration::from_secs(1),
+        retention: retention(),
+        expiry_interval: Duration::from_secs(60),
+    };
+    let shutdown = Shutdown::new();
+    let running = tokio::spawn(loops::run(engine, EventHub::new(16, 4), config, shutdown.clone()));
+
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    let events = js.get_stream(&streams[1]).await.unwrap();
+    let exists = |present: bool| {
+        let events = events.clone();
+        let group = group.clone();
+        async move {
+            let waiting = tokio::time::Instant::now();
+            while events.consumer_info(&group).await.is_ok() != present {
+                assert!(waiting.elapsed() < Duration::from_secs(30), "consumer {group} present: {}", !present);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    exists(true).await;
+    let info = events.consumer_info(&group).await.unwrap();
+    assert_eq!(info.config.inactive_threshold, Duration::from_secs(1));
+
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(30), running).await.unwrap().unwrap().unwrap();
+    exists(false).await;
+    for stream in streams {
+        js.delete_stream(&stream).await.unwrap();
+    }
+}
