@@ -115,10 +115,18 @@ async fn submit(State(state): State<ApiState>, request_headers: HeaderMap, body:
 async fn accept(state: ApiState, body: Bytes) -> Result<Response, ApiError> {
     let submit: SubmitTask = decode(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
     let engine = &state.engine;
-    let submitted = engine.submit(&submit, Origin::Http, new_task_id).await.map_err(|e| match e {
-        SubmitFailure::Invalid(e) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_submit", e.to_string()),
-        SubmitFailure::Store(e) => ApiError::unavailable(e),
-    })?;
+    let submitted = match engine.submit(&submit, Origin::Http, new_task_id).await {
+        Ok(submitted) => submitted,
+        Err(SubmitFailure::Invalid(e)) => {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_submit", e.to_string()));
+        }
+        Err(SubmitFailure::Conflict { existing }) => {
+            let location = format!("/v1/tasks/{}", existing.id);
+            let error = ApiError::conflict(SubmitFailure::Conflict { existing }.to_string());
+            return Ok((StatusCode::CONFLICT, [(header::LOCATION, location)], error).into_response());
+        }
+        Err(SubmitFailure::Store(e)) => return Err(ApiError::unavailable(e)),
+    };
     if let Err(e) = engine.start_queued().await {
         tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use imagepipe_bus::{Bus, BusError, Message};
 use imagepipe_contracts::names::{self, headers};
-use imagepipe_contracts::{SCHEMA_VERSION, StepError, SubmitError, SubmitTask, TraceId};
+use imagepipe_contracts::{ImageSource, SCHEMA_VERSION, StepError, SubmitError, SubmitTask, TraceId};
 use imagepipe_runtime::clock::Clock;
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::telemetry::{current_trace_id, inject_trace, join_trace};
@@ -66,9 +66,32 @@ pub enum SubmitFailure {
     /// The submit command breaks a rule; it never will be accepted.
     #[error(transparent)]
     Invalid(#[from] SubmitError),
+    /// The `taskId` names an existing task with another source: a repeat must be the same
+    /// submission. (An idempotency key returns its task whatever the source: the key is the
+    /// caller's word that the two are one.)
+    #[error(
+        "task {} already exists with another source ({}); submit the new image under another taskId",
+        .existing.id,
+        describe_source(&.existing.source)
+    )]
+    Conflict {
+        /// The existing task.
+        existing: Box<Task>,
+    },
     /// The store failed; try again.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// A source for an error message: the URL without user info, query or fragment, or the blob key.
+fn describe_source(source: &ImageSource) -> String {
+    match source {
+        ImageSource::Url(url) => {
+            let end = url.find(['?', '#']).unwrap_or(url.len());
+            url[..end].to_owned()
+        }
+        ImageSource::Blob(key) => key.clone(),
+    }
 }
 
 /// A handled submission.
@@ -163,6 +186,10 @@ impl Engine {
         }
         let id = submit.task_id.clone().unwrap_or_else(new_id);
         if let Some(task) = self.store.get(&id).await? {
+            if task.source != source {
+                counter!(m::SUBMISSIONS_REJECTED, "origin" => origin.as_str()).increment(1);
+                return Err(SubmitFailure::Conflict { existing: Box::new(task) });
+            }
             return Ok(Submitted { task, created: false });
         }
         let trace_id = current_trace_id().unwrap_or_else(TraceId::random);

@@ -147,6 +147,21 @@ async fn invalid_input_gets_a_json_error_naming_the_problem() {
     let (status, _, body) = s.post("/v1/tasks", r#"{"url": 5}"#).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["message"].as_str().unwrap().contains("url"), "{body}");
+    let (status, _, body) = s.post("/v1/tasks", r#"{"task_id":"tsk_snake","url":"https://e.com/a.jpg"}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("unknown field `task_id`"), "{body}");
+    assert!(s.engine.store().get("tsk_snake").await.unwrap().is_none());
+
+    let (status, _, _) = s.post("/v1/tasks", r#"{"taskId":"tsk_same","url":"https://e.com/a.jpg"}"#).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, _, body) = s.post("/v1/tasks", r#"{"taskId":"tsk_same","url":"https://e.com/a.jpg"}"#).await;
+    assert_eq!((status, body["created"].as_bool()), (StatusCode::ACCEPTED, Some(false)), "the same submit again");
+    let (status, headers, body) =
+        s.post("/v1/tasks", r#"{"taskId":"tsk_same","url":"https://e.com/other.jpg?sig=secret"}"#).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::CONFLICT, Some("conflict")), "{body}");
+    assert_eq!(headers["location"], "/v1/tasks/tsk_same");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("tsk_same") && message.contains("https://e.com/a.jpg"), "{message}");
     for (submit, says) in [
         (r#"{"labels":{}}"#.to_owned(), "`url` or `blob`"),
         (r#"{"url":"ftp://x/a.jpg"}"#.to_owned(), "http"),

@@ -101,9 +101,13 @@ async fn malformed_and_invalid_submissions_are_dead_lettered_with_the_reason() {
     bus.queues.send(queues::SUBMIT, Message::new(&br#"{"taskId":"tsk_x","labels":{}}"#[..])).await.unwrap();
     let with_user_info = br#"{"taskId":"tsk_y","url":"http://user:secret@example.com/a.jpg"}"#;
     bus.queues.send(queues::SUBMIT, Message::new(&with_user_info[..])).await.unwrap();
+    let first = SubmitTask { task_id: Some("tsk_z".into()), ..SubmitTask::url("https://example.com/a.jpg") };
+    engine.submit(&first, Origin::Http, String::new).await.unwrap();
+    let other_source = br#"{"taskId":"tsk_z","url":"https://example.com/b.jpg"}"#;
+    bus.queues.send(queues::SUBMIT, Message::new(&other_source[..])).await.unwrap();
     let dlq = bus.queues.consume(&names::dead_letter_queue(queues::SUBMIT), consumer_config()).await.unwrap();
     let mut reasons = Vec::new();
-    while reasons.len() < 3 {
+    while reasons.len() < 4 {
         for d in dlq.fetch(2, Duration::from_secs(5)).await.unwrap() {
             reasons.push(d.message.headers.get(headers::DLQ_REASON).unwrap().to_owned());
             d.ack().await.unwrap();
@@ -116,6 +120,7 @@ async fn malformed_and_invalid_submissions_are_dead_lettered_with_the_reason() {
     assert!(reasons[2].contains("must not carry user info") && !reasons[2].contains("secret"), "{reasons:?}");
     assert!(engine.store().get("tsk_x").await.unwrap().is_none());
     assert!(engine.store().get("tsk_y").await.unwrap().is_none());
+    assert!(reasons[3].contains("task tsk_z already exists with another source (https://example.com/a.jpg)"), "{reasons:?}");
 }
 
 #[tokio::test]

@@ -24,7 +24,7 @@ pub const MAX_LABELS_TOTAL_LEN: usize = 8 * 1024;
 /// Exactly one of `url` and `blob` names the image; [`SubmitTask::validate`] checks that and
 /// every other rule, so a malformed submit can be dead-lettered with a precise reason.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schemars(
     title = "imagepipe submit command",
     extend("oneOf" = [{"required": ["url"]}, {"required": ["blob"]}])
