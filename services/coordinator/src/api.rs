@@ -32,7 +32,7 @@ use tracing::Instrument;
 use crate::engine::{Engine, EngineError, Handled, Origin, SubmitFailure};
 use crate::events::{EventHub, Watched};
 use crate::machine::Input;
-use crate::store::{DeadLetterPage, ListQuery, StoreError, TaskPage};
+use crate::store::{BODY_CUT_HEADER, DEAD_LETTER_BODY_BYTES, DeadLetterPage, ListQuery, StoreError, TaskPage};
 use crate::task::{HistoryEntry, Task, TaskState};
 
 /// Default and largest page sizes of the list endpoints.
@@ -349,6 +349,12 @@ async fn replay_dead_letter(
             "dead letters from {:?} cannot be replayed: only task queues ({}) can",
             letter.source,
             queues::ALL.join(", ")
+        )));
+    }
+    if letter.body_was_cut() {
+        return Err(ApiError::conflict(format!(
+            "dead letter {id} kept only the first {DEAD_LETTER_BODY_BYTES} bytes of its body (header {BODY_CUT_HEADER}): \
+             it cannot be replayed"
         )));
     }
     let mut message =

@@ -303,6 +303,19 @@ async fn dead_letters_are_listed_replayed_and_purged() {
 }
 
 #[tokio::test]
+async fn a_dead_letter_whose_body_was_cut_is_not_replayed() {
+    let s = serve(10, None).await;
+    let long =
+        DeadLetter { body: format!("{{\"url\":\"{}\"}}", "a".repeat(70 * 1024)), ..letter("dl_long", queues::SUBMIT) };
+    s.engine.store().put_dead_letter(&long).await.unwrap();
+    let (status, _, body) = s.post("/v1/dlq/dl_long/replay", "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("65536 bytes"), "{body}");
+    let (_, page) = s.get("/v1/dlq").await;
+    assert_eq!(page["entries"][0]["id"], "dl_long", "kept for inspection");
+}
+
+#[tokio::test]
 async fn events_stream_as_sse_filtered_by_task_and_type() {
     let s = serve(10, None).await;
     let response = s
