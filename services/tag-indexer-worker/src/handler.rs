@@ -38,13 +38,17 @@ impl IndexHandler {
                     .map(|tag| (crate::normalize_tag(&tag.label), tag.score))
                     .filter(|(tag, _)| !tag.is_empty())
                     .collect();
-                self.index.index(&task_id, &tags).await.map_err(|e| Outcome::retry(crate::error_chain(&e)))?;
+                let at = analyzed.timestamp;
+                self.index.index(&task_id, &tags, at).await.map_err(|e| Outcome::retry(crate::error_chain(&e)))?;
                 tracing::debug!(task_id, tags = tags.len(), "tags indexed");
             }
             EventType::ImageMetadataExtracted => {
                 let extracted = event.into_typed::<ImageMetadataExtracted>().map_err(Outcome::reject)?;
-                let key = &extracted.payload.metadata.thumbnail_key;
-                self.index.set_thumbnail(&task_id, key).await.map_err(|e| Outcome::retry(crate::error_chain(&e)))?;
+                let (key, at) = (&extracted.payload.metadata.thumbnail_key, extracted.timestamp);
+                self.index
+                    .set_thumbnail(&task_id, key, at)
+                    .await
+                    .map_err(|e| Outcome::retry(crate::error_chain(&e)))?;
             }
             other => return Err(Outcome::reject(format!("{other} is not an event the tag indexer handles"))),
         }

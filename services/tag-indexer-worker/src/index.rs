@@ -4,8 +4,14 @@
 //! score the tag's score) and one hash of thumbnail keys (`<prefix>:tags:thumbnails`);
 //! [`MemoryIndex`] holds the same in process. Writing the same tag, task and score again
 //! changes nothing, so re-indexing an event is harmless.
+//!
+//! Nothing stays for ever: every write carries the time of its event, the index remembers each
+//! task's latest (`<prefix>:tags:indexed`, a sorted set by time) and the tags it has
+//! (`<prefix>:tags:task:<id>`), and [`TagIndex::expire`] drops every entry of the tasks whose
+//! latest event is older than the retention (the coordinator's, so a task leaves the index
+//! when it leaves the coordinator).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -55,19 +61,41 @@ pub enum IndexError {
 /// Where tags and thumbnails are indexed.
 #[async_trait]
 pub trait TagIndex: Send + Sync + 'static {
-    /// Records that `task_id` has each of `tags` with its score.
-    async fn index(&self, task_id: &str, tags: &[(String, f64)]) -> Result<(), IndexError>;
-    /// Records the thumbnail of `task_id`.
-    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str) -> Result<(), IndexError>;
+    /// Records that `task_id` has each of `tags` with its score, from an event of time `at`
+    /// (Unix ms).
+    async fn index(&self, task_id: &str, tags: &[(String, f64)], at: u64) -> Result<(), IndexError>;
+    /// Records the thumbnail of `task_id`, from an event of time `at` (Unix ms).
+    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str, at: u64) -> Result<(), IndexError>;
+    /// Drops every entry (tags, thumbnail) of up to `max` tasks whose latest event is at or
+    /// before `before` (Unix ms); returns how many tasks.
+    async fn expire(&self, before: u64, max: usize) -> Result<usize, IndexError>;
     /// The best `limit` tasks matching `tags` by `mode`, best first (ties by task id).
     async fn search(&self, tags: &[String], mode: TagMatch, limit: usize) -> Result<Vec<Hit>, IndexError>;
 }
+
+/// Drops the entries of up to ARGV[2] tasks whose latest event (KEYS[1], the indexed set) is at
+/// or before ARGV[1]: their tag entries (tag keys under ARGV[3], found in each task's set of
+/// tags), their tag set and their thumbnail (KEYS[2]). Returns how many tasks.
+const EXPIRE: &str = r"
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(ids) do
+  local task = ARGV[3] .. ':task:' .. id
+  for _, tag in ipairs(redis.call('SMEMBERS', task)) do
+    redis.call('ZREM', ARGV[3] .. ':tag:' .. tag, id)
+  end
+  redis.call('DEL', task)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[1], id)
+end
+return #ids
+";
 
 /// The index in Redis, keys under `<prefix>:tags:`.
 #[derive(Clone)]
 pub struct RedisIndex {
     connection: ConnectionManager,
     prefix: String,
+    expire: redis::Script,
 }
 
 impl RedisIndex {
@@ -75,11 +103,19 @@ impl RedisIndex {
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, IndexError> {
         let client = redis::Client::open(url).map_err(IndexError::Connect)?;
         let connection = ConnectionManager::new(client).await.map_err(IndexError::Connect)?;
-        Ok(Self { connection, prefix: format!("{prefix}:tags") })
+        Ok(Self { connection, prefix: format!("{prefix}:tags"), expire: redis::Script::new(EXPIRE) })
     }
 
     fn tag_key(&self, tag: &str) -> String {
         format!("{}:tag:{tag}", self.prefix)
+    }
+
+    fn task_key(&self, task_id: &str) -> String {
+        format!("{}:task:{task_id}", self.prefix)
+    }
+
+    fn indexed_key(&self) -> String {
+        format!("{}:indexed", self.prefix)
     }
 
     fn thumbnails_key(&self) -> String {
@@ -93,23 +129,35 @@ fn redis_err(action: &'static str) -> impl FnOnce(redis::RedisError) -> IndexErr
 
 #[async_trait]
 impl TagIndex for RedisIndex {
-    async fn index(&self, task_id: &str, tags: &[(String, f64)]) -> Result<(), IndexError> {
+    async fn index(&self, task_id: &str, tags: &[(String, f64)], at: u64) -> Result<(), IndexError> {
         let mut pipe = redis::pipe();
         pipe.atomic();
         for (tag, score) in tags {
             pipe.cmd("ZADD").arg(self.tag_key(tag)).arg(*score).arg(task_id).ignore();
+            pipe.cmd("SADD").arg(self.task_key(task_id)).arg(tag).ignore();
         }
+        pipe.cmd("ZADD").arg(self.indexed_key()).arg("GT").arg(at).arg(task_id).ignore();
         pipe.query_async::<()>(&mut self.connection.clone()).await.map_err(redis_err("indexing tags"))
     }
 
-    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str) -> Result<(), IndexError> {
-        redis::cmd("HSET")
-            .arg(self.thumbnails_key())
-            .arg(task_id)
-            .arg(thumbnail_key)
-            .query_async::<()>(&mut self.connection.clone())
+    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str, at: u64) -> Result<(), IndexError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        pipe.cmd("HSET").arg(self.thumbnails_key()).arg(task_id).arg(thumbnail_key).ignore();
+        pipe.cmd("ZADD").arg(self.indexed_key()).arg("GT").arg(at).arg(task_id).ignore();
+        pipe.query_async::<()>(&mut self.connection.clone()).await.map_err(redis_err("storing a thumbnail key"))
+    }
+
+    async fn expire(&self, before: u64, max: usize) -> Result<usize, IndexError> {
+        self.expire
+            .key(self.indexed_key())
+            .key(self.thumbnails_key())
+            .arg(before)
+            .arg(max)
+            .arg(&self.prefix)
+            .invoke_async(&mut self.connection.clone())
             .await
-            .map_err(redis_err("storing a thumbnail key"))
+            .map_err(redis_err("expiring old entries"))
     }
 
     async fn search(&self, tags: &[String], mode: TagMatch, limit: usize) -> Result<Vec<Hit>, IndexError> {
@@ -166,6 +214,23 @@ pub struct MemoryIndex {
 struct Tables {
     tags: HashMap<String, HashMap<String, f64>>,
     thumbnails: HashMap<String, String>,
+    /// Each task's latest event time and its tags.
+    tasks: HashMap<String, (u64, HashSet<String>)>,
+    /// `(latest event time, task id)`, oldest first.
+    by_time: BTreeSet<(u64, String)>,
+}
+
+impl Tables {
+    /// Notes an event of time `at` for `task_id` (the latest one counts) and its `tags`.
+    fn touch<'t>(&mut self, task_id: &str, at: u64, tags: impl IntoIterator<Item = &'t String>) {
+        let (latest, known) = self.tasks.entry(task_id.to_owned()).or_insert_with(|| (at, HashSet::new()));
+        if at > *latest {
+            self.by_time.remove(&(*latest, task_id.to_owned()));
+            *latest = at;
+        }
+        self.by_time.insert((*latest, task_id.to_owned()));
+        known.extend(tags.into_iter().cloned());
+    }
 }
 
 impl MemoryIndex {
@@ -177,18 +242,40 @@ impl MemoryIndex {
 
 #[async_trait]
 impl TagIndex for MemoryIndex {
-    async fn index(&self, task_id: &str, tags: &[(String, f64)]) -> Result<(), IndexError> {
+    async fn index(&self, task_id: &str, tags: &[(String, f64)], at: u64) -> Result<(), IndexError> {
         let mut tables = self.inner.lock().expect("tag index lock");
         for (tag, score) in tags {
             tables.tags.entry(tag.clone()).or_default().insert(task_id.to_owned(), *score);
         }
+        tables.touch(task_id, at, tags.iter().map(|(tag, _)| tag));
         Ok(())
     }
 
-    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str) -> Result<(), IndexError> {
+    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str, at: u64) -> Result<(), IndexError> {
         let mut tables = self.inner.lock().expect("tag index lock");
         tables.thumbnails.insert(task_id.to_owned(), thumbnail_key.to_owned());
+        tables.touch(task_id, at, []);
         Ok(())
+    }
+
+    async fn expire(&self, before: u64, max: usize) -> Result<usize, IndexError> {
+        let mut tables = self.inner.lock().expect("tag index lock");
+        let old: Vec<(u64, String)> =
+            tables.by_time.iter().take_while(|(at, _)| *at <= before).take(max).cloned().collect();
+        for entry in &old {
+            tables.by_time.remove(entry);
+            let task_id = &entry.1;
+            for tag in tables.tasks.remove(task_id).map(|(_, tags)| tags).unwrap_or_default() {
+                if let Some(tasks) = tables.tags.get_mut(&tag) {
+                    tasks.remove(task_id);
+                    if tasks.is_empty() {
+                        tables.tags.remove(&tag);
+                    }
+                }
+            }
+            tables.thumbnails.remove(task_id);
+        }
+        Ok(old.len())
     }
 
     async fn search(&self, tags: &[String], mode: TagMatch, limit: usize) -> Result<Vec<Hit>, IndexError> {

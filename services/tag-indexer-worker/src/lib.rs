@@ -7,15 +7,18 @@
 //!   index, run inside the dedup layer.
 //! - [`api`]: the search route.
 //! - [`open_index`] then [`run`]: the subscriber on a connected bus; serve [`api::routes`] of
-//!   the same index.
+//!   the same index. While it runs, the entries of tasks older than `coordinator.retention`
+//!   are dropped every [`EXPIRY_INTERVAL`] ([`expire`]).
 
 pub mod api;
 pub mod handler;
 pub mod index;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use imagepipe_bus::{Bus, BusError, Selector, Subscription};
+use imagepipe_runtime::clock::{Clock, SystemClock};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
 use imagepipe_runtime::worker::WorkerError;
@@ -30,6 +33,10 @@ pub const SERVICE: &str = "tag-indexer-worker";
 pub const GROUP: &str = "tag-indexer";
 /// The events it indexes.
 pub const SELECTOR: &str = "image.analyzed || image.metadata_extracted";
+/// How often the entries of tasks older than `coordinator.retention` are dropped.
+pub const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
+/// Most tasks dropped per index call; [`expire`] repeats calls until one comes back short.
+const EXPIRY_BATCH: usize = 500;
 
 /// The indexer could not run.
 #[derive(Debug, thiserror::Error)]
@@ -75,13 +82,46 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
     run(service.bus.clone(), &service.settings, index, service.shutdown.clone()).await
 }
 
-/// Indexes the events on `bus` into `index` until `shutdown` fires and in-flight events are done.
+/// Indexes the events on `bus` into `index` until `shutdown` fires and in-flight events are done,
+/// dropping the entries of tasks older than `coordinator.retention` every [`EXPIRY_INTERVAL`].
 pub async fn run(bus: Bus, settings: &Settings, index: Arc<dyn TagIndex>, shutdown: Shutdown) -> Result<(), RunError> {
     let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
     let consumer = bus.events.subscribe(subscription(settings)).await.map_err(RunError::Subscribe)?;
+    let expiring = tokio::spawn(expire_every(index.clone(), settings.coordinator.retention, shutdown.clone()));
     let handler = Deduplicated::new(IndexHandler::new(index), dedup, GROUP);
     let config = LoopConfig::from_settings(GROUP, &settings.worker);
-    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+    let indexed = Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker);
+    expiring.abort();
+    indexed
+}
+
+/// Drops every entry of the tasks whose latest event is older than `retention` at `now` (Unix
+/// ms); returns how many tasks.
+pub async fn expire(index: &dyn TagIndex, now: u64, retention: Duration) -> Result<usize, IndexError> {
+    let before = now.saturating_sub(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX));
+    let mut dropped = 0;
+    loop {
+        let n = index.expire(before, EXPIRY_BATCH).await?;
+        dropped += n;
+        if n < EXPIRY_BATCH {
+            return Ok(dropped);
+        }
+    }
+}
+
+/// Runs [`expire`] every [`EXPIRY_INTERVAL`] until `shutdown`.
+async fn expire_every(index: Arc<dyn TagIndex>, retention: Duration, shutdown: Shutdown) {
+    loop {
+        match expire(index.as_ref(), SystemClock.unix_ms(), retention).await {
+            Ok(0) => {}
+            Ok(tasks) => tracing::info!(tasks, "tag index entries of expired tasks dropped"),
+            Err(e) => tracing::warn!(error = %error_chain(&e), "tag index expiry failed; tried again later"),
+        }
+        tokio::select! {
+            () = shutdown.wait() => return,
+            () = tokio::time::sleep(EXPIRY_INTERVAL) => {}
+        }
+    }
 }
 
 /// A tag as indexed and searched: trimmed and lowercased.

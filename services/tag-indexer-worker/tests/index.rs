@@ -23,13 +23,19 @@ fn ids(hits: &[Hit]) -> Vec<&str> {
     hits.iter().map(|h| h.task_id.as_str()).collect()
 }
 
-async fn suite(index: &dyn TagIndex) {
-    index.index("t1", &tags(&[("cat", 0.9), ("animal", 0.95)])).await.unwrap();
-    index.index("t2", &tags(&[("cat", 0.4), ("indoor", 0.7)])).await.unwrap();
-    index.index("t3", &tags(&[("dog", 0.8), ("animal", 0.85)])).await.unwrap();
-    index.set_thumbnail("t1", "sha256:aa").await.unwrap();
+/// Any fixed time, Unix ms.
+const T0: u64 = 1_763_800_000_000;
 
-    let q = |t: &[&str]| t.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+fn q(tags: &[&str]) -> Vec<String> {
+    tags.iter().map(|s| (*s).to_owned()).collect()
+}
+
+async fn suite(index: &dyn TagIndex) {
+    index.index("t1", &tags(&[("cat", 0.9), ("animal", 0.95)]), T0).await.unwrap();
+    index.index("t2", &tags(&[("cat", 0.4), ("indoor", 0.7)]), T0).await.unwrap();
+    index.index("t3", &tags(&[("dog", 0.8), ("animal", 0.85)]), T0).await.unwrap();
+    index.set_thumbnail("t1", "sha256:aa", T0).await.unwrap();
+
     let all = index.search(&q(&["cat", "animal"]), TagMatch::All, 10).await.unwrap();
     assert_eq!(ids(&all), ["t1"]);
     assert!((all[0].score - 1.85).abs() < 1e-9);
@@ -42,7 +48,7 @@ async fn suite(index: &dyn TagIndex) {
     assert!(index.search(&q(&["unicorn"]), TagMatch::Any, 10).await.unwrap().is_empty());
     assert!(index.search(&q(&["cat", "unicorn"]), TagMatch::All, 10).await.unwrap().is_empty());
 
-    index.index("t1", &tags(&[("cat", 0.9), ("animal", 0.95)])).await.unwrap();
+    index.index("t1", &tags(&[("cat", 0.9), ("animal", 0.95)]), T0).await.unwrap();
     assert_eq!(
         index.search(&q(&["cat", "animal"]), TagMatch::Any, 10).await.unwrap(),
         any,
@@ -50,9 +56,52 @@ async fn suite(index: &dyn TagIndex) {
     );
 }
 
+/// Entries go with the task's latest event: a task is dropped whole (tags and thumbnail) once
+/// its latest event is at or before the cut-off, a later event keeps it, `max` bounds a call.
+async fn expiry(index: &dyn TagIndex) {
+    index.set_thumbnail("old", "sha256:old", T0).await.unwrap();
+    index.index("old", &tags(&[("cat", 0.9), ("animal", 0.5)]), T0 + 10).await.unwrap();
+    index.index("late", &tags(&[("cat", 0.5)]), T0).await.unwrap();
+    index.set_thumbnail("late", "sha256:late", T0 + 100).await.unwrap();
+    index.index("new", &tags(&[("cat", 0.1), ("dog", 0.2)]), T0 + 50).await.unwrap();
+
+    assert_eq!(index.expire(T0 + 9, 10).await.unwrap(), 0, "the latest event of `old` counts");
+    assert_eq!(index.expire(T0 + 10, 10).await.unwrap(), 1);
+    let cats = index.search(&q(&["cat"]), TagMatch::Any, 10).await.unwrap();
+    assert_eq!(ids(&cats), ["late", "new"]);
+    assert!(index.search(&q(&["animal"]), TagMatch::Any, 10).await.unwrap().is_empty());
+    index.index("old", &tags(&[("bird", 0.3)]), T0 + 200).await.unwrap();
+    let reindexed = index.search(&q(&["bird"]), TagMatch::Any, 10).await.unwrap();
+    assert_eq!(reindexed[0].thumbnail_key, None, "its thumbnail went with it");
+
+    assert_eq!(index.expire(T0 + 100, 1).await.unwrap(), 1, "at most `max`");
+    assert_eq!(index.expire(T0 + 100, 1).await.unwrap(), 1);
+    assert_eq!(index.expire(T0 + 100, 1).await.unwrap(), 0);
+    assert!(index.search(&q(&["cat", "dog"]), TagMatch::Any, 10).await.unwrap().is_empty());
+    assert_eq!(index.expire(T0 + 200, 10).await.unwrap(), 1);
+    assert!(index.search(&q(&["bird"]), TagMatch::Any, 10).await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn the_memory_index_searches_best_first() {
     suite(&MemoryIndex::new()).await;
+}
+
+#[tokio::test]
+async fn the_memory_index_drops_the_entries_of_expired_tasks() {
+    expiry(&MemoryIndex::new()).await;
+}
+
+#[tokio::test]
+async fn the_redis_index_drops_the_entries_of_expired_tasks_and_leaves_no_key() {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("imagepipe-test-tags-expiry-{}-{nanos}", std::process::id());
+    let index = RedisIndex::connect("redis://127.0.0.1:6379", &prefix).await.expect("Redis on 127.0.0.1:6379");
+    expiry(&index).await;
+    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut connection).await.unwrap();
+    assert!(keys.is_empty(), "left behind: {keys:?}");
 }
 
 #[tokio::test]
@@ -69,6 +118,12 @@ async fn the_redis_index_searches_best_first() {
     let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
 }
 
+/// Now in Unix ms: events of the end-to-end test are recent, so the indexer's expiry (of tasks
+/// older than `coordinator.retention`) leaves them alone.
+fn now_ms() -> u64 {
+    u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap()
+}
+
 fn analyzed(task_id: &str, tags: &[(&str, f64)]) -> Vec<u8> {
     let tags = tags.iter().map(|(label, score)| Prediction { label: (*label).into(), score: *score }).collect();
     let payload = ImageAnalyzed {
@@ -76,7 +131,7 @@ fn analyzed(task_id: &str, tags: &[(&str, f64)]) -> Vec<u8> {
         analysis: AnalysisOutput { model: "m".into(), predictions: vec![], tags },
         labels: Default::default(),
     };
-    Event::for_task(task_id, 1, TraceId::random(), 1_763_800_000_000, "ai-worker", payload).to_json()
+    Event::for_task(task_id, 1, TraceId::random(), now_ms(), "ai-worker", payload).to_json()
 }
 
 fn extracted(task_id: &str, thumbnail_key: &str) -> Vec<u8> {
@@ -87,7 +142,7 @@ fn extracted(task_id: &str, thumbnail_key: &str) -> Vec<u8> {
     }))
     .unwrap();
     let payload = ImageMetadataExtracted { blob_key: "sha256:00".into(), metadata, labels: Default::default() };
-    Event::for_task(task_id, 1, TraceId::random(), 1_763_800_000_000, "metadata-worker", payload).to_json()
+    Event::for_task(task_id, 1, TraceId::random(), now_ms(), "metadata-worker", payload).to_json()
 }
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
