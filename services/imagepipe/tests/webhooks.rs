@@ -1,10 +1,10 @@
 //! The notification subscriber of the in-process pipeline: a finished task's event reaches its
-//! `callbackUrl`, signed with `notification.secret` and carrying its `eventId`, for a completed
-//! photo and for a URL that fails with 404.
+//! `callbackUrl`, signed the Standard Webhooks way with `notification.secret` and carrying its
+//! `eventId` as `webhook-id`, for a completed photo and for a URL that fails with 404.
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use imagepipe::Pipeline;
@@ -12,11 +12,13 @@ use imagepipe::samples::SAMPLES;
 use imagepipe_contracts::SubmitTask;
 use imagepipe_coordinator::TaskState;
 use imagepipe_net::testing::{FixtureServer, Recorded, Route};
-use imagepipe_notification_worker::sign::{EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, verify};
-use imagepipe_runtime::config::Secret;
+use imagepipe_notification_worker::sign::{
+    EVENT_TYPE_HEADER, ID_HEADER, SIGNATURE_HEADER, Signed, TIMESTAMP_HEADER, WebhookSecret, verify,
+};
 use serde_json::Value;
 
-const SECRET: &str = "e2e-webhook-secret";
+/// `notification.secret`: `whsec_` + base64 of `e2e-webhook-secret`.
+const SECRET: &str = "whsec_ZTJlLXdlYmhvb2stc2VjcmV0";
 const HOOK: &str = "/hook";
 
 fn header<'a>(request: &'a Recorded, name: &str) -> Option<&'a str> {
@@ -41,12 +43,16 @@ async fn webhook_for(receiver: &FixtureServer, task_id: &str) -> (Recorded, Valu
 
 fn assert_signed(request: &Recorded, body: &Value) {
     assert_eq!(request.method, "POST");
-    let signature = header(request, SIGNATURE_HEADER).expect("signature header");
-    assert!(signature.starts_with("sha256="), "{signature}");
-    assert!(verify(SECRET.as_bytes(), &request.body, signature), "signature {signature} does not verify");
-    assert!(!verify(b"another secret", &request.body, signature), "the signature depends on the secret");
-    let event_id = body["eventId"].as_str().expect("eventId in the body");
-    assert_eq!(header(request, EVENT_ID_HEADER), Some(event_id));
+    let signed = Signed {
+        id: header(request, ID_HEADER).expect("webhook-id"),
+        timestamp: header(request, TIMESTAMP_HEADER).expect("webhook-timestamp"),
+        signature: header(request, SIGNATURE_HEADER).expect("webhook-signature"),
+    };
+    assert!(signed.signature.starts_with("v1,"), "{signed:?}");
+    let (key, other) = (WebhookSecret::parse(SECRET).unwrap(), WebhookSecret::parse("another secret").unwrap());
+    assert_eq!(verify(&key, &signed, &request.body, SystemTime::now()), Ok(()), "{signed:?}");
+    assert!(verify(&other, &signed, &request.body, SystemTime::now()).is_err(), "the signature depends on the key");
+    assert_eq!(Some(signed.id), body["eventId"].as_str(), "webhook-id is the eventId");
     assert_eq!(header(request, EVENT_TYPE_HEADER), body["eventType"].as_str());
 }
 
@@ -55,7 +61,7 @@ async fn completed_and_failed_tasks_are_posted_to_their_callback_signed() {
     let Some(model_dir) = common::model_dir() else { return };
     let work = tempfile::tempdir().unwrap();
     let mut settings = common::settings(&model_dir, &work);
-    settings.notification.secret = Some(Secret::new(SECRET.to_owned()));
+    settings.notification.secret = vec![WebhookSecret::parse(SECRET).unwrap()];
     let pipeline = Pipeline::start(settings).await.unwrap();
     let receiver = FixtureServer::start([(HOOK, Route::status(204))]).await.unwrap();
     let images = FixtureServer::start([]).await.unwrap();

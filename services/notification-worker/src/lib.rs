@@ -8,7 +8,8 @@
 //! effect per `eventId`), and let the runtime's [`Worker`] settle each delivery (retry with
 //! backoff, dead letter after the last attempt). It never changes task state.
 //!
-//! - [`sign`]: the `X-Imagepipe-Signature` HMAC, and its check for receivers.
+//! - [`sign`]: the Standard Webhooks signature (`webhook-id`, `webhook-timestamp`,
+//!   `webhook-signature`), and its check for receivers.
 //! - [`handler`]: the [`EventHandler`](imagepipe_runtime::dedup::EventHandler).
 //! - [`run`]: the subscriber on a connected bus, for the binary, `imagepipe run` and tests.
 
@@ -23,7 +24,7 @@ use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
 use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker};
 
-pub use handler::NotifyHandler;
+pub use handler::{NotifyHandler, Targets};
 
 /// The service's name in logs and traces.
 pub const SERVICE: &str = "notification-worker";
@@ -103,7 +104,9 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
     run(service.bus.clone(), &service.settings, service.shutdown.clone()).await
 }
 
-/// Posts webhooks for the events on `bus` until `shutdown` fires and in-flight posts are done.
+/// Posts webhooks for the events on `bus` until `shutdown` fires and in-flight posts are done;
+/// logs a warning at start when some target's webhooks go out unsigned
+/// ([`Targets::warn_unsigned`]).
 pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
     let client = client_builder(settings)?.build()?;
     run_with_client(bus, settings, client, shutdown).await
@@ -121,12 +124,9 @@ pub async fn run_with_client(
         .map_err(RunError::Backoff)?;
     let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
     let subscription = subscription(settings);
-    let notify = NotifyHandler::new(
-        client,
-        notification.subscribers.clone(),
-        notification.secret.clone(),
-        subscription.selector.clone(),
-    );
+    let targets = Targets::from_config(notification);
+    targets.warn_unsigned();
+    let notify = NotifyHandler::new(client, targets, subscription.selector.clone());
     let handler = Deduplicated::new(notify, dedup, GROUP);
     let consumer = bus.events.subscribe(subscription).await.map_err(RunError::Subscribe)?;
     let mut config = LoopConfig::from_settings(GROUP, &settings.worker);

@@ -44,7 +44,7 @@ pub use load::{CONFIG_PATH_ENV, ConfigArgs, ENV_PREFIX};
 pub use log::{LogConfig, LogFormat};
 pub use metadata::MetadataConfig;
 pub use net::{NetConfig, Outbound};
-pub use notification::NotificationConfig;
+pub use notification::{InvalidWebhookSecret, NotificationConfig, WebhookSecret, WebhookTarget};
 pub use secret::{MASK, Secret, SecretUrl, mask_url_credentials};
 pub use store::{RedisConfig, StoreConfig, StoreKind};
 pub use telemetry::TelemetryConfig;

@@ -1,22 +1,30 @@
 //! The `notification` section: where and how the notification worker posts webhooks.
 
+use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{ConfigError, Secret, list_or_comma_separated, optional_list_or_comma_separated};
+use super::{ConfigError, MASK, Secret, mask_url_credentials, optional_list_or_comma_separated};
 
 /// The `notification` section: where and how the notification worker posts webhooks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NotificationConfig {
-    /// URLs that receive every `task.completed`, `task.failed` and `task.cancelled` event,
-    /// besides the task's own `callbackUrl`; a comma-separated list in the environment.
-    #[serde(deserialize_with = "list_or_comma_separated")]
-    pub subscribers: Vec<String>,
-    /// Key of the `X-Imagepipe-Signature` HMAC-SHA256; without it webhooks are not signed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub secret: Option<Secret<String>>,
+    /// Targets that receive every `task.completed`, `task.failed` and `task.cancelled` event,
+    /// besides the task's own `callbackUrl`: each a URL, or a table `{ url, secret }` with a
+    /// key of its own; a comma-separated list of URLs in the environment.
+    #[serde(deserialize_with = "webhook_targets")]
+    pub subscribers: Vec<WebhookTarget>,
+    /// Keys of the Standard Webhooks signature (`webhook-signature`) for every `callbackUrl`
+    /// and every subscriber without a key of its own: one key, or several while a key is
+    /// rotated (each one signs; comma-separated in the environment). Without a key, webhooks
+    /// are not signed.
+    #[serde(deserialize_with = "webhook_secrets", skip_serializing_if = "Vec::is_empty")]
+    pub secret: Vec<WebhookSecret>,
     /// Longest time to resolve and connect to a webhook target.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -43,7 +51,7 @@ impl Default for NotificationConfig {
     fn default() -> Self {
         Self {
             subscribers: Vec::new(),
-            secret: None,
+            secret: Vec::new(),
             connect_timeout: Duration::from_secs(5),
             total_timeout: Duration::from_secs(15),
             max_attempts: 8,
@@ -56,17 +64,14 @@ impl Default for NotificationConfig {
 
 impl NotificationConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        for (i, url) in self.subscribers.iter().enumerate() {
-            let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+        for (i, target) in self.subscribers.iter().enumerate() {
+            let scheme = target.url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
             if !matches!(scheme.as_deref(), Some("http" | "https")) {
                 return Err(ConfigError::invalid(
                     format!("notification.subscribers[{i}]"),
-                    format!("{url:?} is not an http(s) URL"),
+                    format!("{:?} is not an http(s) URL", mask_url_credentials(&target.url)),
                 ));
             }
-        }
-        if self.secret.as_ref().is_some_and(|s| s.expose().is_empty()) {
-            return Err(ConfigError::invalid("notification.secret", "must not be empty when set"));
         }
         for (key, value) in [
             ("notification.connect_timeout", self.connect_timeout),
@@ -93,5 +98,287 @@ impl NotificationConfig {
             return Err(ConfigError::invalid("notification.max_attempts", "must be at least 1"));
         }
         Ok(())
+    }
+}
+
+/// A key that signs webhooks (HMAC-SHA256, the Standard Webhooks way): written as `whsec_`
+/// followed by the key's bytes in standard base64 (the Standard Webhooks form, which receivers'
+/// libraries take as it is), or as any other string, whose UTF-8 bytes are the key. Surrounding
+/// whitespace is ignored. It prints as [`MASK`]; [`WebhookSecret::expose`] gives the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookSecret(Secret<Vec<u8>>);
+
+/// A webhook key that cannot sign anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidWebhookSecret {
+    /// Nothing but whitespace, or `whsec_` alone.
+    #[error("a webhook key must not be empty")]
+    Empty,
+    /// `whsec_` followed by something that is not standard base64.
+    #[error("a webhook key starting with `whsec_` must continue with the key in standard base64")]
+    NotBase64,
+}
+
+impl WebhookSecret {
+    /// The prefix of a key written the Standard Webhooks way.
+    pub const PREFIX: &str = "whsec_";
+
+    /// The key `text` writes (see the type's docs); the error never repeats the text.
+    pub fn parse(text: &str) -> Result<Self, InvalidWebhookSecret> {
+        let text = text.trim();
+        let key = match text.strip_prefix(Self::PREFIX) {
+            Some(encoded) => BASE64.decode(encoded).map_err(|_| InvalidWebhookSecret::NotBase64)?,
+            None => text.as_bytes().to_vec(),
+        };
+        if key.is_empty() {
+            return Err(InvalidWebhookSecret::Empty);
+        }
+        Ok(Self(Secret::new(key)))
+    }
+
+    /// The key's bytes, for the HMAC.
+    pub fn expose(&self) -> &[u8] {
+        self.0.expose()
+    }
+}
+
+impl fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(MASK)
+    }
+}
+
+impl Serialize for WebhookSecret {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(MASK)
+    }
+}
+
+impl<'de> Deserialize<'de> for WebhookSecret {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::parse(&text).map_err(de::Error::custom)
+    }
+}
+
+/// One subscriber of `notification.subscribers`: where it is posted to, and the keys that sign
+/// what it receives (none: `notification.secret`'s). Written as its URL, or as a table
+/// `{ url = "...", secret = "whsec_..." }` (one key or a list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookTarget {
+    /// The URL webhooks are posted to.
+    pub url: String,
+    /// Its own keys; empty, `notification.secret` signs for it.
+    pub secret: Vec<WebhookSecret>,
+}
+
+impl WebhookTarget {
+    /// A target at `url` signed with `notification.secret`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self { url: url.into(), secret: Vec::new() }
+    }
+
+    /// The target with `secret` as one of its own keys.
+    pub fn with_secret(mut self, secret: WebhookSecret) -> Self {
+        self.secret.push(secret);
+        self
+    }
+}
+
+impl Serialize for WebhookTarget {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Table<'a> {
+            url: &'a str,
+            secret: &'a [WebhookSecret],
+        }
+        if self.secret.is_empty() {
+            serializer.serialize_str(&self.url)
+        } else {
+            Table { url: &self.url, secret: &self.secret }.serialize(serializer)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for WebhookTarget {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TargetVisitor;
+
+        impl<'de> Visitor<'de> for TargetVisitor {
+            type Value = WebhookTarget;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a URL or a table { url, secret }")
+            }
+
+            fn visit_str<E: de::Error>(self, url: &str) -> Result<Self::Value, E> {
+                Ok(WebhookTarget::new(url.trim()))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                #[derive(Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct Table {
+                    url: String,
+                    #[serde(default, deserialize_with = "webhook_secrets")]
+                    secret: Vec<WebhookSecret>,
+                }
+                let Table { url, secret } = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(WebhookTarget { url: url.trim().to_owned(), secret })
+            }
+        }
+
+        deserializer.deserialize_any(TargetVisitor)
+    }
+}
+
+/// `notification.subscribers`: a list of targets, or one string of comma-separated URLs (how
+/// lists arrive from the environment); blank URLs are dropped.
+fn webhook_targets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<WebhookTarget>, D::Error> {
+    struct TargetsVisitor;
+
+    impl<'de> Visitor<'de> for TargetsVisitor {
+        type Value = Vec<WebhookTarget>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of URLs or { url, secret } tables, or one comma-separated string of URLs")
+        }
+
+        fn visit_str<E: de::Error>(self, urls: &str) -> Result<Self::Value, E> {
+            Ok(urls.split(',').map(|url| WebhookTarget::new(url.trim())).collect())
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            elements(seq)
+        }
+    }
+
+    let targets = deserializer.deserialize_any(TargetsVisitor)?;
+    Ok(targets.into_iter().filter(|target| !target.url.is_empty()).collect())
+}
+
+/// A `secret` key: one key, a list of keys, or one string of comma-separated keys (how lists
+/// arrive from the environment). An empty key is refused, not dropped: an unset variable must
+/// not quietly turn signing off.
+fn webhook_secrets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<WebhookSecret>, D::Error> {
+    struct SecretsVisitor;
+
+    impl<'de> Visitor<'de> for SecretsVisitor {
+        type Value = Vec<WebhookSecret>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a key, a list of keys or one comma-separated string of keys")
+        }
+
+        fn visit_str<E: de::Error>(self, keys: &str) -> Result<Self::Value, E> {
+            keys.split(',').map(|key| WebhookSecret::parse(key).map_err(E::custom)).collect()
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            elements(seq)
+        }
+    }
+
+    deserializer.deserialize_any(SecretsVisitor)
+}
+
+/// Every element of `seq`, in order.
+fn elements<'de, A: SeqAccess<'de>, T: Deserialize<'de>>(mut seq: A) -> Result<Vec<T>, A::Error> {
+    let mut items = Vec::new();
+    while let Some(item) = seq.next_element()? {
+        items.push(item);
+    }
+    Ok(items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+
+    /// The Standard Webhooks test vector's key.
+    const SPEC_KEY: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    /// Settings from the TOML `file` and the environment `vars`.
+    fn load(name: &str, file: &str, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let path =
+            std::env::temp_dir().join(format!("imagepipe-runtime-{}-notification-{name}.toml", std::process::id()));
+        std::fs::write(&path, file).unwrap();
+        let loaded = Settings::load_from(Some(&path), vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        std::fs::remove_file(&path).unwrap();
+        loaded
+    }
+
+    #[test]
+    fn a_whsec_key_is_its_base64_and_any_other_key_its_bytes() {
+        let spec = WebhookSecret::parse(SPEC_KEY).unwrap();
+        assert_eq!(spec.expose(), BASE64.decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap());
+        assert_eq!(WebhookSecret::parse(" plain-key ").unwrap().expose(), b"plain-key");
+        assert_eq!(WebhookSecret::parse("whsec_not base64!"), Err(InvalidWebhookSecret::NotBase64));
+        assert_eq!(WebhookSecret::parse("whsec_"), Err(InvalidWebhookSecret::Empty));
+        assert_eq!(WebhookSecret::parse("  "), Err(InvalidWebhookSecret::Empty));
+        assert_eq!(format!("{spec:?}"), MASK);
+    }
+
+    #[test]
+    fn subscribers_carry_their_own_keys_and_the_secret_may_be_several() {
+        let file = format!(
+            r#"
+            [notification]
+            secret = ["{SPEC_KEY}", "old-key"]
+            subscribers = ["https://a.example/hook", {{ url = "https://b.example/hook", secret = "b-key" }}]
+            "#
+        );
+        let notification = load("targets", &file, &[]).unwrap().notification;
+        assert_eq!(
+            notification.secret.iter().map(WebhookSecret::expose).collect::<Vec<_>>(),
+            [WebhookSecret::parse(SPEC_KEY).unwrap().expose(), b"old-key"]
+        );
+        let b = WebhookTarget::new("https://b.example/hook").with_secret(WebhookSecret::parse("b-key").unwrap());
+        assert_eq!(notification.subscribers, [WebhookTarget::new("https://a.example/hook"), b]);
+
+        let env = [
+            ("IMAGEPIPE_NOTIFICATION__SECRET", "new-key, old-key"),
+            ("IMAGEPIPE_NOTIFICATION__SUBSCRIBERS", "https://c.example/hook,"),
+        ];
+        let notification = load("targets-env", "", &env).unwrap().notification;
+        assert_eq!(notification.secret.len(), 2);
+        assert_eq!(notification.subscribers, [WebhookTarget::new("https://c.example/hook")]);
+    }
+
+    #[test]
+    fn an_empty_or_broken_key_is_refused_naming_it_without_its_value() {
+        let cases = [
+            ("", &[("IMAGEPIPE_NOTIFICATION__SECRET", "")][..], "notification.secret"),
+            ("", &[("IMAGEPIPE_NOTIFICATION__SECRET", "a-key,")][..], "notification.secret"),
+            ("[notification]\nsecret = \"whsec_%%secret%%\"\n", &[][..], "notification.secret"),
+            (
+                "[notification]\nsubscribers = [\"https://a.example\", { url = \"https://b.example\", secret = \"whsec_%%secret%%\" }]\n",
+                &[][..],
+                "notification.subscribers[1].secret",
+            ),
+        ];
+        for (i, (file, vars, key)) in cases.into_iter().enumerate() {
+            let err = load(&format!("bad-key-{i}"), file, vars).unwrap_err();
+            assert_eq!(err.key(), Some(key), "{err}");
+            assert!(!err.to_string().contains("%%secret%%"), "{err}");
+        }
+        let file = "[notification]\nsubscribers = [{ url = \"https://b.example\", token = \"x\" }]\n";
+        let err = load("unknown-target-key", file, &[]).unwrap_err();
+        assert!(err.to_string().contains("token"), "{err}");
+    }
+
+    #[test]
+    fn printed_keys_are_masked_and_a_keyless_target_prints_as_its_url() {
+        let mut settings = Settings::default();
+        settings.notification.secret = vec![WebhookSecret::parse("global-key").unwrap()];
+        settings.notification.subscribers = vec![
+            WebhookTarget::new("https://a.example/hook"),
+            WebhookTarget::new("https://b.example/hook").with_secret(WebhookSecret::parse("b-key").unwrap()),
+        ];
+        let printed = settings.to_masked_toml().unwrap();
+        assert!(!printed.contains("global-key") && !printed.contains("b-key"), "{printed}");
+        assert!(printed.contains("\"https://a.example/hook\""), "{printed}");
+        assert!(printed.contains(&format!("secret = [\"{MASK}\"]")), "{printed}");
     }
 }
