@@ -4,6 +4,10 @@
 //! replica sees every event) and broadcasts them in-process; each client filters its copy. At
 //! most `http.max_sse_clients` clients watch at once, and every stream ends when the hub is
 //! closed on shutdown (so a watching client never holds a stopping coordinator up).
+//!
+//! Events enter the hub without `payload.callbackUrl` ([`Fanout`] strips it, for every client at
+//! once): a callback URL may carry a credential in its query, and watching the stream is not
+//! owning the task. `GET /v1/tasks/{id}` still shows it to the API client.
 
 use std::sync::Arc;
 
@@ -24,7 +28,7 @@ pub struct HubEvent {
     pub event_type: String,
     /// `taskId`, when the event has one.
     pub task_id: Option<String>,
-    /// The envelope, as published.
+    /// The envelope as published, without `payload.callbackUrl`.
     pub json: String,
 }
 
@@ -106,7 +110,11 @@ impl EventHub {
     }
 }
 
-/// The worker handler feeding the hub from the coordinator's event subscription.
+/// The payload field the hub leaves out.
+const CALLBACK_URL: &str = "callbackUrl";
+
+/// The worker handler feeding the hub from the coordinator's event subscription; it strips
+/// `payload.callbackUrl` on the way in.
 pub struct Fanout(pub EventHub);
 
 #[async_trait]
@@ -114,15 +122,35 @@ impl Handler for Fanout {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
         match Event::<serde_json::Value>::from_json(&delivery.message.payload) {
             Ok(event) => {
+                let published = &delivery.message.payload;
+                let json = if event.payload.get(CALLBACK_URL).is_some() {
+                    match without_callback_url(published) {
+                        Ok(json) => json,
+                        Err(e) => {
+                            return Outcome::reject(format!("re-encoding the event without its callbackUrl: {e}"));
+                        }
+                    }
+                } else {
+                    String::from_utf8_lossy(published).into_owned()
+                };
                 self.0.send(HubEvent {
                     event_id: event.event_id.to_string(),
                     event_type: event.event_type.as_str().to_owned(),
                     task_id: event.task_id,
-                    json: String::from_utf8_lossy(&delivery.message.payload).into_owned(),
+                    json,
                 });
                 Outcome::Ack
             }
             Err(e) => Outcome::reject(e),
         }
     }
+}
+
+/// The envelope `published` with its `payload.callbackUrl` removed.
+fn without_callback_url(published: &[u8]) -> Result<String, serde_json::Error> {
+    let mut envelope: serde_json::Value = serde_json::from_slice(published)?;
+    if let Some(payload) = envelope.get_mut("payload").and_then(serde_json::Value::as_object_mut) {
+        payload.remove(CALLBACK_URL);
+    }
+    serde_json::to_string(&envelope)
 }
