@@ -74,7 +74,7 @@ pub enum SubmitError {
     InvalidUrl {
         /// `url` or `callbackUrl`.
         field: &'static str,
-        /// The rejected value (cut to 200 bytes).
+        /// The rejected value, without query or fragment, cut to 200 bytes.
         value: String,
     },
     /// `blob` is not `sha256:<64 lowercase hex digits>`.
@@ -176,14 +176,22 @@ fn check_url(field: &'static str, url: &str) -> Result<(), SubmitError> {
     let host_present = rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'));
     let clean = !url.chars().any(|c| c.is_whitespace() || c.is_control());
     if !(host_present && clean && url.len() <= MAX_URL_LEN) {
-        return Err(SubmitError::InvalidUrl { field, value: cut(url) });
+        return Err(SubmitError::InvalidUrl { field, value: cut(shown_url(url)) });
     }
     let rest = rest.unwrap_or_default();
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
     match authority.rfind('@') {
-        Some(at) => Err(SubmitError::UrlWithUserInfo { field, value: cut(&url.replacen(&authority[..at], "***", 1)) }),
+        Some(at) => {
+            Err(SubmitError::UrlWithUserInfo { field, value: cut(shown_url(&url.replacen(&authority[..at], "***", 1))) })
+        }
         None => Ok(()),
     }
+}
+
+/// `url` as an error may show it: without its query and fragment, which may carry secrets
+/// (signed links, tokens).
+fn shown_url(url: &str) -> &str {
+    &url[..url.find(['?', '#']).unwrap_or(url.len())]
 }
 
 fn check_labels(labels: &Labels) -> Result<(), SubmitError> {
@@ -309,6 +317,14 @@ mod tests {
         }
         // An @ after the authority is a path or query character, not user info.
         assert!(SubmitTask::url("https://example.com/@me/a.jpg?by=a@b").validate().is_ok());
+    }
+
+    #[test]
+    fn refused_urls_are_echoed_without_query_or_fragment() {
+        let err = SubmitTask::url("ftp://host/a.jpg?token=s3cret#frag").validate().unwrap_err();
+        assert!(err.to_string().contains("ftp://host/a.jpg") && !err.to_string().contains("s3cret"), "{err}");
+        let err = SubmitTask::url("https://u:p@host/a.jpg?sig=s3cret").validate().unwrap_err();
+        assert!(!err.to_string().contains("s3cret") && !err.to_string().contains("u:p"), "{err}");
     }
 
     #[test]
