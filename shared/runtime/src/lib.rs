@@ -1,9 +1,11 @@
 //! What every imagepipe service runs on: one configuration schema ([`config`]), logs and
 //! traces ([`telemetry`]), Prometheus metrics ([`metrics`]) and the health server ([`http`]),
-//! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), time ([`clock`]), the
-//! worker loop ([`worker`]) and the start-up that ties them together ([`service`]).
+//! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), time ([`clock`]), memory
+//! budgets for decoding ([`budget`]), the worker loop ([`worker`]) and the start-up that ties
+//! them together ([`service`]).
 
 pub mod backoff;
+pub mod budget;
 pub mod clock;
 pub mod config;
 pub mod dedup;

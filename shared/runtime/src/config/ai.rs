@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use crate::budget;
 
 /// The `ai` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -21,6 +22,9 @@ pub struct AiConfig {
     pub tag_min_score: f64,
     /// Most pixels (width × height) an image may have; larger ones fail before they are decoded.
     pub max_pixels: u64,
+    /// Bytes of pixel buffers the process's decodes and preprocessing may hold at once; an image
+    /// waits until its share is free (default: [`budget::default_capacity`]).
+    pub memory_budget: u64,
 }
 
 impl Default for AiConfig {
@@ -31,6 +35,7 @@ impl Default for AiConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             tag_min_score: 0.05,
             max_pixels: 100_000_000,
+            memory_budget: budget::default_capacity(),
         }
     }
 }
@@ -50,6 +55,18 @@ impl AiConfig {
         if self.max_pixels == 0 {
             return Err(ConfigError::invalid("ai.max_pixels", "must be at least 1"));
         }
-        Ok(())
+        super::memory_budget("ai.memory_budget", self.memory_budget)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_memory_budget_under_the_minimum_is_refused_by_name() {
+        let small = AiConfig { memory_budget: budget::MIN_CAPACITY - 1, ..AiConfig::default() };
+        assert!(small.validate().unwrap_err().to_string().contains("ai.memory_budget"));
+        assert!(AiConfig { memory_budget: budget::MIN_CAPACITY, ..AiConfig::default() }.validate().is_ok());
     }
 }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use crate::budget;
 
 /// The `metadata` section: how the metadata worker decodes images and writes thumbnails.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,6 +21,9 @@ pub struct MetadataConfig {
     pub thumbnail_size: u32,
     /// JPEG quality of thumbnails without alpha, 1-100 (thumbnails with alpha are PNG).
     pub thumbnail_quality: u8,
+    /// Bytes of pixel buffers the process's decodes may hold at once; an image waits until its
+    /// share is free (default: [`budget::default_capacity`]).
+    pub memory_budget: u64,
 }
 
 impl Default for MetadataConfig {
@@ -31,6 +35,7 @@ impl Default for MetadataConfig {
             max_alloc_bytes: 1 << 30,
             thumbnail_size: 256,
             thumbnail_quality: 85,
+            memory_budget: budget::default_capacity(),
         }
     }
 }
@@ -53,6 +58,6 @@ impl MetadataConfig {
         if !(1..=100).contains(&self.thumbnail_quality) {
             return Err(ConfigError::invalid("metadata.thumbnail_quality", "must be 1-100"));
         }
-        Ok(())
+        super::memory_budget("metadata.memory_budget", self.memory_budget)
     }
 }

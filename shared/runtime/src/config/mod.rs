@@ -50,7 +50,7 @@ pub use store::{RedisConfig, StoreConfig, StoreKind};
 pub use telemetry::TelemetryConfig;
 pub use worker::WorkerConfig;
 
-use validate::{non_empty_path, positive};
+use validate::{memory_budget, non_empty_path, positive};
 
 /// Every service's configuration. Sections a service does not use are ignored by it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::{ConfigError, Outbound, Settings};
+use crate::budget;
 
 impl Settings {
     /// Checks every section; the first problem found is returned, naming its key.
@@ -39,6 +40,15 @@ impl Settings {
 pub(super) fn non_empty_path(key: &str, path: &Path) -> Result<(), ConfigError> {
     if path.as_os_str().is_empty() {
         return Err(ConfigError::invalid(key, "must not be empty"));
+    }
+    Ok(())
+}
+
+/// `key` names a memory budget in bytes, which must be at least [`budget::MIN_CAPACITY`].
+pub(super) fn memory_budget(key: &str, bytes: u64) -> Result<(), ConfigError> {
+    if bytes < budget::MIN_CAPACITY {
+        let reason = format!("must be at least {} bytes (16 MiB)", budget::MIN_CAPACITY);
+        return Err(ConfigError::invalid(key, reason));
     }
     Ok(())
 }
