@@ -71,6 +71,22 @@ pub fn extract(bytes: &[u8], settings: &MetadataConfig) -> Result<Extracted, Ext
     Ok(Extracted { metadata, thumbnail: Bytes::from(thumbnail.bytes) })
 }
 
+/// Bytes of the buffers [`extract`] holds at once at its peak for the image in `bytes`, from
+/// its header alone: while decoding, the pixels in their own depth and the decoder's scratch;
+/// then the decoded image beside its thumbnail-sized copy; after the image is dropped, the copy
+/// and its turned (orientation) copy, or the copy, its RGBA copy for the colours and the
+/// encoder's RGB(A) copy. Fails as [`extract`] would on a header it refuses.
+pub fn memory_needed(bytes: &[u8], settings: &MetadataConfig) -> Result<u64, ExtractError> {
+    let header = decode::header(bytes, settings)?;
+    let (width, height) = thumbnail::fitted(header.width, header.height, settings.thumbnail_size);
+    let fitted_pixels = u64::from(width) * u64::from(height);
+    let fitted = fitted_pixels * u64::from(header.color.bytes_per_pixel());
+    let decoding = header.pixel_bytes + header.scratch_bytes;
+    let fitting = header.pixel_bytes + fitted;
+    let finishing = (2 * fitted).max(fitted + 2 * 4 * fitted_pixels);
+    Ok(decoding.max(fitting).max(finishing))
+}
+
 /// Blurhash with 4×3 components (3×4 for portrait images) of a small copy of `image`.
 fn blurhash_of(image: &DynamicImage) -> String {
     let small = thumbnail::fit(image, BLURHASH_EDGE).to_rgba8();

@@ -1,5 +1,5 @@
 //! The metadata step's [`StepHandler`]: read the image from the blob store, extract its
-//! metadata on the blocking pool, store the thumbnail.
+//! metadata on the blocking pool within the memory budget, store the thumbnail.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,12 +9,14 @@ use bytes::Bytes;
 use imagepipe_blob::BlobStore;
 use imagepipe_contracts::command::MetadataCommand;
 use imagepipe_contracts::step::MetadataOutput;
+use imagepipe_runtime::budget::MemoryBudget;
 use imagepipe_runtime::config::MetadataConfig;
 use imagepipe_runtime::step::{StepFailure, StepHandler, read_blob};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinError;
 
 use crate::error::{ExtractError, codes};
-use crate::extract::{Extracted, extract};
+use crate::extract::{Extracted, extract, memory_needed};
 use crate::metrics;
 
 /// Handles `tasks.metadata` commands (see the module docs).
@@ -22,28 +24,24 @@ pub struct MetadataHandler {
     blobs: Arc<dyn BlobStore>,
     settings: Arc<MetadataConfig>,
     decoders: Arc<Semaphore>,
+    budget: MemoryBudget,
 }
 
 impl MetadataHandler {
     /// A handler reading images from and writing thumbnails to `blobs`, decoding at most
     /// `max_decoding` images at once (the worker's concurrency: a handler abandoned after its
-    /// timeout keeps its decoder slot until the decode ends).
+    /// timeout keeps its decoder slot until the decode ends) and no more than
+    /// `settings.memory_budget` bytes of pixels at once.
     pub fn new(blobs: Arc<dyn BlobStore>, settings: MetadataConfig, max_decoding: usize) -> Self {
-        Self { blobs, settings: Arc::new(settings), decoders: Arc::new(Semaphore::new(max_decoding.max(1))) }
+        let budget = MemoryBudget::new(metrics::BUDGET, settings.memory_budget);
+        Self { blobs, settings: Arc::new(settings), decoders: Arc::new(Semaphore::new(max_decoding.max(1))), budget }
     }
 
-    /// Runs [`extract`] on the blocking pool, holding a decoder slot.
+    /// Runs [`extract`] on the blocking pool, holding a decoder slot and the image's share of the
+    /// memory budget.
     async fn extract(&self, bytes: Bytes) -> Result<Extracted, StepFailure> {
         let slot = self.decoders.clone().acquire_owned().await.expect("the decoder semaphore is never closed");
-        let settings = self.settings.clone();
-        let started = Instant::now();
-        let extracted = tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            extract(&bytes, &settings)
-        })
-        .await;
-        ::metrics::histogram!(metrics::EXTRACT_DURATION).record(started.elapsed().as_secs_f64());
-        let failed = match extracted {
+        let failed = match self.extract_within_budget(bytes, slot).await {
             Ok(Ok(extracted)) => return Ok(extracted),
             Ok(Err(error)) => error,
             Err(join) if join.is_panic() => {
@@ -56,6 +54,54 @@ impl MetadataHandler {
         };
         ::metrics::counter!(metrics::IMAGES_FAILED, metrics::CODE => failed.code()).increment(1);
         Err(StepFailure::Permanent(failed.to_step_error()))
+    }
+
+    /// Reads the header on the blocking pool, waits for the bytes its decoding needs, then
+    /// extracts on the blocking pool holding them and `slot`. A header over the limits fails
+    /// without waiting.
+    async fn extract_within_budget(
+        &self,
+        bytes: Bytes,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<Result<Extracted, ExtractError>, JoinError> {
+        let needed = tokio::task::spawn_blocking({
+            let (bytes, settings) = (bytes.clone(), self.settings.clone());
+            move || memory_needed(&bytes, &settings)
+        })
+        .await?;
+        let needed = match needed {
+            Ok(needed) => needed,
+            Err(error) => return Ok(Err(error)),
+        };
+        let memory = self.budget.acquire(needed).await;
+        let settings = self.settings.clone();
+        let started = Instant::now();
+        let extracted = tokio::task::spawn_blocking(move || {
+            let decoding = Decoding::start();
+            let extracted = extract(&bytes, &settings);
+            drop(decoding);
+            drop((slot, memory));
+            extracted
+        })
+        .await;
+        ::metrics::histogram!(metrics::EXTRACT_DURATION).record(started.elapsed().as_secs_f64());
+        extracted
+    }
+}
+
+/// One image in [`metrics::DECODING`] while it lives.
+struct Decoding;
+
+impl Decoding {
+    fn start() -> Self {
+        ::metrics::gauge!(metrics::DECODING).increment(1.0);
+        Self
+    }
+}
+
+impl Drop for Decoding {
+    fn drop(&mut self) {
+        ::metrics::gauge!(metrics::DECODING).decrement(1.0);
     }
 }
 

@@ -6,7 +6,7 @@
 //! - [`exif`], [`frames`], [`colors`], [`phash`], [`thumbnail`]: one fact each.
 //! - [`extract`]: all of them from an image's bytes, pure CPU work.
 //! - [`handler`]: the step's [`StepHandler`](imagepipe_runtime::step::StepHandler): blob
-//!   store and blocking pool.
+//!   store, blocking pool and memory budget (`metadata.memory_budget`).
 //! - [`run`]: the worker loop on a connected bus, for the binary, `imagepipe run` and tests.
 
 pub mod colors;
@@ -40,10 +40,15 @@ pub const SERVICE: &str = "metadata-worker";
 pub mod metrics {
     /// Seconds decoding and extracting one image took on the blocking pool.
     pub const EXTRACT_DURATION: &str = "imagepipe_metadata_extract_seconds";
+    /// Images being decoded and extracted now, each holding its share of the memory budget.
+    pub const DECODING: &str = "imagepipe_metadata_decoding";
     /// Images that could not be processed, by `code`.
     pub const IMAGES_FAILED: &str = "imagepipe_metadata_images_failed_total";
     /// Label: the error code.
     pub const CODE: &str = "code";
+    /// The `budget` label of the worker's [memory budget
+    /// metrics](imagepipe_runtime::budget::metrics).
+    pub const BUDGET: &str = "metadata";
 }
 
 /// The worker could not run.

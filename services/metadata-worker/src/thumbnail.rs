@@ -27,13 +27,20 @@ pub struct Thumbnail {
 /// it already fits.
 pub fn fit(image: &DynamicImage, size: u32) -> DynamicImage {
     let (width, height) = (image.width(), image.height());
+    match fitted(width, height, size) {
+        (w, h) if (w, h) == (width, height) => image.clone(),
+        (w, h) => image.thumbnail_exact(w, h),
+    }
+}
+
+/// The dimensions [`fit`] gives a `width`×`height` image.
+pub fn fitted(width: u32, height: u32, size: u32) -> (u32, u32) {
     let long = width.max(height);
     if long <= size {
-        return image.clone();
+        return (width, height);
     }
     let scale = |edge: u32| ((u64::from(edge) * u64::from(size) + u64::from(long) / 2) / u64::from(long)).max(1);
-    let (w, h) = (scale(width) as u32, scale(height) as u32);
-    image.thumbnail_exact(w, h)
+    (scale(width) as u32, scale(height) as u32)
 }
 
 /// Turns `image` upright by its EXIF `orientation` (1..=8; anything else leaves it as it is).

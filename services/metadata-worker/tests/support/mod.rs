@@ -172,18 +172,20 @@ pub fn animated_webp(width: u32, height: u32, colours: &[[u8; 4]]) -> Vec<u8> {
     riff
 }
 
+/// A PNG chunk: length, kind, data and CRC.
+pub fn png_chunk(kind: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut chunk = (data.len() as u32).to_be_bytes().to_vec();
+    chunk.extend_from_slice(kind);
+    chunk.extend_from_slice(data);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(kind);
+    crc.update(data);
+    chunk.extend_from_slice(&crc.finalize().to_be_bytes());
+    chunk
+}
+
 /// A PNG of a few dozen bytes whose header claims `width`×`height` RGBA pixels.
 pub fn pixel_bomb_png(width: u32, height: u32) -> Vec<u8> {
-    let chunk = |kind: &[u8], data: &[u8]| {
-        let mut c = (data.len() as u32).to_be_bytes().to_vec();
-        c.extend_from_slice(kind);
-        c.extend_from_slice(data);
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(kind);
-        crc.update(data);
-        c.extend_from_slice(&crc.finalize().to_be_bytes());
-        c
-    };
     let mut ihdr = width.to_be_bytes().to_vec();
     ihdr.extend_from_slice(&height.to_be_bytes());
     ihdr.extend_from_slice(&[8, 6, 0, 0, 0]);
@@ -192,8 +194,41 @@ pub fn pixel_bomb_png(width: u32, height: u32) -> Vec<u8> {
     idat.extend_from_slice(&[0; 16]);
     idat.extend_from_slice(&[0x00, 0x10, 0x00, 0x01]);
     let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
-    png.extend(chunk(b"IHDR", &ihdr));
-    png.extend(chunk(b"IDAT", &idat));
-    png.extend(chunk(b"IEND", &[]));
+    png.extend(png_chunk(b"IHDR", &ihdr));
+    png.extend(png_chunk(b"IDAT", &idat));
+    png.extend(png_chunk(b"IEND", &[]));
     png
+}
+
+/// A `width`×`height` 16-bit RGBA PNG of one `colour`, written a row at a time: every row after
+/// the first is filtered "Up" to all zeros, so even 100 megapixels compress to under a megabyte.
+pub fn flat_rgba16_png(width: u32, height: u32, colour: [u16; 4]) -> Vec<u8> {
+    use std::io::Write;
+
+    let mut ihdr = width.to_be_bytes().to_vec();
+    ihdr.extend_from_slice(&height.to_be_bytes());
+    ihdr.extend_from_slice(&[16, 6, 0, 0, 0]);
+    let pixel: Vec<u8> = colour.iter().flat_map(|c| c.to_be_bytes()).collect();
+    let mut first = vec![0]; // filter None
+    first.extend(pixel.iter().copied().cycle().take(pixel.len() * width as usize));
+    let mut up = vec![0; first.len()];
+    up[0] = 2; // filter Up, no difference
+    let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    zlib.write_all(&first).expect("compressing to memory");
+    for _ in 1..height {
+        zlib.write_all(&up).expect("compressing to memory");
+    }
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend(png_chunk(b"IHDR", &ihdr));
+    png.extend(png_chunk(b"IDAT", &zlib.finish().expect("compressing to memory")));
+    png.extend(png_chunk(b"IEND", &[]));
+    png
+}
+
+/// `png` with a `tEXt` comment after its header chunk: the same pixels under another blob key.
+pub fn with_comment(png: &[u8], comment: &str) -> Vec<u8> {
+    const SIGNATURE_AND_IHDR: usize = 8 + 12 + 13;
+    let mut text = b"Comment\0".to_vec();
+    text.extend_from_slice(comment.as_bytes());
+    [&png[..SIGNATURE_AND_IHDR], &png_chunk(b"tEXt", &text), &png[SIGNATURE_AND_IHDR..]].concat()
 }
