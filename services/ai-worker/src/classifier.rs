@@ -1,18 +1,21 @@
 //! Analysing images on a blocking pool: one [`Model`] per process, at most `ai.threads`
-//! inferences at once, each on its own blocking thread.
+//! inferences at once, each on its own blocking thread, their decoded pixels within the memory
+//! budget (`ai.memory_budget`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use imagepipe_contracts::step::AnalysisOutput;
+use imagepipe_runtime::budget::MemoryBudget;
 use imagepipe_runtime::config::AiConfig;
 use tokio::sync::Semaphore;
+use tokio::task::JoinError;
 
 use crate::error::{AnalyzeError, ModelError};
 use crate::metrics;
 use crate::model::Model;
-use crate::preprocess::preprocess;
+use crate::preprocess::{memory_needed, preprocess};
 
 /// What an analysis reports, from the `ai` settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,16 +40,18 @@ pub struct Classifier {
     model: Arc<Model>,
     settings: Arc<AnalysisOptions>,
     slots: Arc<Semaphore>,
+    budget: MemoryBudget,
 }
 
 impl Classifier {
-    /// A classifier over `model` running at most `threads` analyses at once.
-    pub fn new(model: Arc<Model>, settings: AnalysisOptions, threads: usize) -> Self {
-        Self { model, settings: Arc::new(settings), slots: Arc::new(Semaphore::new(threads.max(1))) }
+    /// A classifier over `model` running at most `threads` analyses at once, each holding its
+    /// image's share of `budget` (see [`memory_needed`]).
+    pub fn new(model: Arc<Model>, settings: AnalysisOptions, threads: usize, budget: MemoryBudget) -> Self {
+        Self { model, settings: Arc::new(settings), slots: Arc::new(Semaphore::new(threads.max(1))), budget }
     }
 
-    /// Loads the model of `ai.model_dir` (on a blocking thread) and sizes the pool by
-    /// `ai.threads`.
+    /// Loads the model of `ai.model_dir` (on a blocking thread), sizes the pool by `ai.threads`
+    /// and the memory budget by `ai.memory_budget`.
     pub async fn load(ai: &AiConfig) -> Result<Self, ModelError> {
         let dir = ai.model_dir.clone();
         let started = Instant::now();
@@ -55,7 +60,8 @@ impl Classifier {
             .unwrap_or_else(|join| std::panic::resume_unwind(join.into_panic()))?;
         tracing::info!(model = model.name(), dir = %ai.model_dir.display(), load_ms = started.elapsed().as_millis(),
             threads = ai.threads, "model loaded");
-        Ok(Self::new(Arc::new(model), AnalysisOptions::from(ai), ai.threads))
+        let budget = MemoryBudget::new(metrics::BUDGET, ai.memory_budget);
+        Ok(Self::new(Arc::new(model), AnalysisOptions::from(ai), ai.threads, budget))
     }
 
     /// The model.
@@ -63,27 +69,39 @@ impl Classifier {
         &self.model
     }
 
-    /// Analyses an image's bytes on the blocking pool, waiting for a free slot. An analysis
-    /// abandoned by its caller keeps its slot until it ends.
+    /// Analyses an image's bytes on the blocking pool, waiting for a free slot, then (its header
+    /// read on the blocking pool) for its share of the memory budget; a header over the limits
+    /// fails without waiting. An analysis abandoned by its caller keeps its slot and share until
+    /// it ends.
     pub async fn analyze(&self, bytes: Bytes) -> Result<AnalysisOutput, AnalyzeError> {
         let slot = self.slots.clone().acquire_owned().await.expect("the slot semaphore is never closed");
+        let needed = tokio::task::spawn_blocking({
+            let (bytes, max_pixels) = (bytes.clone(), self.settings.max_pixels);
+            move || memory_needed(&bytes, max_pixels)
+        })
+        .await
+        .map_err(crashed)??;
+        let memory = self.budget.acquire(needed).await;
         let (model, settings) = (self.model.clone(), self.settings.clone());
         let started = Instant::now();
         let analysis = tokio::task::spawn_blocking(move || {
-            let _slot = slot;
+            let _held = (slot, memory);
             analyze(&model, &settings, &bytes)
         })
         .await;
         ::metrics::histogram!(metrics::ANALYZE_DURATION).record(started.elapsed().as_secs_f64());
-        match analysis {
-            Ok(result) => result,
-            Err(join) if join.is_panic() => {
-                tracing::error!("the analysis panicked");
-                Err(AnalyzeError::Panicked)
-            }
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
+        analysis.map_err(crashed)?
     }
+}
+
+/// The error of a blocking task that did not return: a panic is [`AnalyzeError::Panicked`];
+/// cancellation (the runtime shutting down) is resumed as a panic.
+fn crashed(join: JoinError) -> AnalyzeError {
+    if !join.is_panic() {
+        std::panic::resume_unwind(join.into_panic());
+    }
+    tracing::error!("the analysis panicked");
+    AnalyzeError::Panicked
 }
 
 /// Decodes, preprocesses and classifies one image, and tags it. CPU-bound.

@@ -5,7 +5,7 @@
 //! - [`model`]: the prepared model directory (`scripts/prepare-model.sh`), loaded once.
 //! - [`preprocess`]: bytes → decoded image → the model's `[1,3,224,224]` input.
 //! - [`taxonomy`]: class names, tag ancestors, top-k and tag scores.
-//! - [`classifier`]: analysis on a blocking pool of `ai.threads`.
+//! - [`classifier`]: analysis on a blocking pool of `ai.threads`, within `ai.memory_budget`.
 //! - [`handler`]: the step's [`StepHandler`](imagepipe_runtime::step::StepHandler): blob
 //!   store and analysis.
 //! - [`run`]: the worker loop on a connected bus, for the binary, `imagepipe run` and tests.
@@ -37,13 +37,15 @@ pub const SERVICE: &str = "ai-worker";
 
 /// Metric names of the AI worker.
 pub mod metrics {
-    /// Seconds decoding, preprocessing and classifying one image took (on the blocking pool,
-    /// waiting for a slot included).
+    /// Seconds decoding, preprocessing and classifying one image took on the blocking pool.
     pub const ANALYZE_DURATION: &str = "imagepipe_ai_analyze_seconds";
     /// Images that could not be analysed, by `code`.
     pub const IMAGES_FAILED: &str = "imagepipe_ai_images_failed_total";
     /// Label: the error code.
     pub const CODE: &str = "code";
+    /// The `budget` label of the worker's [memory budget
+    /// metrics](imagepipe_runtime::budget::metrics).
+    pub const BUDGET: &str = "ai";
 }
 
 /// The worker could not run.

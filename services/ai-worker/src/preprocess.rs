@@ -5,7 +5,8 @@
 use std::io::Cursor;
 
 use image::imageops::{self, FilterType};
-use image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage};
+use image::metadata::Orientation;
+use image::{DynamicImage, ExtendedColorType, ImageDecoder, ImageFormat, ImageReader, Limits, RgbImage};
 use tract_onnx::prelude::tract_ndarray::Array4;
 
 use crate::error::AnalyzeError;
@@ -25,11 +26,39 @@ const PRE_REDUCE_FACTOR: u32 = 4;
 /// Decodes `bytes` (format detected from the magic bytes) with at most `max_pixels` pixels,
 /// applying the EXIF orientation.
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<DynamicImage, AnalyzeError> {
+    let (mut decoder, _) = open(bytes, max_pixels)?;
+    let orientation = decoder.orientation().map_err(decode_error)?;
+    let mut image = DynamicImage::from_decoder(decoder).map_err(decode_error)?;
+    image.apply_orientation(orientation);
+    Ok(image)
+}
+
+/// Bytes of the buffers [`preprocess`] holds at once at its peak for the image in `bytes`, from
+/// its header alone: the decoded pixels in their own depth beside the decoder's scratch, or
+/// beside their turned copy (orientations with a quarter turn), or beside their RGB copy and its
+/// centre crop. Fails as [`decode`] would on a header it refuses.
+pub fn memory_needed(bytes: &[u8], max_pixels: u64) -> Result<u64, AnalyzeError> {
+    let (mut decoder, format) = open(bytes, max_pixels)?;
+    let (width, height) = decoder.dimensions();
+    let pixels = u64::from(width) * u64::from(height);
+    let decoded = decoder.total_bytes();
+    let scratch = decoder_scratch(format, decoder.original_color_type(), pixels);
+    let quarter_turn = matches!(
+        decoder.orientation().map_err(decode_error)?,
+        Orientation::Rotate90 | Orientation::Rotate270 | Orientation::Rotate90FlipH | Orientation::Rotate270FlipH
+    );
+    let turned = if quarter_turn { decoded } else { 0 };
+    let side = u64::from(crop_side(width, height));
+    let converted = 3 * pixels + 3 * side * side;
+    Ok(decoded + scratch.max(turned).max(converted))
+}
+
+/// A decoder for `bytes` whose header claims at most `max_pixels` pixels and not none, with its
+/// allocations limited, and the detected format.
+fn open(bytes: &[u8], max_pixels: u64) -> Result<(impl ImageDecoder + '_, ImageFormat), AnalyzeError> {
     let reader =
         ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| AnalyzeError::Decode(e.to_string()))?;
-    if reader.format().is_none() {
-        return Err(AnalyzeError::UnsupportedFormat);
-    }
+    let format = reader.format().ok_or(AnalyzeError::UnsupportedFormat)?;
     let mut decoder = reader.into_decoder().map_err(decode_error)?;
     let (width, height) = decoder.dimensions();
     if u64::from(width) * u64::from(height) > max_pixels {
@@ -41,10 +70,21 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<DynamicImage, AnalyzeErro
     let mut limits = Limits::default();
     limits.max_alloc = Some(max_pixels.saturating_mul(16).max(64 << 20));
     decoder.set_limits(limits).map_err(decode_error)?;
-    let orientation = decoder.orientation().map_err(decode_error)?;
-    let mut image = DynamicImage::from_decoder(decoder).map_err(decode_error)?;
-    image.apply_orientation(orientation);
-    Ok(image)
+    Ok((decoder, format))
+}
+
+/// Bytes the `image` crate's decoder of `format` holds beside its output while it decodes
+/// `pixels` stored as `stored`: TIFF reads the whole image in its stored layout first; WebP and
+/// GIF decode through an RGBA frame; a JPEG, taken as progressive (the costlier kind), keeps two
+/// bytes per sample of DCT coefficients. PNG and BMP decode a few rows at a time.
+fn decoder_scratch(format: ImageFormat, stored: ExtendedColorType, pixels: u64) -> u64 {
+    let per_pixel_bits = match format {
+        ImageFormat::Tiff => u64::from(stored.bits_per_pixel()),
+        ImageFormat::WebP | ImageFormat::Gif => 32,
+        ImageFormat::Jpeg => 16 * u64::from(stored.channel_count()),
+        _ => 0,
+    };
+    pixels.saturating_mul(per_pixel_bits) / 8
 }
 
 fn decode_error(error: image::ImageError) -> AnalyzeError {
@@ -59,7 +99,7 @@ fn decode_error(error: image::ImageError) -> AnalyzeError {
 pub fn crop_and_resize(image: &DynamicImage) -> RgbImage {
     let rgb = image.to_rgb8();
     let (width, height) = rgb.dimensions();
-    let side = ((f64::from(width.min(height)) * CROP_FRACTION).round() as u32).max(1);
+    let side = crop_side(width, height);
     let crop = imageops::crop_imm(&rgb, (width - side) / 2, (height - side) / 2, side, side).to_image();
     let crop = if side > PRE_REDUCE_FACTOR * INPUT_SIZE {
         imageops::thumbnail(&crop, 2 * INPUT_SIZE, 2 * INPUT_SIZE)
@@ -67,6 +107,11 @@ pub fn crop_and_resize(image: &DynamicImage) -> RgbImage {
         crop
     };
     imageops::resize(&crop, INPUT_SIZE, INPUT_SIZE, FilterType::CatmullRom)
+}
+
+/// Side of the centre crop of a `width`×`height` image.
+fn crop_side(width: u32, height: u32) -> u32 {
+    ((f64::from(width.min(height)) * CROP_FRACTION).round() as u32).max(1)
 }
 
 /// The model input of a [`INPUT_SIZE`]² RGB image: NCHW, `(x − 127) / 128`.
@@ -88,7 +133,8 @@ pub fn preprocess(bytes: &[u8], max_pixels: u64) -> Result<Array4<f32>, AnalyzeE
 
 #[cfg(test)]
 mod tests {
-    use image::{ImageFormat, Rgb, RgbaImage};
+    use image::codecs::png::PngEncoder;
+    use image::{ImageEncoder, Rgb, RgbaImage};
 
     use super::*;
 
@@ -178,6 +224,30 @@ mod tests {
         let err = decode(truncated, 1_000_000).unwrap_err();
         assert!(matches!(err, AnalyzeError::Decode(_)), "{err:?}");
         assert_eq!(err.code(), crate::error::codes::DECODE_FAILED);
+    }
+
+    #[test]
+    fn the_memory_needed_counts_the_decoded_pixels_and_their_largest_companion() {
+        // 100×50 RGBA16: 8 bytes a pixel decoded; the RGB copy and the 44×44 crop come beside it.
+        let (decoded, converted) = (100 * 50 * 8, 3 * 100 * 50 + 3 * 44 * 44);
+        let png = |exif: Option<Vec<u8>>| {
+            let mut bytes = Vec::new();
+            let mut encoder = PngEncoder::new(&mut bytes);
+            if let Some(exif) = exif {
+                encoder.set_exif_metadata(exif).unwrap();
+            }
+            encoder.write_image(&[7; 100 * 50 * 8], 100, 50, image::ExtendedColorType::Rgba16).unwrap();
+            bytes
+        };
+        assert_eq!(memory_needed(&png(None), 10_000).unwrap(), decoded + converted);
+        // Orientation 6 (a quarter turn): the turned copy is larger than the conversion.
+        let orientation_6 =
+            vec![b'M', b'M', 0, 42, 0, 0, 0, 8, 0, 1, 0x01, 0x12, 0, 3, 0, 0, 0, 1, 0, 6, 0, 0, 0, 0, 0, 0];
+        assert_eq!(memory_needed(&png(Some(orientation_6)), 10_000).unwrap(), 2 * decoded);
+        // A JPEG is taken as progressive: two bytes of coefficients per sample.
+        let jpeg = encode(&DynamicImage::ImageRgb8(RgbImage::new(100, 50)), ImageFormat::Jpeg);
+        assert_eq!(memory_needed(&jpeg, 10_000).unwrap(), 100 * 50 * 3 + 100 * 50 * 6);
+        assert!(matches!(memory_needed(&jpeg, 4_999), Err(AnalyzeError::TooManyPixels { .. })));
     }
 
     #[test]

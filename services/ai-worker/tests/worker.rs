@@ -4,7 +4,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use imagepipe_ai_worker::{AnalysisOptions, Classifier, run};
@@ -14,6 +14,7 @@ use imagepipe_contracts::command::AnalyzeCommand;
 use imagepipe_contracts::names::{dead_letter_queue, queues};
 use imagepipe_contracts::payload::ImageAnalyzed;
 use imagepipe_contracts::{Event, EventType, Step, StepOutcome, StepOutput, StepResult, decode, event_id};
+use imagepipe_runtime::budget::MemoryBudget;
 use imagepipe_runtime::{Settings, Shutdown};
 
 const MISSING_BLOB: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
@@ -43,7 +44,8 @@ async fn the_worker_analyses_stored_images_and_reports_failures() {
     let events = bus.events.subscribe(Subscription::new("ai-test", Selector::all())).await.unwrap();
     let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
     let dead = bus.queues.consume(&dead_letter_queue(queues::AI), ConsumerConfig::default()).await.unwrap();
-    let classifier = Classifier::new(model, AnalysisOptions { top_k: 3, tag_min_score: 0.05, max_pixels: 1 << 26 }, 2);
+    let options = AnalysisOptions { top_k: 3, tag_min_score: 0.05, max_pixels: 1 << 26 };
+    let classifier = Classifier::new(model, options, 2, MemoryBudget::new("ai", settings.ai.memory_budget));
     let shutdown = Shutdown::new();
     let worker = tokio::spawn({
         let (bus, shutdown) = (bus.clone(), shutdown.clone());
@@ -94,4 +96,26 @@ async fn the_worker_analyses_stored_images_and_reports_failures() {
 
     shutdown.trigger();
     tokio::time::timeout(Duration::from_secs(30), worker).await.unwrap().unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_analysis_waits_for_its_share_of_the_memory_budget_and_gives_it_back() {
+    let (Some(dir), Some(model)) = (common::model_dir(), common::model()) else { return };
+    let budget = MemoryBudget::new("ai-test", 64 << 20);
+    let options = AnalysisOptions { top_k: 3, tag_min_score: 0.05, max_pixels: 1 << 26 };
+    let classifier = Classifier::new(model, options, 2, budget.clone());
+    let photo = Bytes::from(common::photo(&dir, "chelsea"));
+
+    let everything = budget.acquire(budget.capacity()).await;
+    let analysis = tokio::spawn(async move { classifier.analyze(photo).await });
+    let asked = Instant::now();
+    while budget.waiting() == 0 {
+        assert!(asked.elapsed() < Duration::from_secs(10), "the analysis never asked the budget");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!analysis.is_finished(), "it waits while the budget is taken");
+    drop(everything);
+    let output = analysis.await.unwrap().unwrap();
+    assert_eq!(output.predictions.len(), 3);
+    assert_eq!((budget.in_use(), budget.waiting()), (0, 0), "its share is given back");
 }
