@@ -1,6 +1,7 @@
 //! What every imagepipe service runs on: one configuration schema ([`config`]), logs and
 //! traces ([`telemetry`]), Prometheus metrics ([`metrics`]) and the health server ([`http`]),
-//! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), time ([`clock`]), memory
+//! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), connecting with retries at
+//! start ([`connect`]), time ([`clock`]), memory
 //! budgets for decoding ([`budget`]), the worker loop ([`worker`]) and the start-up that ties
 //! them together ([`service`]).
 
@@ -8,6 +9,7 @@ pub mod backoff;
 pub mod budget;
 pub mod clock;
 pub mod config;
+pub mod connect;
 pub mod dedup;
 pub mod http;
 pub mod metrics;

@@ -123,6 +123,25 @@ fn describe() {
     describe_counter!(FETCH_ERRORS, Unit::Count, "Failed fetches from the broker, by source.");
     describe_counter!(SETTLE_ERRORS, Unit::Count, "Failed settle calls (the broker redelivers), by source and action.");
     describe_counter!(MESSAGES_ABANDONED, Unit::Count, "Messages left unsettled at shutdown for redelivery.");
+    describe_budgets();
+}
+
+/// The memory budgets' metrics ([`crate::budget::metrics`]), by `budget`.
+fn describe_budgets() {
+    use crate::budget::metrics as budget;
+    describe_gauge!(
+        budget::IN_USE_BYTES,
+        Unit::Bytes,
+        "Bytes of image buffers granted and not yet released, by budget."
+    );
+    describe_gauge!(budget::CAPACITY_BYTES, Unit::Bytes, "The memory budget's capacity in bytes, by budget.");
+    describe_counter!(
+        budget::WAITS,
+        Unit::Count,
+        "Requests that waited for other holders to release bytes, by budget."
+    );
+    describe_gauge!(budget::WAITING, Unit::Count, "Requests waiting for bytes now, by budget.");
+    describe_histogram!(budget::WAIT_DURATION, Unit::Seconds, "Time a request that had to wait waited, by budget.");
 }
 
 #[cfg(test)]

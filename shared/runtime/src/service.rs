@@ -21,6 +21,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -29,7 +30,9 @@ use clap::{Args as _, FromArgMatches as _};
 use imagepipe_bus::{Bus, BusError, Consumer};
 use tokio::task::JoinHandle;
 
+use crate::backoff::ExponentialBackoff;
 use crate::config::{ConfigArgs, ConfigError, Settings};
+use crate::connect::{Unconnected, with_retry};
 use crate::http::{ApiRoutes, HealthServer, HttpError, Readiness};
 use crate::metrics::MetricsError;
 use crate::shutdown::Shutdown;
@@ -47,6 +50,9 @@ pub mod checks {
     pub const SHUTDOWN: &str = "shutdown";
     /// Every consumer the service opened is open (a Kafka group may take seconds to join).
     pub const CONSUMERS: &str = "consumers";
+    /// The service's state store (Redis, when `store.kind = redis`) is connected; added by
+    /// the services that have one ([`Service::connect`](super::Service::connect)).
+    pub const STORE: &str = "store";
 }
 
 /// A service could not start or stop cleanly.
@@ -160,6 +166,35 @@ impl Service {
         self.http_addr
     }
 
+    /// Connects something the service needs besides the bus (a Redis-backed store) the way the
+    /// bus is connected: while `open` fails with an error `retryable` accepts, it is retried
+    /// with the broker backoff and a log line per attempt, and the readiness check `check`
+    /// (named in `/readyz`) is false until it succeeds. `Ok(None)` when shutdown fired first
+    /// (the service then stops cleanly); the first error not retried otherwise.
+    pub async fn connect<T, E, F, Fut>(
+        &self,
+        check: &'static str,
+        retryable: impl Fn(&E) -> bool,
+        open: F,
+    ) -> Result<Option<T>, E>
+    where
+        E: std::error::Error + 'static,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let connected = Arc::new(AtomicBool::new(false));
+        let ready = connected.clone();
+        self.readiness.add(check, move || ready.load(Ordering::Acquire));
+        match with_retry(check, ExponentialBackoff::broker_reconnect(), &self.shutdown, retryable, open).await {
+            Ok(value) => {
+                connected.store(true, Ordering::Release);
+                Ok(Some(value))
+            }
+            Err(Unconnected::Interrupted) => Ok(None),
+            Err(Unconnected::Failed(error)) => Err(error),
+        }
+    }
+
     /// Opens a consumer on `queue` with the `worker` settings.
     pub async fn consume(&self, queue: &str) -> Result<Box<dyn Consumer>, BusError> {
         self.bus.queues.consume(queue, self.settings.worker.consumer_config()).await
@@ -193,21 +228,15 @@ impl Service {
 
 /// Connects the bus; an unreachable broker is retried with backoff until `shutdown`.
 async fn connect(settings: &Settings, shutdown: &Shutdown) -> Result<Bus, ServiceError> {
-    let mut attempts = crate::backoff::ExponentialBackoff::broker_reconnect().attempts();
-    loop {
-        match Bus::connect(&settings.bus).await {
-            Ok(bus) => return Ok(bus),
-            Err(error @ BusError::Connect { .. }) => {
-                let delay = attempts.next_delay();
-                tracing::warn!(error = %error_chain(&error), retry_in = ?delay, "broker unreachable; retrying");
-                tokio::select! {
-                    () = shutdown.wait() => return Err(ServiceError::Interrupted),
-                    () = tokio::time::sleep(delay) => {}
-                }
-            }
-            Err(error) => return Err(ServiceError::Bus(error)),
-        }
-    }
+    let unreachable = |error: &BusError| matches!(error, BusError::Connect { .. });
+    with_retry("the broker", ExponentialBackoff::broker_reconnect(), shutdown, unreachable, || {
+        Bus::connect(&settings.bus)
+    })
+    .await
+    .map_err(|gave| match gave {
+        Unconnected::Failed(error) => ServiceError::Bus(error),
+        Unconnected::Interrupted => ServiceError::Interrupted,
+    })
 }
 
 /// What a service binary runs once started: its own work, until the service's shutdown.
@@ -329,6 +358,53 @@ mod tests {
             assert_eq!(status_and_body(addr, open).await.0, 200, "{open}");
         }
         service.shutdown.trigger();
+        service.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_store_is_retried_with_readiness_false_until_it_connects() {
+        use std::sync::atomic::AtomicU32;
+
+        let mut settings = Settings::default();
+        settings.http.bind = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        settings.http.port = 0;
+        let service = Service::start_with("service-test", settings, Shutdown::new()).await.unwrap();
+        let addr = service.http_addr();
+        let _consumer = service.consume("tasks.service-store-test").await.unwrap();
+        assert_eq!(status_and_body(addr, "/readyz").await.0, 200);
+
+        let (up, attempts) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU32::new(0)));
+        let open = || {
+            let n = attempts.fetch_add(1, Ordering::SeqCst);
+            let up = up.load(Ordering::SeqCst);
+            async move { if up { Ok(n) } else { Err(std::io::Error::other("connection refused")) } }
+        };
+        let meanwhile = async {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while attempts.load(Ordering::SeqCst) < 3 {
+                assert!(tokio::time::Instant::now() < deadline, "no retries");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(status_and_body(addr, "/readyz").await, (503, "not ready: store\n".into()));
+            up.store(true, Ordering::SeqCst);
+        };
+        let (opened, ()) = tokio::join!(service.connect(checks::STORE, |_: &std::io::Error| true, open), meanwhile);
+        assert!(opened.unwrap().is_some_and(|n| n >= 3), "connected after the failed attempts");
+        assert_eq!(status_and_body(addr, "/readyz").await, (200, "ready\n".into()));
+
+        let refused = service.connect(
+            "other",
+            |_: &std::io::Error| false,
+            || async { Err::<(), _>(std::io::Error::other("bad")) },
+        );
+        assert!(refused.await.is_err(), "an error not retried is returned at once");
+        service.shutdown.trigger();
+        let interrupted = service.connect(
+            "late",
+            |_: &std::io::Error| true,
+            || async { Err::<(), _>(std::io::Error::other("down")) },
+        );
+        assert!(interrupted.await.unwrap().is_none(), "shutdown ends the retries");
         service.stop().await.unwrap();
     }
 

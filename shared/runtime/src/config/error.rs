@@ -39,6 +39,9 @@ pub enum ConfigError {
     /// The settings could not be rendered as TOML.
     #[error("rendering the config as TOML")]
     Print(#[source] toml::ser::Error),
+    /// The settings could not be rendered as JSON.
+    #[error("rendering the config as JSON")]
+    PrintJson(#[source] serde_json::Error),
 }
 
 impl ConfigError {

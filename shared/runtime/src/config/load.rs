@@ -45,6 +45,13 @@ impl ConfigArgs {
     pub fn load(&self) -> Result<Settings, ConfigError> {
         Settings::load(self.config.as_deref())
     }
+
+    /// Loads the settings like [`load`](Self::load) without [`Settings::validate`], for a
+    /// checker that reports every unusable value by itself (`imagepipe doctor`); keys and types
+    /// are still checked.
+    pub fn load_unvalidated(&self) -> Result<Settings, ConfigError> {
+        Settings::read(self.config.as_deref(), std::env::vars_os())
+    }
 }
 
 impl Settings {
@@ -57,6 +64,18 @@ impl Settings {
     /// with a `__` or starting with a section name are read (except [`CONFIG_PATH_ENV`]), and
     /// every one of them must name a key; other `IMAGEPIPE_*` variables belong to tooling.
     pub fn load_from<I, K, V>(file: Option<&Path>, env: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        let settings = Self::read(file, env)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// [`load_from`](Self::load_from) without the validation.
+    fn read<I, K, V>(file: Option<&Path>, env: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (K, V)>,
         K: Into<OsString>,
@@ -84,16 +103,26 @@ impl Settings {
             let message = key_error_message(&key, &e.into_inner().to_string());
             ConfigError::Key { key, message }
         })?;
-        settings.validate()?;
         Ok(settings)
     }
 
     /// The settings as TOML with every secret and URL credential masked, for
     /// `imagepipe config print`.
     pub fn to_masked_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string_pretty(&self.masked_table()?).map_err(ConfigError::Print)
+    }
+
+    /// The settings as a JSON object, masked like [`to_masked_toml`](Self::to_masked_toml)
+    /// (durations as the same strings), for `imagepipe config print --json`.
+    pub fn to_masked_json(&self) -> Result<serde_json::Value, ConfigError> {
+        serde_json::to_value(self.masked_table()?).map_err(ConfigError::PrintJson)
+    }
+
+    /// Every key with its value, secrets and URL credentials masked.
+    fn masked_table(&self) -> Result<toml::Table, ConfigError> {
         let mut table = toml::Table::try_from(self).map_err(ConfigError::Print)?;
         mask_strings(&mut table);
-        toml::to_string_pretty(&table).map_err(ConfigError::Print)
+        Ok(table)
     }
 }
 
@@ -166,5 +195,38 @@ fn mask_value(value: &mut toml::Value) {
         toml::Value::Array(items) => items.iter_mut().for_each(mask_value),
         toml::Value::Table(table) => mask_strings(table),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_json_print_has_the_keys_values_and_masks_of_the_toml_print() {
+        let env = [
+            ("IMAGEPIPE_STORE__REDIS__URL", "redis://app:redis-pw@cache:6379"),
+            ("IMAGEPIPE_HTTP__AUTH_TOKEN", "api-token"),
+        ];
+        let settings = Settings::load_from(None, env).unwrap();
+        let json = settings.to_masked_json().unwrap();
+        let text = json.to_string();
+        assert!(!text.contains("redis-pw") && !text.contains("api-token"), "{text}");
+        assert_eq!(json["store"]["redis"]["url"], "redis://***@cache:6379");
+        assert_eq!(json["http"]["auth_token"], "***");
+        assert_eq!(json["worker"]["ack_wait"], "30s");
+        let toml: toml::Table = toml::from_str(&settings.to_masked_toml().unwrap()).unwrap();
+        assert_eq!(serde_json::to_value(toml).unwrap(), json, "the same keys and values as the TOML print");
+    }
+
+    #[test]
+    fn reading_without_validation_keeps_an_unusable_value_for_a_checker() {
+        let env = [("IMAGEPIPE_NET__ALLOW_CIDRS", "10.0.0.0/8,not-a-cidr")];
+        let err = Settings::load_from(None, env).unwrap_err();
+        assert_eq!(err.key(), Some("net.allow_cidrs[1]"));
+        let settings = Settings::read(None, env).unwrap();
+        assert_eq!(settings.net.allow_cidrs, ["10.0.0.0/8", "not-a-cidr"]);
+        assert_eq!(settings.validate().unwrap_err().key(), Some("net.allow_cidrs[1]"));
+        assert!(Settings::read(None, [("IMAGEPIPE_NET__NO_SUCH_KEY", "1")]).is_err(), "keys are still checked");
     }
 }

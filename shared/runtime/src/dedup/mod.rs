@@ -17,7 +17,10 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
+use crate::backoff::ExponentialBackoff;
 use crate::config::{Settings, StoreKind};
+use crate::connect::{Unconnected, redis_unreachable, with_retry};
+use crate::shutdown::Shutdown;
 
 pub use layer::{Deduplicated, EventHandler, Seen};
 
@@ -62,6 +65,26 @@ pub async fn connect(settings: &Settings, group: &str) -> Result<Box<dyn Dedup>,
             Ok(Box::new(RedisDedup::new(connection, prefix, ttl)))
         }
         StoreKind::Embedded => Ok(Box::new(MemoryDedup::new(ttl, settings.dedup.capacity))),
+    }
+}
+
+/// [`connect`], retrying while Redis is unreachable (with the bus's backoff and a log line per
+/// attempt, see [`crate::connect`]) instead of failing: a subscriber started before Redis
+/// waits for it, and opens no consumer meanwhile, so `/readyz` stays false. `Ok(None)` when
+/// `shutdown` fired first.
+pub async fn connect_with_retry(
+    settings: &Settings,
+    group: &str,
+    shutdown: &Shutdown,
+) -> Result<Option<Box<dyn Dedup>>, DedupError> {
+    let unreachable = |error: &DedupError| matches!(error, DedupError::Connect(source) if redis_unreachable(source));
+    let what = format!("the dedup store of {group}");
+    match with_retry(&what, ExponentialBackoff::broker_reconnect(), shutdown, unreachable, || connect(settings, group))
+        .await
+    {
+        Ok(dedup) => Ok(Some(dedup)),
+        Err(Unconnected::Interrupted) => Ok(None),
+        Err(Unconnected::Failed(error)) => Err(error),
     }
 }
 

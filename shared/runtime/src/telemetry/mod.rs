@@ -6,6 +6,8 @@
 mod context;
 pub mod otlp;
 
+use std::io::IsTerminal as _;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -93,7 +95,7 @@ impl Telemetry {
 }
 
 /// Installs the process-wide subscriber for service `service`: lines on stderr in
-/// `log.format`, filtered by `RUST_LOG` if set, else `log.filter`; spans traced under the
+/// `log.format` (coloured only when stderr is a terminal, see [`use_ansi`]), filtered by `RUST_LOG` if set, else `log.filter`; spans traced under the
 /// name [`service_name`] picks and exported as the `OTEL_EXPORTER_OTLP_*` variables say
 /// ([`OtlpConfig::from_env`]; nothing is exported without an endpoint). Also installs the W3C
 /// propagator as OpenTelemetry's global one.
@@ -102,7 +104,8 @@ pub fn init(service: &str, log: &LogConfig, telemetry: &TelemetryConfig) -> Resu
     let export = OtlpConfig::from_env()?;
     let name = service_name(service, telemetry, std::env::var(OTEL_SERVICE_NAME).ok());
     let provider = tracer_provider(&name, export.as_ref())?;
-    let (subscriber, telemetry) = subscriber(log.format, filter, provider, std::io::stderr);
+    let ansi = use_ansi(log.format, std::io::stderr().is_terminal());
+    let (subscriber, telemetry) = subscriber_with(log.format, filter, provider, std::io::stderr, ansi);
     subscriber.try_init().map_err(TelemetryError::AlreadyInstalled)?;
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     if let Some(export) = &export {
@@ -143,8 +146,14 @@ pub fn tracer_provider(service_name: &str, export: Option<&OtlpConfig>) -> Resul
     })
 }
 
-/// The subscriber [`init`] installs, writing to `writer` and tracing into `provider`, without
-/// installing it (for tests and embedding).
+/// Whether log lines carry ANSI colours: text lines going to a terminal do; lines written to a
+/// file or a pipe (a log collector, `2> service.log`) and JSON lines never do.
+pub fn use_ansi(format: LogFormat, to_terminal: bool) -> bool {
+    format == LogFormat::Text && to_terminal
+}
+
+/// The subscriber [`init`] installs, writing plain lines (no colours) to `writer` and tracing
+/// into `provider`, without installing it (for tests and embedding).
 pub fn subscriber<W>(
     format: LogFormat,
     filter: EnvFilter,
@@ -154,9 +163,25 @@ pub fn subscriber<W>(
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
+    subscriber_with(format, filter, provider, writer, false)
+}
+
+/// [`subscriber`] with ANSI colours in text lines when `ansi` is set (see [`use_ansi`]).
+pub fn subscriber_with<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    provider: SdkTracerProvider,
+    writer: W,
+    ansi: bool,
+) -> (impl Subscriber + Send + Sync + for<'a> LookupSpan<'a> + use<W>, Telemetry)
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     let lines = match format {
-        LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(writer).boxed(),
-        LogFormat::Json => tracing_subscriber::fmt::layer().json().with_current_span(true).with_writer(writer).boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(writer).boxed(),
+        LogFormat::Json => {
+            tracing_subscriber::fmt::layer().json().with_ansi(false).with_current_span(true).with_writer(writer).boxed()
+        }
     };
     let traces = tracing_opentelemetry::layer().with_tracer(provider.tracer("imagepipe"));
     let subscriber = Registry::default().with(filter).with(lines).with(traces);
@@ -173,6 +198,47 @@ mod tests {
         assert!(env_filter(Some(" ".into()), "warn").unwrap().to_string().contains("warn"));
         let err = env_filter(Some("info,[[[".into()), "info").unwrap_err();
         assert!(err.to_string().contains("RUST_LOG"), "{err}");
+    }
+
+    #[test]
+    fn colours_only_in_text_lines_to_a_terminal() {
+        assert!(use_ansi(LogFormat::Text, true));
+        assert!(!use_ansi(LogFormat::Text, false), "a file or a pipe gets plain text");
+        assert!(!use_ansi(LogFormat::Json, true));
+        assert!(!use_ansi(LogFormat::Json, false));
+    }
+
+    /// Log lines written through [`subscriber_with`], with or without colours.
+    fn lines_written(ansi: bool) -> String {
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = buffer.clone();
+        let writer = move || SharedBuffer(sink.clone());
+        let provider = tracer_provider("ansi-test", None).unwrap();
+        let filter = env_filter(None, "info").unwrap();
+        let (subscriber, _telemetry) = subscriber_with(LogFormat::Text, filter, provider, writer, ansi);
+        tracing::subscriber::with_default(subscriber, || tracing::warn!(field = 1, "coloured or not"));
+        String::from_utf8(buffer.lock().unwrap().clone()).unwrap()
+    }
+
+    struct SharedBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for SharedBuffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_carry_escape_codes_only_when_asked() {
+        let plain = lines_written(false);
+        assert!(plain.contains("coloured or not") && !plain.contains('\u{1b}'), "{plain:?}");
+        let coloured = lines_written(true);
+        assert!(coloured.contains('\u{1b}'), "{coloured:?}");
     }
 
     #[test]

@@ -358,13 +358,22 @@ fn log_task_failure(worker: &str, joined: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// An error and its sources, `: `-separated, for one log field or a dead letter's reason.
+/// An error and its sources, `: `-separated, for one log field, a dead letter's reason or a
+/// command's last line. A source whose text the previous message already contains is left
+/// out: many errors (`reqwest`'s, or a `thiserror` variant writing `{source}`) include their
+/// source in their own text, and printing it again doubles it
+/// (`error sending request for url (…): error sending request for url (…)`).
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
+    let mut previous = error.to_string();
+    let mut text = previous.clone();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let message = cause.to_string();
+        if !message.is_empty() && !previous.contains(&message) {
+            text.push_str(": ");
+            text.push_str(&message);
+        }
+        previous = message;
         source = cause.source();
     }
     text

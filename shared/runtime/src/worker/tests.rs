@@ -513,3 +513,36 @@ async fn the_handler_runs_in_the_trace_of_the_message() {
     let outgoing = imagepipe_contracts::TraceId::from_traceparent(outgoing.traceparent().unwrap()).unwrap();
     assert_eq!(outgoing.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
 }
+
+#[derive(Debug, thiserror::Error)]
+#[error("{text}")]
+struct Layer {
+    text: String,
+    #[source]
+    source: Option<Box<Layer>>,
+}
+
+fn layers(texts: &[&str]) -> Layer {
+    texts
+        .iter()
+        .rev()
+        .fold(None, |source, text| Some(Layer { text: (*text).to_owned(), source: source.map(Box::new) }))
+        .expect("at least one layer")
+}
+
+#[test]
+fn an_error_chain_names_every_cause_once() {
+    let plain = layers(&["opening the store", "redis connecting", "connection refused"]);
+    assert_eq!(error_chain(&plain), "opening the store: redis connecting: connection refused");
+
+    // reqwest's errors and `{source}` variants carry their source's text already.
+    let url = "error sending request for url (http://127.0.0.1:9/v1/tasks)";
+    let doubled =
+        layers(&[&format!("cannot reach the API: {url}"), url, "client error (Connect)", "connection refused"]);
+    assert_eq!(
+        error_chain(&doubled),
+        format!("cannot reach the API: {url}: client error (Connect): connection refused"),
+        "the repeated source is left out, the causes after it are kept"
+    );
+    assert_eq!(error_chain(&layers(&["same", "same", "same"])), "same");
+}
