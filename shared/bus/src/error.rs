@@ -77,6 +77,15 @@ pub enum BusError {
         /// The limit it broke.
         max: usize,
     },
+    /// Asking the broker what it holds (streams, consumers, offsets) failed.
+    #[error("asking the broker about {what}")]
+    Inspect {
+        /// What was asked about (`consumer tasks_download`, `the streams`).
+        what: String,
+        /// Client error.
+        #[source]
+        source: BoxError,
+    },
     /// The request itself is invalid (bad name, bad selector, bad config).
     #[error("invalid request: {0}")]
     Invalid(String),

@@ -13,6 +13,10 @@
 //! deadline), [`Delivery::terminate`] (straight to the dead-letter queue with a reason).
 //! A message delivered `max_deliveries` times without an ack is dead-lettered too.
 //!
+//! [`TaskQueue::backlog`] says how many messages of a queue wait; `nats::inspect` and
+//! `kafka::inspect` report what the broker holds for a prefix ([`BrokerReport`]) without
+//! creating anything.
+//!
 //! Backends: [`memory`] (feature `memory`, default), `nats` (feature `nats`), `kafka` (feature
 //! `kafka`). [`Bus::connect`] picks one from [`BusConfig`]. The [`conformance`] suite (feature
 //! `conformance`) is the one set of tests every backend passes.
@@ -21,6 +25,7 @@ mod bus;
 mod config;
 mod delivery;
 mod error;
+mod inspect;
 mod message;
 mod opening;
 mod selector;
@@ -42,6 +47,7 @@ pub use config::{
 };
 pub use delivery::{AckHandle, Delivery};
 pub use error::{BoxError, BusError};
+pub use inspect::{Backlog, BrokerReport, ConsumerReport, OtherPrefix, StoreReport};
 pub use message::{Headers, Message};
 pub use selector::{InvalidSelector, Selector};
 pub use traits::{Consumer, EventBus, TaskQueue};

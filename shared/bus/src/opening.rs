@@ -12,6 +12,7 @@ use async_trait::async_trait;
 
 use crate::config::{ConsumerConfig, Subscription};
 use crate::error::BusError;
+use crate::inspect::Backlog;
 use crate::message::Message;
 use crate::traits::{Consumer, EventBus, TaskQueue};
 
@@ -106,6 +107,10 @@ impl TaskQueue for CountedQueues {
     {
         let opening = self.openings.start();
         Box::pin(async move { opening.finish(self.inner.consume(queue, config).await) })
+    }
+
+    async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
+        self.inner.backlog(queue).await
     }
 }
 

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use crate::config::{ConsumerConfig, Subscription};
 use crate::delivery::Delivery;
 use crate::error::BusError;
+use crate::inspect::Backlog;
 use crate::message::Message;
 
 /// Pulls deliveries from one queue or one subscriber group. Replicas that open a consumer on
@@ -36,6 +37,13 @@ pub trait TaskQueue: Send + Sync {
 
     /// Opens a consumer on `queue`, shared by every replica that opens one.
     async fn consume(&self, queue: &str, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError>;
+
+    /// How many messages of `queue` its consumer has not finished, as the broker counts them
+    /// (for gauges); `None` when the backend cannot say, or nothing has consumed `queue` yet.
+    async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
+        let _ = queue;
+        Ok(None)
+    }
 }
 
 /// Event topics: every subscriber group gets every event its selector accepts.

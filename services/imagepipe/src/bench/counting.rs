@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use imagepipe_bus::{Bus, BusError, Consumer, ConsumerConfig, EventBus, Message, Subscription, TaskQueue};
+use imagepipe_bus::{Backlog, Bus, BusError, Consumer, ConsumerConfig, EventBus, Message, Subscription, TaskQueue};
 
 /// Publishes accepted so far, by queue name or event type.
 #[derive(Clone, Default)]
@@ -65,6 +65,10 @@ impl TaskQueue for CountingQueues {
 
     async fn consume(&self, queue: &str, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError> {
         self.inner.consume(queue, config).await
+    }
+
+    async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
+        self.inner.backlog(queue).await
     }
 }
 

@@ -23,6 +23,7 @@ mod dead_letter;
 mod dedup;
 mod events;
 mod handle;
+mod inspect;
 mod member;
 mod names;
 mod offsets;
@@ -36,6 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+pub use self::inspect::inspect;
 pub use self::producer::Idempotence;
 
 use self::admin::Topics;
@@ -80,6 +82,8 @@ pub(crate) struct Shared {
     members: Mutex<HashMap<MemberKey, Registered>>,
     /// Set by [`KafkaBus::close`].
     closed: AtomicBool,
+    /// Committed offsets of the queues' groups, for their backlog.
+    offsets: Arc<inspect::GroupOffsets>,
 }
 
 impl KafkaBus {
@@ -105,6 +109,7 @@ impl KafkaBus {
             tiers: RetryTiers::new(config.retry_tiers.clone()),
             members: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
+            offsets: Arc::new(inspect::GroupOffsets::new(config)),
         };
         Ok(Self { shared: Arc::new(shared) })
     }

@@ -8,6 +8,7 @@ use super::KafkaBus;
 use super::member::MemberSpec;
 use crate::config::{ConsumerConfig, StartPosition};
 use crate::error::BusError;
+use crate::inspect::Backlog;
 use crate::message::Message;
 use crate::traits::{Consumer, TaskQueue};
 
@@ -36,5 +37,15 @@ impl TaskQueue for KafkaBus {
             start: StartPosition::Beginning,
         };
         self.open(spec, config).await
+    }
+
+    async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
+        self.shared.check_open()?;
+        let topic = self.shared.names.queue_topic(queue)?;
+        let Some(partitions) = self.shared.topics.partitions(&topic) else { return Ok(None) };
+        let (offsets, group) = (self.shared.offsets.clone(), self.shared.names.group_id(queue));
+        tokio::task::spawn_blocking(move || offsets.backlog(&group, &topic, partitions))
+            .await
+            .map_err(|e| BusError::Inspect { what: format!("the backlog of {queue}"), source: Box::new(e) })?
     }
 }

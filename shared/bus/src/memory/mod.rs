@@ -37,6 +37,7 @@ use crate::bus::Bus;
 pub use crate::config::MemoryConfig;
 use crate::config::{ConsumerConfig, GroupLifetime, Subscription, is_valid_name};
 use crate::error::BusError;
+use crate::inspect::Backlog;
 use crate::message::Message;
 use crate::selector::is_valid_event_type;
 use crate::traits::{Consumer, EventBus, TaskQueue};
@@ -141,6 +142,11 @@ impl TaskQueue for MemoryBus {
         check_consumer(queue, &config)?;
         let dlq = self.queue(&names::dead_letter_queue(queue));
         Ok(Box::new(MemoryConsumer { queue: self.queue(queue), dlq, config, _member: None }))
+    }
+
+    async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
+        let queues = self.shared.queues.lock().expect("memory bus registry lock poisoned");
+        Ok(queues.get(queue).map(|q| q.backlog()))
     }
 }
 

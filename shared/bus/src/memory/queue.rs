@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::dedup::DedupWindow;
 use crate::config::ConsumerConfig;
 use crate::error::BusError;
+use crate::inspect::Backlog;
 use crate::message::Message;
 
 /// A settle call named a delivery that is no longer the message's current one.
@@ -92,6 +93,14 @@ impl Queue {
     /// How many messages the queue holds: ready, delayed and in flight.
     pub(super) fn len(&self) -> usize {
         self.lock().entries.len()
+    }
+
+    /// Messages waiting (ready or delayed) and in flight.
+    pub(super) fn backlog(&self) -> Backlog {
+        let state = self.lock();
+        let unacked = state.entries.values().filter(|e| matches!(e.status, Status::InFlight(_))).count();
+        let waiting = state.entries.len() - unacked;
+        Backlog { waiting: waiting as u64, unacked: unacked as u64 }
     }
 
     /// Whether another message fits.

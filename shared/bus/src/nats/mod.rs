@@ -17,6 +17,7 @@ mod consumers;
 mod dead_letter;
 mod events;
 mod handle;
+mod inspect;
 mod names;
 mod queue;
 mod streams;
@@ -34,6 +35,8 @@ use crate::message::Message;
 
 use self::names::Names;
 use self::streams::Streams;
+
+pub use self::inspect::inspect;
 
 /// The NATS JetStream backend: task queues and event topics of one prefix. Cheap to clone.
 #[derive(Clone)]

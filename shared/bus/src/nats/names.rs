@@ -54,6 +54,11 @@ impl Names {
         format!("{}.{TASKS}.>", self.prefix)
     }
 
+    /// The prefix whose task stream captures `subjects` (`imagepipe.tasks.>` → `imagepipe`).
+    pub(crate) fn prefix_of_tasks_subjects(subjects: &str) -> Option<&str> {
+        subjects.strip_suffix(".>")?.strip_suffix(TASKS)?.strip_suffix('.').filter(|prefix| !prefix.is_empty())
+    }
+
     /// Subjects captured by the events stream.
     pub(crate) fn events_subjects(&self) -> String {
         format!("{}.{}.>", self.prefix, topics::EVENTS)
@@ -205,6 +210,10 @@ mod tests {
         assert_eq!(names.event_type_of("other.events.task.completed"), None);
         assert_eq!(Names::new("test.run-1").tasks_stream(), "TEST_RUN-1_TASKS");
         assert_eq!(durable_name("tasks.download"), "tasks_download");
+        assert_eq!(Names::prefix_of_tasks_subjects(&names.tasks_subjects()), Some("imagepipe"));
+        assert_eq!(Names::prefix_of_tasks_subjects("a.b.tasks.>"), Some("a.b"));
+        assert_eq!(Names::prefix_of_tasks_subjects("tasks.>"), None);
+        assert_eq!(Names::prefix_of_tasks_subjects("a.events.>"), None);
     }
 
     #[test]

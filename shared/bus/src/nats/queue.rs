@@ -10,9 +10,11 @@ use imagepipe_contracts::names;
 use super::NatsBus;
 use super::consumer::NatsConsumer;
 use super::consumers::ConsumerSpec;
+use super::inspect::consumer_backlog;
 use super::names::{QueueKind, durable_name};
 use crate::config::ConsumerConfig;
 use crate::error::BusError;
+use crate::inspect::Backlog;
 use crate::message::Message;
 use crate::traits::{Consumer, TaskQueue};
 
@@ -53,5 +55,15 @@ impl TaskQueue for NatsBus {
         )
         .await?;
         Ok(Box::new(consumer))
+    }
+
+    async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
+        self.shared.check_open()?;
+        let (kind, _) = self.shared.names.queue_subject(queue)?;
+        let stream = match kind {
+            QueueKind::Tasks => &self.shared.streams.tasks,
+            QueueKind::DeadLetters => &self.shared.streams.dlq,
+        };
+        consumer_backlog(stream, &durable_name(queue)).await
     }
 }

@@ -20,6 +20,10 @@ pub(crate) struct Streams {
     pub dlq: Stream,
 }
 
+/// The description of every prefix's task stream: how a task stream of another prefix is
+/// recognised on a shared server.
+pub(crate) const TASKS_DESCRIPTION: &str = "imagepipe task queues (work queue)";
+
 /// The desired configs of the three streams.
 pub(crate) fn configs(names: &Names, config: &NatsConfig) -> [Config; 3] {
     let base = Config {
@@ -35,7 +39,7 @@ pub(crate) fn configs(names: &Names, config: &NatsConfig) -> [Config; 3] {
     };
     let tasks = Config {
         name: names.tasks_stream(),
-        description: Some("imagepipe task queues (work queue)".into()),
+        description: Some(TASKS_DESCRIPTION.into()),
         subjects: vec![names.tasks_subjects()],
         retention: RetentionPolicy::WorkQueue,
         // A full queue refuses new tasks rather than dropping queued ones.
