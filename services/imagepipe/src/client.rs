@@ -1,10 +1,12 @@
-//! The HTTP API client behind `imagepipe submit`, `status`, `watch`, `search`, `stats` and `dlq`.
+//! The HTTP API client behind the operator commands (`imagepipe submit`, `status`, `list`,
+//! `history`, `cancel`, `thumbnail`, `watch`, `search`, `stats`, `dlq`).
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use imagepipe_contracts::SubmitTask;
-use imagepipe_coordinator::api::{Accepted, Replayed, TaskView};
-use imagepipe_coordinator::store::DeadLetterPage;
+use imagepipe_coordinator::TaskState;
+use imagepipe_coordinator::api::{Accepted, CancelRequest, History, Replayed, TaskView};
+use imagepipe_coordinator::store::{DeadLetterPage, TaskPage};
 use imagepipe_runtime::http::ApiError;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
@@ -156,6 +158,47 @@ impl ApiClient {
     /// `GET /v1/tasks/{id}`.
     pub async fn task(&self, id: &str) -> Result<TaskView, ClientError> {
         self.get(&format!("/v1/tasks/{}", encode(id)), &[]).await
+    }
+
+    /// `GET /v1/tasks`: one page of tasks, oldest first, optionally only those in `state`.
+    pub async fn tasks(
+        &self,
+        state: Option<TaskState>,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<TaskPage, ClientError> {
+        let mut query = vec![("limit", limit.to_string())];
+        if let Some(state) = state {
+            query.push(("status", state.as_str().to_owned()));
+        }
+        if let Some(cursor) = cursor {
+            query.push(("cursor", cursor.to_owned()));
+        }
+        self.get("/v1/tasks", &query).await
+    }
+
+    /// `GET /v1/tasks/{id}/history`: every transition of a task, oldest first.
+    pub async fn history(&self, id: &str) -> Result<History, ClientError> {
+        self.get(&format!("/v1/tasks/{}/history", encode(id)), &[]).await
+    }
+
+    /// `POST /v1/tasks/{id}/cancel`: the task as it is after the request (cancelled, or still
+    /// running with the cancellation pending until its attempt ends).
+    pub async fn cancel(&self, id: &str, reason: Option<String>) -> Result<TaskView, ClientError> {
+        let path = format!("/v1/tasks/{}/cancel", encode(id));
+        let request = self.request(Method::POST, &path).json(&CancelRequest { reason });
+        self.json(Method::POST, &path, request).await
+    }
+
+    /// `GET /v1/blobs/{key}`: the blob's bytes and the content type the API gave them.
+    pub async fn blob(&self, key: &str) -> Result<(Option<String>, Bytes), ClientError> {
+        let path = format!("/v1/blobs/{}", encode(key));
+        let response = self.send(Method::GET, &path, self.request(Method::GET, &path)).await?;
+        let content_type =
+            response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let bytes =
+            response.bytes().await.map_err(|source| ClientError::Unreachable { url: self.base.clone(), source })?;
+        Ok((content_type, bytes))
     }
 
     /// `GET /v1/dlq`: one page of dead letters.

@@ -45,8 +45,16 @@ enum Command {
     Demo(cmd::demo::DemoArgs),
     /// Submit URLs or image files as tasks.
     Submit(cmd::submit::SubmitArgs),
-    /// Show a task's state.
+    /// Show a task's state, source, times, steps and results.
     Status(cmd::status::StatusArgs),
+    /// List tasks, oldest first, by state, label and creation time.
+    List(cmd::list::ListArgs),
+    /// Show every transition of a task, with its time.
+    History(cmd::history::HistoryArgs),
+    /// Cancel a task.
+    Cancel(cmd::cancel::CancelArgs),
+    /// Save a task's thumbnail to a file.
+    Thumbnail(cmd::thumbnail::ThumbnailArgs),
     /// Tail events (Server-Sent Events of `/v1/events`).
     Watch(cmd::watch::WatchArgs),
     /// Find tasks by tag.
@@ -68,7 +76,18 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("imagepipe: {}", one_line(&e));
+            return ExitCode::from(2);
+        }
+    };
     match run(cli).await {
         Ok(code) => code,
         Err(err) => {
@@ -78,12 +97,23 @@ async fn main() -> ExitCode {
     }
 }
 
+/// A usage error on one line, as every other error: clap's lines joined, without its `error:`.
+fn one_line(e: &clap::Error) -> String {
+    let rendered = e.render().to_string();
+    let lines: Vec<&str> = rendered.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    lines.join(" ").trim_start_matches("error: ").to_owned()
+}
+
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run => cmd::run::run(&cli.config).await,
         Command::Demo(args) => cmd::demo::run(&cli.config, args).await,
         Command::Submit(args) => cmd::submit::run(args).await,
         Command::Status(args) => cmd::status::run(args).await,
+        Command::List(args) => cmd::list::run(args).await,
+        Command::History(args) => cmd::history::run(args).await,
+        Command::Cancel(args) => cmd::cancel::run(args).await,
+        Command::Thumbnail(args) => cmd::thumbnail::run(args).await,
         Command::Watch(args) => cmd::watch::run(args).await,
         Command::Search(args) => cmd::search::run(args).await,
         Command::Stats(args) => cmd::stats::run(args).await,
@@ -96,12 +126,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
 
     use super::Cli;
 
     #[test]
     fn the_command_line_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_usage_error_is_one_line() {
+        for argv in [&["imagepipe", "list", "--since", "yesterday"][..], &["imagepipe", "submit"]] {
+            let error = Cli::try_parse_from(argv).unwrap_err();
+            let line = super::one_line(&error);
+            assert!(!line.contains('\n') && !line.starts_with("error"), "{line}");
+            assert!(line.contains("yesterday") || line.contains("<SOURCES>"), "{line}");
+        }
     }
 }

@@ -2,9 +2,12 @@
 
 mod common;
 
-use std::process::Output;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
 
 use imagepipe::Pipeline;
+use imagepipe_net::testing::{FixtureServer, Route};
 
 /// Runs the binary with `args` (off the async runtime's threads).
 async fn imagepipe(args: Vec<String>) -> Output {
@@ -25,6 +28,74 @@ async fn imagepipe_with_env(args: Vec<String>, env: Vec<(&'static str, String)>)
     })
     .await
     .unwrap()
+}
+
+/// Runs the binary with `args` in the directory `dir`.
+async fn imagepipe_in(dir: &Path, args: Vec<String>) -> Output {
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_imagepipe"))
+            .args(args)
+            .current_dir(dir)
+            .env_remove("IMAGEPIPE_API")
+            .env_remove("IMAGEPIPE_TOKEN")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// The standard output of a run that succeeded.
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "exit {:?}: {}{}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// The one-line error of a run that exited with 1.
+fn one_line_error(out: &Output) -> String {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stdout: {} stderr: {err}", text(&out.stdout));
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    err
+}
+
+/// The one-line error of a run refused for its arguments (exit 2).
+fn usage_error(out: &Output) -> String {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stdout: {} stderr: {err}", text(&out.stdout));
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    err
+}
+
+/// Whether `s` is a time as the CLI shows it: RFC 3339 in UTC with milliseconds.
+fn is_rfc3339(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 24
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'.',
+            23 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+/// The RFC 3339 times in `line`.
+fn times(line: &str) -> Vec<&str> {
+    line.split_whitespace().filter(|w| is_rfc3339(w)).collect()
+}
+
+/// The line of `output` starting with `name`.
+fn row<'a>(output: &'a str, name: &str) -> &'a str {
+    output.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} line in {output}"))
+}
+
+/// The ids of a `list --json` answer.
+fn listed(out: &Output) -> Vec<String> {
+    let tasks: serde_json::Value = serde_json::from_str(&ok(out)).unwrap();
+    tasks.as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
 }
 
 fn args(list: &[&str]) -> Vec<String> {
@@ -121,5 +192,236 @@ async fn the_cli_takes_the_api_and_its_token_from_the_environment() {
 
     let out = imagepipe_with_env(args(&["--help"]), vec![("IMAGEPIPE_TOKEN", "cli-t0ken".to_owned())]).await;
     assert!(!text(&out.stdout).contains("cli-t0ken"), "the token is not shown in --help");
+    pipeline.stop().await.unwrap();
+}
+
+/// A sample photo's path.
+fn sample(name: &str) -> String {
+    format!("{}/samples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_read_like_prose_in_submit_status_history_list_thumbnail_watch_and_search() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(common::settings(&model_dir, &work)).await.unwrap();
+    let api = pipeline.api_url();
+    let coffee = sample("coffee.jpg");
+
+    // submit --wait: each task's top label and tags.
+    let out = imagepipe(args(&["submit", &coffee, "--label", "album=summer", "--wait", "--api", &api])).await;
+    let submitted = ok(&out);
+    let done = submitted.lines().find(|l| l.contains("completed")).unwrap_or_else(|| panic!("{submitted}"));
+    assert!(done.contains("coffee.jpg  completed  espresso (") && done.contains("beverage"), "{submitted}");
+    let id = done.split_whitespace().next().unwrap().to_owned();
+    let out = imagepipe(args(&["submit", &sample("chelsea.jpg"), "--wait", "--api", &api])).await;
+    let cat = ok(&out).split_whitespace().next().unwrap().to_owned();
+
+    // status: the uploaded file's name, RFC 3339 times, durations.
+    let status = ok(&imagepipe(args(&["status", &id, "--api", &api])).await);
+    assert!(row(&status, "source").contains("coffee.jpg (uploaded, sha256:"), "{status}");
+    assert!(row(&status, "labels").contains("album=summer, file=coffee.jpg"), "{status}");
+    assert_eq!(times(row(&status, "created")).len(), 1, "{status}");
+    let finished = row(&status, "finished");
+    assert!(times(finished).len() == 1 && finished.contains("(took "), "{status}");
+    for step in ["download", "metadata", "analyze"] {
+        let line = row(&status, step);
+        assert!(line.ends_with(" ms, 1 attempt") || line.ends_with(" s, 1 attempt"), "{status}");
+    }
+    assert!(row(&status, "top label").contains("espresso ("), "{status}");
+    assert_eq!(row(&status, "state"), "state      completed", "{status}");
+
+    // history: every transition with its time.
+    let history = ok(&imagepipe(args(&["history", &id, "--api", &api])).await);
+    let lines: Vec<&str> = history.lines().skip(1).collect();
+    assert!(lines.iter().all(|l| times(l).len() == 1), "{history}");
+    assert!(lines.first().is_some_and(|l| l.contains("created")), "{history}");
+    assert!(lines.last().is_some_and(|l| l.contains("completed") && l.contains("analyze #1")), "{history}");
+    assert!(history.contains("queued → downloading"), "{history}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&imagepipe(args(&["history", &id, "--json", "--api", &api])).await)).unwrap();
+    assert_eq!(json["taskId"], id.as_str());
+
+    // list: filters by state in the API, by label and creation time here.
+    let table = ok(&imagepipe(args(&["list", "--api", &api])).await);
+    let coffee_row = table.lines().find(|l| l.contains(&id)).unwrap_or_else(|| panic!("{table}"));
+    assert!(coffee_row.contains("completed") && coffee_row.contains("coffee.jpg (uploaded"), "{table}");
+    assert!(coffee_row.contains("espresso (") && times(coffee_row).len() == 1, "{table}");
+    let list = |extra: &[&str]| {
+        let mut a = args(&["list", "--json", "--api", &api]);
+        a.extend(args(extra));
+        imagepipe(a)
+    };
+    assert_eq!(listed(&list(&[]).await), [id.as_str(), cat.as_str()]);
+    assert_eq!(listed(&list(&["--label", "album=summer"]).await), [id.as_str()]);
+    assert_eq!(listed(&list(&["--label", "file=chelsea.jpg", "--state", "completed"]).await), [cat.as_str()]);
+    assert_eq!(listed(&list(&["--state", "failed"]).await), Vec::<String>::new());
+    assert_eq!(listed(&list(&["--since", "1h"]).await), [id.as_str(), cat.as_str()]);
+    assert_eq!(listed(&list(&["--since", "2100-01-01T00:00:00Z"]).await), Vec::<String>::new());
+    assert_eq!(listed(&list(&["--limit", "1"]).await), [id.as_str()]);
+    let empty = ok(&imagepipe(args(&["list", "--state", "cancelled", "--api", &api])).await);
+    assert_eq!(empty.trim(), "no tasks");
+    let err = usage_error(&imagepipe(args(&["list", "--since", "yesterday", "--api", &api])).await);
+    assert!(err.contains("\"yesterday\" is neither a duration"), "{err}");
+
+    // thumbnail: a real image, to the file named, to the default name, or to a pipe.
+    let file = work.path().join("thumb.jpg");
+    ok(&imagepipe(args(&["thumbnail", &id, "-o", file.to_str().unwrap(), "--api", &api])).await);
+    assert!(std::fs::read(&file).unwrap().starts_with(&[0xff, 0xd8, 0xff]), "a JPEG");
+    let said = ok(&imagepipe_in(work.path(), args(&["thumbnail", &id, "--api", &api])).await);
+    let default = work.path().join(format!("{id}-thumbnail.jpg"));
+    assert!(said.contains(&format!("{id}-thumbnail.jpg")), "{said}");
+    assert!(std::fs::read(&default).unwrap().starts_with(&[0xff, 0xd8, 0xff]), "a JPEG");
+    let out = imagepipe(args(&["thumbnail", &id, "-o", "-", "--api", &api])).await;
+    assert!(out.status.success() && out.stdout.starts_with(&[0xff, 0xd8, 0xff]), "{}", text(&out.stderr));
+
+    // watch --task of a finished task: its final state, at once.
+    let out = imagepipe(args(&["watch", "--task", &id, "--api", &api])).await;
+    let line = ok(&out);
+    assert!(line.starts_with(&format!("{id}  completed  espresso (")), "{line}");
+    let out = imagepipe(args(&["watch", "--task", &id, "--json", "--api", &api])).await;
+    let task: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(task["state"], "completed");
+
+    // watch --type takes a comma-separated list, as search does.
+    let mut watching = std::process::Command::new(env!("CARGO_BIN_EXE_imagepipe"))
+        .args(["watch", "--type", "task.created,task.completed", "--count", "2", "--api", &api])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while watching.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            watching.kill().unwrap();
+            panic!("watch did not see two events");
+        }
+        // Events published before the stream opened are not shown: submit until two were.
+        ok(&imagepipe(args(&["submit", &coffee, "--api", &api])).await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let out = watching.wait_with_output().unwrap();
+    let watched = ok(&out);
+    assert_eq!(watched.lines().count(), 2, "{watched}");
+    for line in watched.lines() {
+        assert!(is_rfc3339(line.split_whitespace().next().unwrap()), "{watched}");
+        let kind = line.split_whitespace().nth(1).unwrap();
+        assert!(kind == "task.created" || kind == "task.completed", "{watched}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: serde_json::Value =
+            serde_json::from_str(
+                &ok(&imagepipe(args(&["search", "espresso,beverage", "--json", "--api", &api])).await),
+            )
+            .unwrap();
+        if found.to_string().contains(&id) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "search espresso,beverage never found {id}: {found}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    pipeline.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_task_says_where_and_why_and_a_cancelled_one_ends_its_watch() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(&model_dir, &work);
+    settings.coordinator.retry_min_backoff = Duration::from_millis(10);
+    settings.coordinator.retry_max_backoff = Duration::from_millis(40);
+    settings.coordinator.sweep_interval = Duration::from_millis(50);
+    settings.download.read_timeout = Duration::from_millis(1500);
+    let pipeline = Pipeline::start(settings).await.unwrap();
+    let api = pipeline.api_url();
+    let images =
+        FixtureServer::start([("/broken.jpg", Route::status(500)), ("/slow.jpg", Route::Silent)]).await.unwrap();
+
+    let broken = format!("{}?token=s3cret", images.url("/broken.jpg"));
+    let out = imagepipe(args(&["submit", &broken, "--wait", "--api", &api])).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    let line = said.lines().find(|l| l.contains("failed")).unwrap_or_else(|| panic!("{said}"));
+    assert!(line.contains("failed at download after 5 attempts: http_500: "), "{said}");
+    assert!(!line.contains("gave up after"), "said once: {said}");
+    assert!(text(&out.stderr).contains("1 of 1 task(s) did not complete"), "{}", text(&out.stderr));
+    let id = line.split_whitespace().next().unwrap().to_owned();
+
+    let status = ok(&imagepipe(args(&["status", &id, "--api", &api])).await);
+    assert!(row(&status, "state").contains("failed at download after 5 attempts: http_500: "), "{status}");
+    assert!(row(&status, "download").contains("failed after 5 attempts"), "{status}");
+    assert_eq!(row(&status, "source"), format!("source     {}", images.url("/broken.jpg")), "redacted: {status}");
+    assert!(!status.contains("s3cret"), "{status}");
+
+    // A task whose download hangs: cancelling it waits for the running attempt to end, and a
+    // watch of it ends with its final state.
+    let out = imagepipe(args(&["submit", &images.url("/slow.jpg"), "--api", &api])).await;
+    let slow = ok(&out).split_whitespace().next().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while images.requests().iter().filter(|r| r.target == "/slow.jpg").count() == 0 {
+        assert!(Instant::now() < deadline, "the download never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = imagepipe(args(&["cancel", &slow, "--reason", "not needed", "--api", &api])).await;
+    let said = ok(&out);
+    assert!(said.contains("cancelling: it stops when its running download attempt ends"), "{said}");
+    let out = imagepipe(args(&["watch", "--task", &slow, "--api", &api])).await;
+    let watched = ok(&out);
+    assert!(watched.lines().any(|l| l.contains("task.cancelled")), "{watched}");
+    assert_eq!(watched.lines().last(), Some(format!("{slow}  cancelled: not needed").as_str()), "{watched}");
+
+    let history = ok(&imagepipe(args(&["history", &slow, "--api", &api])).await);
+    assert!(history.lines().nth(1).is_some_and(|l| l.contains("created")), "{history}");
+    assert!(history.lines().any(|l| l.contains("cancel_requested") && l.contains("not needed")), "{history}");
+    assert!(history.lines().any(|l| l.contains("downloading → cancelled")), "{history}");
+
+    let err = one_line_error(&imagepipe(args(&["cancel", &slow, "--api", &api])).await);
+    assert!(err.contains("409") && err.contains("already cancelled"), "{err}");
+    let err = one_line_error(&imagepipe(args(&["thumbnail", &slow, "--api", &api])).await);
+    assert!(err.contains("no thumbnail"), "{err}");
+    pipeline.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_source_is_checked_before_any_is_submitted_and_a_bad_event_type_is_one_line() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(&model_dir, &work);
+    // Uploads over 1 KB are refused: a source that passes every check can still fail.
+    settings.download.max_bytes = 1_000;
+    let pipeline = Pipeline::start(settings).await.unwrap();
+    let api = pipeline.api_url();
+    let images = FixtureServer::start([]).await.unwrap();
+    let coffee = sample("coffee.jpg");
+    let missing = work.path().join("missing.jpg");
+    let missing = missing.to_str().unwrap();
+    let notes = work.path().join("notes.txt");
+    std::fs::write(&notes, "not a photo").unwrap();
+    let url = images.url("/a.jpg");
+
+    let err = one_line_error(&imagepipe(args(&["submit", &coffee, missing, "--api", &api])).await);
+    assert!(err.contains("nothing submitted") && err.contains(missing), "{err}");
+    assert!(!err.contains("coffee.jpg"), "only the unusable source is named: {err}");
+    let err = one_line_error(&imagepipe(args(&["submit", &url, missing, "--wait", "--api", &api])).await);
+    assert!(err.contains("nothing submitted") && err.contains(missing), "{err}");
+    let err = one_line_error(&imagepipe(args(&["submit", notes.to_str().unwrap(), "http://", "--api", &api])).await);
+    assert!(err.contains("2 of 2") && err.contains("not an image (text)") && err.contains("`url`"), "{err}");
+    assert_eq!(listed(&imagepipe(args(&["list", "--json", "--api", &api])).await), Vec::<String>::new());
+
+    // A later source the API refuses: the error names the task already submitted.
+    let out = imagepipe(args(&["submit", &url, &coffee, "--api", &api])).await;
+    let err = one_line_error(&out);
+    let first = text(&out.stdout).split_whitespace().next().unwrap_or_default().to_owned();
+    assert!(first.starts_with("tsk_"), "the accepted task is printed: {}", text(&out.stdout));
+    assert!(err.contains("uploading") && err.contains(&format!("submitted before it: {first} ({url})")), "{err}");
+    assert_eq!(listed(&imagepipe(args(&["list", "--json", "--api", &api])).await), [first]);
+
+    for bad in ["bogus", "task.Completed", "task.completed,nope.*"] {
+        let started = Instant::now();
+        let err = one_line_error(&imagepipe(args(&["watch", "--type", bad, "--api", &api])).await);
+        assert!(err.contains("--type"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "an error, not a wait");
+    }
     pipeline.stop().await.unwrap();
 }

@@ -16,7 +16,8 @@ use imagepipe_coordinator::{Task, TaskState};
 use imagepipe_runtime::ConfigArgs;
 use imagepipe_runtime::config::StoreKind;
 
-use super::{duration, failure_reason, print_json, size, step_ms};
+use super::print_json;
+use super::show::{FILE_LABEL, duration, failure_reason, size, step_ms, tags, top_label};
 
 /// Options of `imagepipe demo`.
 #[derive(Debug, Args)]
@@ -81,7 +82,7 @@ async fn submit_and_wait(pipeline: &Pipeline, timeout: Duration) -> anyhow::Resu
         let submit = SubmitTask {
             task_id: Some(task_id.clone()),
             blob: Some(key.to_string()),
-            labels: [("file".to_owned(), sample.name.to_owned())].into(),
+            labels: [(FILE_LABEL.to_owned(), sample.name.to_owned())].into(),
             ..SubmitTask::default()
         };
         pipeline.submit(&submit).await?;
@@ -119,12 +120,8 @@ fn table(tasks: &[(String, Task)]) -> Table {
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| "—".into());
         let analysis = outputs.analysis.as_ref();
-        let top = analysis
-            .and_then(|a| a.predictions.first())
-            .map_or_else(|| failure_reason(task), |p| format!("{} ({:.0}%)", p.label, p.score * 100.0));
-        let tags = analysis
-            .map(|a| a.tags.iter().take(5).map(|t| t.label.as_str()).collect::<Vec<_>>().join(", "))
-            .unwrap_or_default();
+        let top = analysis.and_then(top_label).unwrap_or_else(|| failure_reason(task));
+        let top_tags = analysis.map(|a| tags(a, 5)).unwrap_or_default();
         let stage = |step| step_ms(task, step).map_or_else(|| "—".into(), duration);
         table.add_row([
             file.clone(),
@@ -132,7 +129,7 @@ fn table(tasks: &[(String, Task)]) -> Table {
             metadata.map_or_else(|| "—".into(), |m| format!("{}×{}", m.width, m.height)),
             camera,
             top,
-            tags,
+            top_tags,
             stage(Step::Download),
             stage(Step::Metadata),
             stage(Step::Analyze),

@@ -7,6 +7,7 @@ use imagepipe::ApiClient;
 use imagepipe_coordinator::store::DeadLetter;
 
 use super::print_json;
+use super::show::time;
 use crate::ApiArgs;
 
 /// Largest page the API serves.
@@ -69,7 +70,14 @@ pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
                 outln!("no dead letters");
             } else {
                 for l in &letters {
-                    outln!("{}  {:<16} x{}  {}", l.id, l.source, l.delivery_count, one_line(&l.reason));
+                    outln!(
+                        "{}  {}  {:<16} x{}  {}",
+                        l.id,
+                        time(l.dead_lettered_at),
+                        l.source,
+                        l.delivery_count,
+                        one_line(&l.reason)
+                    );
                 }
             }
         }
@@ -85,7 +93,7 @@ pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
                 outln!("dlq         {}", letter.dlq);
                 outln!("reason      {}", letter.reason);
                 outln!("deliveries  {}", letter.delivery_count);
-                outln!("at          {}", letter.dead_lettered_at);
+                outln!("at          {}", time(letter.dead_lettered_at));
                 if let Some(key) = &letter.key {
                     outln!("key         {key}");
                 }

@@ -1,53 +1,29 @@
-//! One module per command.
+//! One module per command, and what several commands share.
 
 #[macro_use]
 pub mod output;
 pub mod bench;
+pub mod cancel;
 pub mod config;
 pub mod demo;
 pub mod dlq;
 pub mod healthcheck;
+pub mod history;
+pub mod list;
 pub mod run;
 pub mod search;
+pub mod show;
 pub mod stats;
 pub mod status;
 pub mod submit;
+pub mod thumbnail;
 pub mod watch;
 
-use std::time::Duration;
-
-use imagepipe_contracts::Step;
-use imagepipe_coordinator::Task;
-
-/// Milliseconds a step took, from its first dispatch to its success.
-pub fn step_ms(task: &Task, step: Step) -> Option<u64> {
-    let record = task.steps.get(step);
-    Some(record.finished_at?.saturating_sub(record.started_at?))
-}
-
-/// `1.2 s`, `340 ms`.
-pub fn duration(ms: u64) -> String {
-    let d = Duration::from_millis(ms);
-    if d >= Duration::from_secs(1) { format!("{:.1} s", d.as_secs_f64()) } else { format!("{ms} ms") }
-}
-
-/// `34.3 KB`, `1.2 MB`.
-pub fn size(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1_000_000 => format!("{:.1} MB", b as f64 / 1e6),
-        b if b >= 1_000 => format!("{:.1} KB", b as f64 / 1e3),
-        b => format!("{b} B"),
-    }
-}
-
-/// The one-line reason a task failed or was cancelled.
-pub fn failure_reason(task: &Task) -> String {
-    match &task.failure {
-        Some(f) => format!("{} step failed: {}: {}", f.step, f.error.code, f.error.message),
-        None => match &task.cancel_requested {
-            Some(c) => format!("cancelled{}", c.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()),
-            None => task.state.to_string(),
-        },
+/// Prints a borderless table (`presets::NOTHING`) without the space before its first column and
+/// the spaces after its last.
+pub fn print_table(table: &comfy_table::Table) {
+    for line in table.lines() {
+        outln!("{}", line.strip_prefix(' ').unwrap_or(&line).trim_end());
     }
 }
 
@@ -55,4 +31,9 @@ pub fn failure_reason(task: &Task) -> String {
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
+}
+
+/// A `--label key=value` argument.
+pub fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).ok_or_else(|| format!("{s:?} is not key=value"))
 }

@@ -8,7 +8,17 @@ use std::io::{self, ErrorKind, Write};
 /// status 0 (the reader has what it wanted); any other error ends it with a one-line message.
 pub fn write(args: fmt::Arguments<'_>) {
     let mut out = io::stdout().lock();
-    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+    settle(out.write_fmt(args).and_then(|()| out.flush()));
+}
+
+/// Writes `bytes` (an image) to standard output, as [`write`] does text.
+pub fn write_bytes(bytes: &[u8]) {
+    let mut out = io::stdout().lock();
+    settle(out.write_all(bytes).and_then(|()| out.flush()));
+}
+
+fn settle(written: io::Result<()>) {
+    if let Err(e) = written {
         if e.kind() == ErrorKind::BrokenPipe {
             std::process::exit(0);
         }

@@ -20,8 +20,8 @@ enum MatchArg {
 /// Options of `imagepipe search`.
 #[derive(Debug, Args)]
 pub struct SearchArgs {
-    /// Tags, comma- or space-separated (`cat,animal`).
-    #[arg(required = true)]
+    /// Tags, a comma-separated list (`cat,animal`; separate arguments work too).
+    #[arg(required = true, value_delimiter = ',')]
     tags: Vec<String>,
     /// Whether a task needs all tags or any.
     #[arg(long, value_enum, default_value = "all")]
@@ -38,8 +38,7 @@ pub struct SearchArgs {
 
 /// Prints the matching tasks, best first.
 pub async fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
-    let tags: Vec<&str> =
-        args.tags.iter().flat_map(|t| t.split(',')).map(str::trim).filter(|t| !t.is_empty()).collect();
+    let tags: Vec<&str> = args.tags.iter().map(|t| t.trim()).filter(|t| !t.is_empty()).collect();
     anyhow::ensure!(!tags.is_empty(), "no tags given");
     let mode = match args.mode {
         MatchArg::All => "all",

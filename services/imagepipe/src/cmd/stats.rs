@@ -7,7 +7,8 @@ use clap::Args;
 use comfy_table::{Table, presets::NOTHING};
 use imagepipe_analytics_worker::api::StatsResponse;
 
-use super::print_json;
+use super::show::duration;
+use super::{print_json, print_table};
 use crate::ApiArgs;
 
 /// Options of `imagepipe stats`.
@@ -45,7 +46,7 @@ pub async fn run(args: StatsArgs) -> anyhow::Result<ExitCode> {
             ms(view.p99_ms),
         ]);
     }
-    outln!("{table}");
+    print_table(&table);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -53,6 +54,7 @@ fn counts(map: &BTreeMap<String, u64>) -> String {
     map.iter().map(|(name, n)| format!("{name}={n}")).collect::<Vec<_>>().join("  ")
 }
 
+/// A latency as every command shows durations; `-` without samples.
 fn ms(value: Option<f64>) -> String {
-    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.0} ms"))
+    value.map_or_else(|| "-".to_owned(), |v| duration(v.round() as u64))
 }

@@ -4,8 +4,10 @@ use std::process::ExitCode;
 
 use clap::Args;
 use imagepipe_contracts::Step;
+use imagepipe_coordinator::{Task, TaskState, TimerKind};
 
-use super::{duration, failure_reason, print_json, size, step_ms};
+use super::print_json;
+use super::show::{attempts, duration, failure_reason, size, source, step_ms, tags, time, top_label};
 use crate::ApiArgs;
 
 /// Options of `imagepipe status`.
@@ -20,7 +22,7 @@ pub struct StatusArgs {
     api: ApiArgs,
 }
 
-/// Prints a task's state, steps and outputs.
+/// Prints a task's state, source, times, steps and outputs.
 pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let view = args.api.client()?.task(&args.id).await?;
     if args.json {
@@ -28,38 +30,62 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let task = &view.task;
-    outln!("task     {}", task.id);
-    outln!("state    {}", task.state);
+    let row = |name: &str, value: &str| outln!("{name:<10} {value}");
+    row("task", &task.id);
+    row("state", &failure_reason(task));
+    row("source", &source(task));
+    if !task.labels.is_empty() {
+        row("labels", &task.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", "));
+    }
+    row("created", &time(task.created_at));
+    let age = duration(task.updated_at.saturating_sub(task.created_at));
+    if task.state.is_terminal() {
+        row("finished", &format!("{} (took {age})", time(task.updated_at)));
+    } else {
+        row("updated", &format!("{} ({age} after it was created)", time(task.updated_at)));
+    }
     for step in Step::ALL {
-        let record = task.steps.get(step);
-        if record.attempts == 0 {
-            continue;
+        if task.steps.get(step).attempts > 0 {
+            row(step.as_str(), &step_line(task, step));
         }
-        let took = step_ms(task, step).map_or_else(|| "running".into(), duration);
-        outln!(
-            "{:<8} {took} ({} attempt{})",
-            step.as_str(),
-            record.attempts,
-            if record.attempts == 1 { "" } else { "s" }
-        );
     }
     if let Some(d) = &task.outputs.download {
-        outln!("image    {} {}", d.format, size(d.size));
+        row("image", &format!("{}, {}", d.format, size(d.size)));
     }
     if let Some(m) = &task.outputs.metadata {
-        outln!("size     {}×{}", m.width, m.height);
-        outln!("thumb    {}", m.thumbnail_key);
+        row("size", &format!("{}×{}", m.width, m.height));
+        row("thumbnail", &m.thumbnail_key);
     }
     if let Some(a) = &task.outputs.analysis {
-        let labels: Vec<_> = a.predictions.iter().map(|p| format!("{} {:.2}", p.label, p.score)).collect();
-        let tags: Vec<_> = a.tags.iter().map(|p| p.label.as_str()).collect();
-        outln!("labels   {}", labels.join(", "));
-        outln!("tags     {}", tags.join(", "));
+        row("top label", &top_label(a).unwrap_or_else(|| "-".to_owned()));
+        let predictions: Vec<_> = a.predictions.iter().map(|p| format!("{} {:.2}", p.label, p.score)).collect();
+        row("predicted", &predictions.join(", "));
+        row("tags", &tags(a, a.tags.len()));
     }
-    if task.state.is_terminal() && task.state != imagepipe_coordinator::TaskState::Completed {
-        outln!("reason   {}", failure_reason(task));
-    } else if let Some(e) = &view.last_error {
-        outln!("error    {}: {}", e.code, e.message);
+    if !task.state.is_terminal()
+        && let Some(e) = &view.last_error
+    {
+        row("error", &e.to_string());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `12 ms, 1 attempt`; `running, attempt 2 (started …)`; `failed after 5 attempts`.
+fn step_line(task: &Task, step: Step) -> String {
+    let record = task.steps.get(step);
+    let tried = attempts(record.attempts);
+    if let Some(ms) = step_ms(task, step) {
+        return format!("{}, {tried}", duration(ms));
+    }
+    let started = record.started_at.map(|at| format!(", started {}", time(at))).unwrap_or_default();
+    match task.state {
+        TaskState::Failed => format!("failed after {tried}{started}"),
+        TaskState::Cancelled => format!("cancelled after {tried}{started}"),
+        _ => match task.timer {
+            Some(timer) if timer.kind == TimerKind::Retry && timer.step == step => {
+                format!("{tried} failed, attempt {} at {}", timer.attempt, time(timer.due_at))
+            }
+            _ => format!("running, attempt {}{started}", record.attempts),
+        },
+    }
 }

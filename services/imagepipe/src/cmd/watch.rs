@@ -1,23 +1,31 @@
-//! `imagepipe watch [--task ID] [--type T]`: tails events until interrupted.
+//! `imagepipe watch [--task ID] [--type T,...]`: tails events until interrupted, or, for one
+//! task, until it has finished.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
 use futures::StreamExt;
+use imagepipe::ApiClient;
+use imagepipe_bus::Selector;
+use imagepipe_contracts::EventType;
+use imagepipe_coordinator::api::TaskView;
+use reqwest::StatusCode;
 
+use super::show::{outcome, time};
 use crate::ApiArgs;
 
 /// Options of `imagepipe watch`.
 #[derive(Debug, Args)]
 pub struct WatchArgs {
-    /// Only events of this task.
+    /// Only events of this task; ends once the task has finished, with its final state (at
+    /// once when it already has).
     #[arg(long = "task")]
     task_id: Option<String>,
-    /// Only these event types: `task.completed || task.failed`, `image.*`.
-    #[arg(long = "type")]
-    event_type: Option<String>,
-    /// Print each event envelope as one JSON line.
+    /// Only these event types, a comma-separated list: `task.completed,task.failed`, `image.*`.
+    #[arg(long = "type", value_delimiter = ',')]
+    event_types: Vec<String>,
+    /// Print each event envelope (and, with --task, the finished task) as one JSON line.
     #[arg(long)]
     json: bool,
     /// Stop after this many events.
@@ -30,7 +38,25 @@ pub struct WatchArgs {
 /// Prints events as they arrive.
 pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
     let client = args.api.client()?;
-    let mut events = Box::pin(client.events(args.task_id.as_deref(), args.event_type.as_deref()).await?);
+    let selector = selector(&args.event_types)?;
+    // Following one task, every event of it comes and the types are chosen here, so the end of
+    // the task is seen whatever `--type` says.
+    let server_selector = if args.task_id.is_some() { None } else { selector.as_deref() };
+    let mut events = Box::pin(client.events(args.task_id.as_deref(), server_selector).await?);
+    let wanted = match &selector {
+        Some(s) => Selector::parse(s)?,
+        None => Selector::all(),
+    };
+    if let Some(id) = &args.task_id {
+        match task(&client, id).await? {
+            Some(view) if view.task.state.is_terminal() => {
+                print_final(&view, args.json)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            Some(_) => {}
+            None => eprintln!("imagepipe watch: no task {id} yet; waiting for its events"),
+        }
+    }
     let mut seen = 0;
     while args.count.is_none_or(|n| seen < n) {
         let Some(event) = events.next().await else {
@@ -39,18 +65,85 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
         let event = event?;
         if event.event == "lagged" {
             eprintln!("imagepipe watch: too slow, missed events: {}", event.data);
+            if let Some(id) = &args.task_id
+                && finished(&client, id, args.json).await?
+            {
+                break;
+            }
             continue;
         }
-        seen += 1;
-        if args.json {
-            outln!("{}", event.data);
-            continue;
+        if wanted.matches(&event.event) {
+            seen += 1;
+            print_event(&event.data, args.json)?;
         }
-        let envelope: serde_json::Value =
-            serde_json::from_str(&event.data).with_context(|| format!("an event that is not JSON: {}", event.data))?;
-        let field = |name: &str| envelope[name].as_str().unwrap_or("-").to_owned();
-        let at = envelope["timestamp"].as_u64().map_or_else(|| "-".into(), |ms| ms.to_string());
-        outln!("{at} {:<26} {:<40} {}", field("eventType"), field("taskId"), field("source"));
+        let ends_task = matches!(
+            event.event.parse::<EventType>(),
+            Ok(EventType::TaskCompleted | EventType::TaskFailed | EventType::TaskCancelled)
+        );
+        if let Some(id) = &args.task_id
+            && ends_task
+            && finished(&client, id, args.json).await?
+        {
+            break;
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `--type` list as one selector (`a || b`), after checking that each entry is well formed
+/// and names at least one event type.
+fn selector(types: &[String]) -> anyhow::Result<Option<String>> {
+    let types: Vec<&str> = types.iter().map(|t| t.trim()).filter(|t| !t.is_empty()).collect();
+    if types.is_empty() {
+        return Ok(None);
+    }
+    for t in &types {
+        let selector = Selector::parse(t).with_context(|| format!("--type {t:?}"))?;
+        if !EventType::ALL.iter().any(|known| selector.matches(known.as_str())) {
+            let known: Vec<_> = EventType::ALL.iter().map(|k| k.as_str()).collect();
+            anyhow::bail!("--type {t:?} is no event type; known: {} (or a family: task.*, image.*)", known.join(", "));
+        }
+    }
+    Ok(Some(types.join(" || ")))
+}
+
+/// One event: its envelope as a JSON line, or time, type, task and source.
+fn print_event(data: &str, json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!("{data}");
+        return Ok(());
+    }
+    let envelope: serde_json::Value =
+        serde_json::from_str(data).with_context(|| format!("an event that is not JSON: {data}"))?;
+    let field = |name: &str| envelope[name].as_str().unwrap_or("-").to_owned();
+    let at = envelope["timestamp"].as_u64().map_or_else(|| "-".into(), time);
+    outln!("{at} {:<26} {:<40} {}", field("eventType"), field("taskId"), field("source"));
+    Ok(())
+}
+
+/// Task `id`, or `None` when there is no such task (yet).
+async fn task(client: &ApiClient, id: &str) -> anyhow::Result<Option<TaskView>> {
+    match client.task(id).await {
+        Ok(view) => Ok(Some(view)),
+        Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether task `id` has finished; if so, prints its final state.
+async fn finished(client: &ApiClient, id: &str, json: bool) -> anyhow::Result<bool> {
+    match task(client, id).await? {
+        Some(view) if view.task.state.is_terminal() => print_final(&view, json).map(|()| true),
+        _ => Ok(false),
+    }
+}
+
+/// A finished task's final state: its id and outcome, or the task as one JSON line.
+fn print_final(view: &TaskView, json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string(view)?);
+    } else {
+        outln!("{}  {}", view.task.id, outcome(&view.task));
+    }
+    Ok(())
 }

@@ -1,0 +1,75 @@
+//! `imagepipe thumbnail ID [-o FILE]`: the thumbnail the metadata step wrote
+//! (`GET /v1/blobs/{key}`), saved to a file.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::show::size;
+use crate::ApiArgs;
+
+/// Options of `imagepipe thumbnail`.
+#[derive(Debug, Args)]
+pub struct ThumbnailArgs {
+    /// The task id.
+    id: String,
+    /// Where to write it: a file, or `-` for standard output (refused on a terminal). Default:
+    /// `<id>-thumbnail.<jpg|png>` in the current directory.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+/// Fetches the task's thumbnail and writes it out, then names the file.
+pub async fn run(args: ThumbnailArgs) -> anyhow::Result<ExitCode> {
+    let client = args.api.client()?;
+    let view = client.task(&args.id).await?;
+    let Some(metadata) = &view.task.outputs.metadata else {
+        anyhow::bail!(
+            "task {} has no thumbnail: its metadata step has not succeeded (it is {})",
+            args.id,
+            view.task.state
+        );
+    };
+    let to_stdout = args.output.as_deref().is_some_and(|o| o.as_os_str() == "-");
+    if to_stdout && std::io::stdout().is_terminal() {
+        anyhow::bail!("standard output is a terminal: give -o FILE, or redirect it (-o - > thumb.jpg)");
+    }
+    let (content_type, bytes) = client.blob(&metadata.thumbnail_key).await?;
+    if to_stdout {
+        super::output::write_bytes(&bytes);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let path = args
+        .output
+        .unwrap_or_else(|| PathBuf::from(format!("{}-thumbnail.{}", args.id, extension(content_type.as_deref()))));
+    tokio::fs::write(&path, &bytes).await.with_context(|| format!("writing {}", path.display()))?;
+    outln!("{} ({})", path.display(), size(bytes.len() as u64));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The file extension of an image content type: `image/jpeg` → `jpg`, `image/png` → `png`.
+fn extension(content_type: Option<&str>) -> &str {
+    match content_type.and_then(|c| c.split(';').next()?.trim().strip_prefix("image/")) {
+        Some("jpeg") => "jpg",
+        Some(subtype) if !subtype.is_empty() && subtype.bytes().all(|b| b.is_ascii_alphanumeric()) => subtype,
+        _ => "bin",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::extension;
+
+    #[test]
+    fn the_extension_follows_the_content_type() {
+        assert_eq!(extension(Some("image/jpeg")), "jpg");
+        assert_eq!(extension(Some("image/png; charset=binary")), "png");
+        assert_eq!(extension(Some("application/octet-stream")), "bin");
+        assert_eq!(extension(None), "bin");
+    }
+}
