@@ -22,7 +22,7 @@ use imagepipe_blob::BlobStore;
 use imagepipe_bus::{Message, Selector};
 use imagepipe_contracts::command::is_valid_id;
 use imagepipe_contracts::names::queues;
-use imagepipe_contracts::{StepError, SubmitTask, decode};
+use imagepipe_contracts::{EventType, StepError, SubmitTask, decode};
 use imagepipe_runtime::http::ApiError;
 use imagepipe_runtime::telemetry::continue_http_trace;
 use schemars::JsonSchema;
@@ -278,6 +278,10 @@ async fn events(
         Some(s) => Selector::parse(s).map_err(|e| ApiError::invalid(format!("`type`: {e}")))?,
         None => Selector::all(),
     };
+    let known = EventType::ALL.map(EventType::as_str);
+    if let Some(pattern) = selector.pattern_matching_none(&known) {
+        return Err(ApiError::invalid(format!("`type`: {pattern:?} matches no event type; known: {}", known.join(", "))));
+    }
     let task_id = params.task_id.filter(|t| !t.is_empty());
     if let Some(id) = &task_id
         && !is_valid_id(id)

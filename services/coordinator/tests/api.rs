@@ -190,6 +190,9 @@ async fn invalid_input_gets_a_json_error_naming_the_problem() {
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     let response = s.client.get(format!("{}/v1/events?type=Bad..Type", s.base)).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let (status, body) = s.get("/v1/events?type=task.completed%20||%20bogus").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("\"bogus\" matches no event type"), "{body}");
 }
 
 #[tokio::test]

@@ -75,6 +75,11 @@ impl Selector {
     pub fn matches(&self, event_type: &str) -> bool {
         self.patterns.iter().any(|p| pattern_matches(p, event_type))
     }
+
+    /// The first pattern that accepts none of `known` (a typo such as `task.complete`), if any.
+    pub fn pattern_matching_none(&self, known: &[&str]) -> Option<&str> {
+        self.patterns.iter().find(|p| !known.iter().any(|t| pattern_matches(p, t))).map(String::as_str)
+    }
 }
 
 /// Whether `event_type` is a concrete event type a selector can match: dot-separated
@@ -124,6 +129,15 @@ impl fmt::Display for Selector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pattern_matching_no_known_type_is_named() {
+        let known = ["task.completed", "image.analyzed"];
+        assert_eq!(Selector::parse("task.completed || image.*").unwrap().pattern_matching_none(&known), None);
+        assert_eq!(Selector::all().pattern_matching_none(&known), None);
+        let typo = Selector::parse("image.* || task.complete").unwrap();
+        assert_eq!(typo.pattern_matching_none(&known), Some("task.complete"));
+    }
 
     #[test]
     fn alternatives_and_length_are_capped() {
