@@ -10,12 +10,15 @@ use imagepipe_bus::Bus;
 use imagepipe_contracts::Step;
 use imagepipe_runtime::clock::{Clock, SystemClock};
 use imagepipe_runtime::config::{CoordinatorConfig, StoreKind};
+use imagepipe_runtime::connect::redis_unreachable;
+use imagepipe_runtime::service::checks;
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::worker::LoopConfig;
 use imagepipe_runtime::{Service, Settings};
 
 use crate::engine::{Engine, EngineConfig};
 use crate::events::EventHub;
+use crate::gauges;
 use crate::loops::{self, LoopsConfig, RunError};
 use crate::machine::{Policy, StepPolicy};
 use crate::retention::Retention;
@@ -68,11 +71,18 @@ pub fn policy(settings: &CoordinatorConfig) -> Policy {
     }
 }
 
-/// The coordinator as its binary runs it, on a started [`Service`]: opens the store and the
-/// blob store, serves the API and runs every loop until the service's shutdown.
+/// Whether opening the store failed because Redis could not be reached (retried at start).
+pub fn store_unreachable(error: &StoreError) -> bool {
+    matches!(error, StoreError::Redis { source, .. } if redis_unreachable(source))
+}
+
+/// The coordinator as its binary runs it, on a started [`Service`]: opens the store (an
+/// unreachable Redis is retried with backoff, `/readyz` false meanwhile) and the blob store,
+/// serves the API and runs every loop until the service's shutdown.
 pub async fn serve(service: &Service) -> Result<(), RunError> {
     let settings = &service.settings;
-    let store = open_store(settings).await.map_err(RunError::Store)?;
+    let opened = service.connect(checks::STORE, store_unreachable, || open_store(settings)).await;
+    let Some(store) = opened.map_err(RunError::Store)? else { return Ok(()) };
     let blobs = settings.blob.open().map_err(RunError::BlobStore)?;
     let coordinator = Coordinator::new(settings, store, service.bus.clone(), Arc::new(SystemClock));
     service.serve(coordinator.routes(blobs));
@@ -102,13 +112,14 @@ impl Coordinator {
             sweep_interval: c.sweep_interval,
             cap_recheck: Duration::from_millis(500),
             dlq_groups: c.dlq_groups.clone(),
-            events_group: format!("coordinator-sse-{}", uuid::Uuid::new_v4().simple()),
+            events_group: format!("{}-{}", loops::EVENTS_WORKER, uuid::Uuid::new_v4().simple()),
             events_idle: SSE_GROUP_IDLE,
             retention: Retention::from_settings(c, &settings.dlq),
             expiry_interval: EXPIRY_INTERVAL,
         };
         let max_upload_bytes = settings.download.max_bytes;
         let hub = EventHub::new(SSE_BUFFER, settings.http.max_sse_clients);
+        crate::metrics::describe();
         Self { engine, hub, max_upload_bytes, config }
     }
 
@@ -118,8 +129,12 @@ impl Coordinator {
         crate::api::router(self.engine.clone(), self.hub.clone(), blobs, self.max_upload_bytes)
     }
 
-    /// Runs the sweeper and every consumer until `shutdown`.
+    /// Runs the sweeper, every consumer and the gauge sampler until `shutdown`.
     pub async fn run(self, shutdown: Shutdown) -> Result<(), RunError> {
-        loops::run(self.engine, self.hub, self.config, shutdown).await
+        let (bus, store) = (self.engine.bus().clone(), self.engine.store().clone());
+        let sampler = tokio::spawn(gauges::run(bus, store, gauges::SAMPLE_INTERVAL, shutdown.clone()));
+        let outcome = loops::run(self.engine, self.hub, self.config, shutdown).await;
+        sampler.abort();
+        outcome
     }
 }

@@ -7,7 +7,8 @@
 //!   starts queued tasks under the in-flight cap.
 //! - [`consumers`]: handlers of `tasks.submit`, `tasks.results` and the dead-letter queues.
 //! - [`retention`]: deletes finished tasks and old dead letters.
-//! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`loops`]: the loops;
+//! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`loops`]: the loops; [`gauges`]:
+//!   queue depth, consumer lag and dead-letter gauges;
 //!   [`app`]: assembly from the runtime `Settings`.
 
 pub mod api;
@@ -15,6 +16,7 @@ pub mod app;
 pub mod consumers;
 pub mod engine;
 pub mod events;
+pub mod gauges;
 pub mod loops;
 pub mod machine;
 pub mod metrics;

@@ -17,6 +17,11 @@ use crate::events::{EventHub, Fanout};
 use crate::retention::{Expirer, Retention};
 use crate::store::StoreError;
 
+/// The worker name (the `source` label of its metrics, the `worker` of its log lines) of the
+/// `/v1/events` fan-out; its subscriber group is this name plus a per-process id, which must
+/// not become a label value: one new series per start would pile up without bound.
+pub const EVENTS_WORKER: &str = "coordinator-sse";
+
 /// How the coordinator's loops run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoopsConfig {
@@ -129,7 +134,7 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         let archiver = DeadLetterArchiver::new(engine.clone(), expirer.clone());
         spawn(&mut loops, consumer, archiver, named(&config.worker, dlq), &shutdown);
     }
-    spawn(&mut loops, events, Fanout(hub), named(&config.worker, &config.events_group), &shutdown);
+    spawn(&mut loops, events, Fanout(hub), named(&config.worker, EVENTS_WORKER), &shutdown);
 
     tracing::info!("coordinator running");
     let mut outcome = Ok(());

@@ -1,4 +1,7 @@
-//! Names of the coordinator's metrics (Prometheus, through the `metrics` facade).
+//! Names of the coordinator's metrics (Prometheus, through the `metrics` facade), and their
+//! help texts ([`describe`]).
+
+use metrics::{Unit, describe_counter, describe_gauge};
 
 /// Transitions applied; labels `to` (state) and `event` (history event).
 pub const TRANSITIONS: &str = "imagepipe_coordinator_transitions_total";
@@ -36,5 +39,58 @@ pub const TASKS_EXPIRED: &str = "imagepipe_coordinator_tasks_expired_total";
 /// Archived dead letters deleted beyond `dlq.max_entries` or `dlq.max_age`.
 pub const DEAD_LETTERS_TRIMMED: &str = "imagepipe_coordinator_dead_letters_trimmed_total";
 
+/// Messages of a task queue not yet finished by its consumer (waiting and unacknowledged), as
+/// the broker counts them; label `queue`. Sampled every few seconds.
+pub const QUEUE_DEPTH: &str = "imagepipe_queue_depth";
+/// Messages of a task queue not yet delivered to its consumer (on Kafka: not yet committed);
+/// label `queue`. Sampled every few seconds.
+pub const CONSUMER_LAG: &str = "imagepipe_queue_consumer_lag";
+/// Dead letters in the archive (`GET /v1/dlq`). Sampled every few seconds.
+pub const DEAD_LETTERS: &str = "imagepipe_coordinator_dead_letters";
+
 /// The value of the `reason` label of [`SUBMISSIONS_PAUSED`].
 pub const PAUSED_BY_CAP: &str = "in_flight_cap";
+
+/// The `queue` label of [`QUEUE_DEPTH`] and [`CONSUMER_LAG`]: a task queue (`tasks.download`).
+pub const QUEUE: &str = "queue";
+
+/// Gives every coordinator metric its `# HELP` text (once per process is enough; again is
+/// harmless).
+pub fn describe() {
+    describe_counter!(TRANSITIONS, Unit::Count, "Task transitions applied, by to (state) and event (history event).");
+    describe_counter!(
+        IGNORED,
+        Unit::Count,
+        "Inputs acknowledged without effect (duplicates, stale results), by reason."
+    );
+    describe_counter!(
+        ILLEGAL,
+        Unit::Count,
+        "Inputs with no edge from the task's state, never applied, by input and state."
+    );
+    describe_counter!(CONFLICTS, Unit::Count, "Transitions that lost their compare-and-set to another writer.");
+    describe_counter!(OUTBOX_PUBLISHED, Unit::Count, "Outbox entries the broker confirmed, by kind (queue or event).");
+    describe_counter!(OUTBOX_ERRORS, Unit::Count, "Outbox publishes that failed (the entry is relayed later).");
+    describe_counter!(OUTBOX_UNDELIVERABLE, Unit::Count, "Outbox entries the bus refused for good (too large).");
+    describe_counter!(TIMERS_FIRED, Unit::Count, "Timers fired, by kind (deadline or retry).");
+    describe_gauge!(IN_FLIGHT, Unit::Count, "Tasks started and unfinished.");
+    describe_gauge!(IN_FLIGHT_CAP, Unit::Count, "The configured cap on tasks in flight (coordinator.max_in_flight).");
+    describe_gauge!(SUBMISSIONS_PAUSED, Unit::Count, "1 while submissions are not pulled, by reason.");
+    describe_counter!(TASKS_CREATED, Unit::Count, "Tasks accepted, by origin (bus or http).");
+    describe_counter!(SUBMISSIONS_REJECTED, Unit::Count, "Submissions refused as invalid, by origin.");
+    describe_counter!(DEAD_LETTERS_ARCHIVED, Unit::Count, "Dead letters archived from the dead-letter queues, by dlq.");
+    describe_counter!(SWEEP_ERRORS, Unit::Count, "Failed wake-index maintenance and expiry passes.");
+    describe_counter!(TASKS_EXPIRED, Unit::Count, "Finished tasks deleted after coordinator.retention.");
+    describe_counter!(
+        DEAD_LETTERS_TRIMMED,
+        Unit::Count,
+        "Archived dead letters deleted beyond dlq.max_entries or dlq.max_age."
+    );
+    describe_gauge!(QUEUE_DEPTH, Unit::Count, "Messages of a task queue not yet finished by its consumer, by queue.");
+    describe_gauge!(
+        CONSUMER_LAG,
+        Unit::Count,
+        "Messages of a task queue not yet delivered (Kafka: not committed), by queue."
+    );
+    describe_gauge!(DEAD_LETTERS, Unit::Count, "Dead letters in the archive (GET /v1/dlq).");
+}

@@ -612,6 +612,15 @@ impl TaskStore for EmbeddedStore {
         })
         .await
     }
+
+    async fn count_dead_letters(&self) -> Result<u64, StoreError> {
+        self.run("counting dead letters", |db, _| {
+            let op = "counting dead letters";
+            let txn = db.begin_read().map_err(|e| err(op, e))?;
+            txn.open_table(DEAD_LETTERS).map_err(|e| err(op, e))?.len().map_err(|e| err(op, e))
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

@@ -237,6 +237,9 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// Removes an archived dead letter; whether it was there.
     async fn remove_dead_letter(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// How many dead letters the archive holds (the DLQ size gauge).
+    async fn count_dead_letters(&self) -> Result<u64, StoreError>;
 }
 
 /// When a task needs attention after a write: its timer, or `now + relay_grace` when it has

@@ -664,6 +664,10 @@ impl TaskStore for RedisStore {
             pipe.query_async(&mut self.conn.clone()).await.map_err(redis_err("removing a dead letter"))?;
         Ok(removed == 1)
     }
+
+    async fn count_dead_letters(&self) -> Result<u64, StoreError> {
+        self.conn.clone().zcard(self.dlq_key("order")).await.map_err(redis_err("counting dead letters"))
+    }
 }
 
 #[cfg(test)]

@@ -332,6 +332,7 @@ pub async fn dead_letters_are_archived_paged_and_removed(store: &impl TaskStore)
     assert!(!store.remove_dead_letter("dl_1").await.unwrap());
     assert!(store.dead_letter("dl_1").await.unwrap().is_none());
     assert_eq!(store.dead_letters(10, None).await.unwrap().entries.len(), 2);
+    assert_eq!(store.count_dead_letters().await.unwrap(), 2);
 }
 
 pub async fn finished_tasks_expire_after_retention(store: &impl TaskStore) {

@@ -105,7 +105,9 @@ pub enum Scheduling {
 /// Settings of one [`Worker`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoopConfig {
-    /// Name in logs and in the `source` label of fetch metrics (the queue or group consumed).
+    /// Name in logs and in the `source` label of every metric of the worker: the queue or
+    /// subscriber group consumed, or a fixed name for a group named per process (the label
+    /// must not take a new value with every start).
     pub name: String,
     /// How deliveries are scheduled.
     pub scheduling: Scheduling,
@@ -243,7 +245,7 @@ impl<H: Handler> Worker<H> {
                                 permits.clone().acquire_owned().await.expect("the worker never closes its semaphore")
                             }
                         };
-                        let fetched = Fetched::new(delivery, permit);
+                        let fetched = Fetched::new(delivery, permit, &config.name);
                         dispatcher.dispatch(fetched, &mut tasks, &self.handler, config);
                     }
                 }
@@ -277,8 +279,8 @@ struct Fetched {
 }
 
 impl Fetched {
-    fn new(delivery: Delivery, permit: OwnedSemaphorePermit) -> Self {
-        let in_flight = InFlight::enter(&delivery.source);
+    fn new(delivery: Delivery, permit: OwnedSemaphorePermit, worker: &str) -> Self {
+        let in_flight = InFlight::enter(worker);
         Self { delivery, _permit: permit, _in_flight: in_flight }
     }
 }

@@ -87,7 +87,7 @@ async fn run_lane<H: Handler>(
                 Some(more) = receiver.recv() => waiting.push_back(more),
                 _ = keep_alive.tick() => {
                     for held in &waiting {
-                        super::settle::progress(&held.delivery).await;
+                        super::settle::progress(&held.delivery, &config).await;
                     }
                 }
             }

@@ -26,7 +26,7 @@ pub(super) async fn handle<H: Handler>(handler: Arc<H>, fetched: Fetched, config
     let Fetched { delivery, _permit, _in_flight } = fetched;
     let span = telemetry::message_span(&delivery);
     async move {
-        let source = delivery.source.clone();
+        let source = config.name.clone();
         let started = Instant::now();
         let (verdict, delivery) = supervise(handler, delivery, &config).await;
         histogram!(metrics::HANDLER_DURATION, labels::SOURCE => source, labels::OUTCOME => verdict.label())
@@ -72,7 +72,7 @@ async fn supervise<H: Handler>(
                 }
                 break Verdict::TimedOut(config.handler_timeout);
             }
-            _ = progress.tick() => super::settle::progress(&delivery).await,
+            _ = progress.tick() => super::settle::progress(&delivery, config).await,
         }
     };
     drop(task);

@@ -46,7 +46,7 @@ impl Verdict {
 /// counted; the broker then redelivers the message.
 pub(super) async fn settle(delivery: Delivery, verdict: Verdict, config: &LoopConfig) {
     let label = verdict.label();
-    let source = delivery.source.clone();
+    let source = config.name.clone();
     counter!(metrics::MESSAGES_HANDLED, labels::SOURCE => source.clone(), labels::OUTCOME => label).increment(1);
     let (count, max) = (delivery.delivery_count, delivery.max_deliveries);
     match verdict.into_outcome() {
@@ -79,11 +79,11 @@ pub(super) async fn settle(delivery: Delivery, verdict: Verdict, config: &LoopCo
     }
 }
 
-/// Extends the ack deadline of `delivery`.
-pub(super) async fn progress(delivery: &Delivery) {
+/// Extends the ack deadline of `delivery`, a delivery of the worker `config` describes.
+pub(super) async fn progress(delivery: &Delivery, config: &LoopConfig) {
     match delivery.progress().await {
         Ok(()) => tracing::trace!("ack deadline extended"),
-        Err(error) => settle_failed("progress", &delivery.source, &error),
+        Err(error) => settle_failed("progress", &config.name, &error),
     }
 }
 
