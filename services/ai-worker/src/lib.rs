@@ -46,6 +46,17 @@ pub mod metrics {
     /// The `budget` label of the worker's [memory budget
     /// metrics](imagepipe_runtime::budget::metrics).
     pub const BUDGET: &str = "ai";
+
+    /// Gives each of these metrics its `# HELP` text (at start; again is harmless).
+    pub fn describe() {
+        use ::metrics::{Unit, describe_counter, describe_histogram};
+        describe_histogram!(
+            ANALYZE_DURATION,
+            Unit::Seconds,
+            "Time decoding, preprocessing and classifying one image took."
+        );
+        describe_counter!(IMAGES_FAILED, Unit::Count, "Images that could not be analysed, by code.");
+    }
 }
 
 /// The worker could not run.
@@ -78,6 +89,7 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
 /// reading images from the blob store of `settings`, until `shutdown` fires and in-flight
 /// images are finished.
 pub async fn run(bus: Bus, settings: &Settings, classifier: Classifier, shutdown: Shutdown) -> Result<(), RunError> {
+    metrics::describe();
     let consumer =
         bus.queues.consume(queues::AI, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
     let handler = Reporting::new(

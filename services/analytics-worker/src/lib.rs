@@ -23,7 +23,9 @@ use std::sync::Arc;
 
 use imagepipe_bus::{Bus, BusError, Selector, Subscription};
 use imagepipe_runtime::config::StoreKind;
+use imagepipe_runtime::connect::redis_unreachable;
 use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
+use imagepipe_runtime::service::checks;
 use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
 
@@ -58,6 +60,16 @@ pub mod metrics {
     pub const FORMAT: &str = "format";
     /// Label: the latency span (`download`, `metadata`, `analysis`, `completion`, `end_to_end`).
     pub const SPAN: &str = "span";
+
+    /// Gives each of these metrics its `# HELP` text (at start; again is harmless).
+    pub fn describe() {
+        use ::metrics::{Unit, describe_counter, describe_histogram};
+        describe_counter!(EVENTS, Unit::Count, "Events counted, by event_type.");
+        describe_counter!(TASKS, Unit::Count, "Finished tasks, by outcome.");
+        describe_counter!(IMAGES, Unit::Count, "Downloaded images, by format.");
+        describe_counter!(BYTES_DOWNLOADED, Unit::Bytes, "Bytes downloaded.");
+        describe_histogram!(STAGE_LATENCY, Unit::Seconds, "Time between two task stages, by span.");
+    }
 }
 
 /// The worker could not run.
@@ -95,6 +107,13 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn StatsStore>, RunE
     })
 }
 
+/// Whether opening the store failed because Redis could not be reached (retried at start, with
+/// `/readyz` false meanwhile).
+pub fn store_unreachable(error: &RunError) -> bool {
+    matches!(error, RunError::Store(StoreError::Connect(source) | StoreError::Redis { source, .. })
+        if redis_unreachable(source))
+}
+
 /// The subscription: group [`GROUP`], every event.
 pub fn subscription(settings: &Settings) -> Subscription {
     Subscription::new(GROUP, Selector::all()).with_consumer(settings.worker.consumer_config())
@@ -103,7 +122,8 @@ pub fn subscription(settings: &Settings) -> Subscription {
 /// The service as its binary runs it, on a started [`Service`]: opens the store, serves
 /// `/v1/stats` from it and counts events until the service's shutdown.
 pub async fn serve(service: &Service) -> Result<(), RunError> {
-    let store = open_store(&service.settings).await?;
+    let opened = service.connect(checks::STORE, store_unreachable, || open_store(&service.settings)).await?;
+    let Some(store) = opened else { return Ok(()) };
     service.serve(api::routes(store.clone()));
     run(service.bus.clone(), &service.settings, store, service.shutdown.clone()).await
 }
@@ -118,7 +138,10 @@ pub async fn run(
     store: Arc<dyn StatsStore>,
     shutdown: Shutdown,
 ) -> Result<(), RunError> {
-    let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
+    metrics::describe();
+    let Some(dedup) = dedup::connect_with_retry(settings, GROUP, &shutdown).await.map_err(RunError::Dedup)? else {
+        return Ok(());
+    };
     let consumer = bus.events.subscribe(subscription(settings)).await.map_err(RunError::Subscribe)?;
     let handler = Deduplicated::new(StatsHandler::new(store), dedup, GROUP);
     let config = LoopConfig::from_settings(GROUP, &settings.worker).orderly();

@@ -47,6 +47,14 @@ pub mod metrics {
     pub const SOURCE_URL: &str = "url";
     /// `source` of an uploaded blob.
     pub const SOURCE_BLOB: &str = "blob";
+
+    /// Gives each of these metrics its `# HELP` text (at start; again is harmless).
+    pub fn describe() {
+        use ::metrics::{Unit, describe_counter, describe_histogram};
+        describe_histogram!(DOWNLOAD_DURATION, Unit::Seconds, "Time one download or blob validation took, by source.");
+        describe_counter!(DOWNLOADED_BYTES, Unit::Bytes, "Bytes of images stored, by source.");
+        describe_counter!(FAILURES, Unit::Count, "Downloads that failed, by code.");
+    }
 }
 
 /// The worker could not run.
@@ -99,6 +107,7 @@ pub async fn run_with_client(
     client: GuardedClient,
     shutdown: Shutdown,
 ) -> Result<(), RunError> {
+    metrics::describe();
     let consumer =
         bus.queues.consume(queues::DOWNLOAD, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
     let handler = Reporting::new(

@@ -49,6 +49,14 @@ pub mod metrics {
     /// The `budget` label of the worker's [memory budget
     /// metrics](imagepipe_runtime::budget::metrics).
     pub const BUDGET: &str = "metadata";
+
+    /// Gives each of these metrics its `# HELP` text (at start; again is harmless).
+    pub fn describe() {
+        use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+        describe_histogram!(EXTRACT_DURATION, Unit::Seconds, "Time decoding and extracting one image took.");
+        describe_gauge!(DECODING, Unit::Count, "Images being decoded and extracted now.");
+        describe_counter!(IMAGES_FAILED, Unit::Count, "Images that could not be processed, by code.");
+    }
 }
 
 /// The worker could not run.
@@ -74,6 +82,7 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
 /// Consumes `tasks.metadata` on `bus` with the blob store and limits of `settings` until
 /// `shutdown` fires and in-flight images are finished.
 pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
+    metrics::describe();
     let consumer =
         bus.queues.consume(queues::METADATA, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
     let blobs = settings.blob.open().map_err(RunError::BlobStore)?;

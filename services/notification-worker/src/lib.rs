@@ -47,6 +47,12 @@ pub mod metrics {
     pub const RESULT_RETRY: &str = "retry";
     /// `result`: the target can never be reached (SSRF guard, bad URL); dead-lettered.
     pub const RESULT_REFUSED: &str = "refused";
+
+    /// Gives each of these metrics its `# HELP` text (at start; again is harmless).
+    pub fn describe() {
+        use ::metrics::{Unit, describe_counter};
+        describe_counter!(WEBHOOKS, Unit::Count, "Webhook requests, by result (delivered, retry, refused).");
+    }
 }
 
 /// The worker could not run.
@@ -119,10 +125,13 @@ pub async fn run_with_client(
     client: GuardedClient,
     shutdown: Shutdown,
 ) -> Result<(), RunError> {
+    metrics::describe();
     let notification = &settings.notification;
     let backoff = ExponentialBackoff::new(notification.retry_min, notification.retry_max, Jitter::Proportional(0.5))
         .map_err(RunError::Backoff)?;
-    let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
+    let Some(dedup) = dedup::connect_with_retry(settings, GROUP, &shutdown).await.map_err(RunError::Dedup)? else {
+        return Ok(());
+    };
     let subscription = subscription(settings);
     let targets = Targets::from_config(notification);
     targets.warn_unsigned();

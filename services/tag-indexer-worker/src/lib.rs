@@ -20,7 +20,9 @@ use std::time::Duration;
 use imagepipe_bus::{Bus, BusError, Selector, Subscription};
 use imagepipe_runtime::clock::{Clock, SystemClock};
 use imagepipe_runtime::config::StoreKind;
+use imagepipe_runtime::connect::redis_unreachable;
 use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
+use imagepipe_runtime::service::checks;
 use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
 
@@ -68,6 +70,13 @@ pub async fn open_index(settings: &Settings) -> Result<Arc<dyn TagIndex>, RunErr
     })
 }
 
+/// Whether opening the index failed because Redis could not be reached (retried at start, with
+/// `/readyz` false meanwhile).
+pub fn index_unreachable(error: &RunError) -> bool {
+    matches!(error, RunError::Index(IndexError::Connect(source) | IndexError::Redis { source, .. })
+        if redis_unreachable(source))
+}
+
 /// The subscription: group [`GROUP`], selector [`SELECTOR`].
 pub fn subscription(settings: &Settings) -> Subscription {
     let selector = Selector::parse(SELECTOR).expect("the selector is valid");
@@ -77,7 +86,8 @@ pub fn subscription(settings: &Settings) -> Subscription {
 /// The service as its binary runs it, on a started [`Service`]: opens the index, serves
 /// `/v1/search` from it and indexes events until the service's shutdown.
 pub async fn serve(service: &Service) -> Result<(), RunError> {
-    let index = open_index(&service.settings).await?;
+    let opened = service.connect(checks::STORE, index_unreachable, || open_index(&service.settings)).await?;
+    let Some(index) = opened else { return Ok(()) };
     service.serve(api::routes(index.clone()));
     run(service.bus.clone(), &service.settings, index, service.shutdown.clone()).await
 }
@@ -85,7 +95,9 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
 /// Indexes the events on `bus` into `index` until `shutdown` fires and in-flight events are done,
 /// dropping the entries of tasks older than `coordinator.retention` every [`EXPIRY_INTERVAL`].
 pub async fn run(bus: Bus, settings: &Settings, index: Arc<dyn TagIndex>, shutdown: Shutdown) -> Result<(), RunError> {
-    let dedup = dedup::connect(settings, GROUP).await.map_err(RunError::Dedup)?;
+    let Some(dedup) = dedup::connect_with_retry(settings, GROUP, &shutdown).await.map_err(RunError::Dedup)? else {
+        return Ok(());
+    };
     let consumer = bus.events.subscribe(subscription(settings)).await.map_err(RunError::Subscribe)?;
     let expiring = tokio::spawn(expire_every(index.clone(), settings.coordinator.retention, shutdown.clone()));
     let handler = Deduplicated::new(IndexHandler::new(index), dedup, GROUP);
