@@ -16,7 +16,7 @@ use crate::store::{Stats, StatsStore};
 use crate::update::{Span, TaskOutcome};
 
 /// The answer of `GET /v1/stats`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StatsResponse {
     /// Finished tasks by outcome; every outcome is listed.
@@ -32,7 +32,7 @@ pub struct StatsResponse {
 }
 
 /// One span's latency histogram.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LatencyView {
     /// The event type the span starts at.
@@ -56,7 +56,7 @@ pub struct LatencyView {
 }
 
 /// Samples at or below a bound.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BucketView {
     /// The bound, ms; `None` for +Inf.

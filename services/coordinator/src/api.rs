@@ -1,8 +1,10 @@
 //! The coordinator's HTTP API (axum): tasks, their history, events as SSE, dead letters,
-//! uploaded blobs ([`blobs`]), and the OpenAPI document generated from the handlers' types.
-//! Errors are the runtime's one [`ApiError`] shape.
+//! uploaded blobs ([`blobs`]), the routes of other services it forwards ([`forward`]), and the
+//! OpenAPI document generated from the handlers' types. Errors are the runtime's one
+//! [`ApiError`] shape.
 
 pub mod blobs;
+pub mod forward;
 mod openapi;
 
 use std::convert::Infallible;
@@ -23,7 +25,7 @@ use imagepipe_bus::{Message, Selector};
 use imagepipe_contracts::command::is_valid_id;
 use imagepipe_contracts::names::queues;
 use imagepipe_contracts::{EventType, StepError, SubmitTask, decode};
-use imagepipe_runtime::http::ApiError;
+use imagepipe_runtime::http::{ApiError, BodyLimit, WholeBody};
 use imagepipe_runtime::telemetry::continue_http_trace;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -39,6 +41,10 @@ use crate::task::{HistoryEntry, Task, TaskState};
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 500;
 
+/// Largest body of the JSON routes (a submit, a cancel): far above what the submit's own caps
+/// let through (a 2 KiB URL, 8 KiB of labels).
+pub const JSON_BODY_BYTES: u64 = 64 * 1024;
+
 /// What the API handlers share.
 #[derive(Clone)]
 pub struct ApiState {
@@ -47,10 +53,11 @@ pub struct ApiState {
 }
 
 /// The coordinator's API routes (`/v1/...`): tasks, events, dead letters, blobs and the OpenAPI
-/// document. The service's HTTP edge puts them behind the `http.auth_token` check.
+/// document; JSON bodies up to [`JSON_BODY_BYTES`], uploads up to `max_upload_bytes`. The
+/// service's HTTP edge puts them behind the `http.auth_token` check.
 pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_upload_bytes: u64) -> Router {
     let state = ApiState { engine, hub };
-    Router::new()
+    let routes = Router::new()
         .route("/v1/tasks", post(submit).get(list))
         .route("/v1/tasks/{id}", get(get_task))
         .route("/v1/tasks/{id}/history", get(history))
@@ -60,8 +67,8 @@ pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_uplo
         .route("/v1/dlq/{id}", axum::routing::delete(purge_dead_letter))
         .route("/v1/dlq/{id}/replay", post(replay_dead_letter))
         .route("/v1/openapi.json", get(openapi_document))
-        .with_state(state)
-        .merge(blobs::router(blobs, max_upload_bytes))
+        .with_state(state);
+    BodyLimit::new(JSON_BODY_BYTES).apply(routes).merge(blobs::router(blobs, max_upload_bytes))
 }
 
 impl From<StoreError> for ApiError {
@@ -106,14 +113,18 @@ pub struct Accepted {
 
 /// `POST /v1/tasks`, in a server span continuing the request's `traceparent` (a new trace
 /// without one): the task created is in that trace.
-async fn submit(State(state): State<ApiState>, request_headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+async fn submit(
+    State(state): State<ApiState>,
+    request_headers: HeaderMap,
+    WholeBody(body): WholeBody,
+) -> Result<Response, ApiError> {
     let span = tracing::info_span!("request", otel.name = "POST /v1/tasks", otel.kind = "server");
     continue_http_trace(&span, &request_headers);
     accept(state, body).instrument(span).await
 }
 
 async fn accept(state: ApiState, body: Bytes) -> Result<Response, ApiError> {
-    let submit: SubmitTask = decode(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let submit: SubmitTask = decode_object(&body)?;
     let engine = &state.engine;
     let submitted = match engine.submit(&submit, Origin::Http, new_task_id).await {
         Ok(submitted) => submitted,
@@ -134,6 +145,15 @@ async fn accept(state: ApiState, body: Bytes) -> Result<Response, ApiError> {
     let location = format!("/v1/tasks/{}", task.id);
     let body = Accepted { task_id: task.id, state: task.state, created: submitted.created };
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(body)).into_response())
+}
+
+/// Decodes a JSON body that must be an object as `T`: an array or a scalar is a `400` (serde
+/// alone would read an array as the struct's fields in order).
+fn decode_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(ApiError::invalid("the body must be a JSON object"));
+    }
+    decode(body).map_err(|e| ApiError::invalid(e.to_string()))
 }
 
 /// A new task id: `tsk_` and 32 hex digits.
@@ -235,14 +255,10 @@ pub struct CancelRequest {
 async fn cancel(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
-    body: Bytes,
+    WholeBody(body): WholeBody,
 ) -> Result<(StatusCode, Json<TaskView>), ApiError> {
     let id = task_id(path)?;
-    let request: CancelRequest = if body.is_empty() {
-        CancelRequest::default()
-    } else {
-        decode(&body).map_err(|e| ApiError::invalid(e.to_string()))?
-    };
+    let request: CancelRequest = if body.is_empty() { CancelRequest::default() } else { decode_object(&body)? };
     if request.reason.as_ref().is_some_and(|r| r.len() > 1024) {
         return Err(ApiError::invalid("`reason` must be at most 1024 bytes"));
     }
@@ -280,7 +296,10 @@ async fn events(
     };
     let known = EventType::ALL.map(EventType::as_str);
     if let Some(pattern) = selector.pattern_matching_none(&known) {
-        return Err(ApiError::invalid(format!("`type`: {pattern:?} matches no event type; known: {}", known.join(", "))));
+        return Err(ApiError::invalid(format!(
+            "`type`: {pattern:?} matches no event type; known: {}",
+            known.join(", ")
+        )));
     }
     let task_id = params.task_id.filter(|t| !t.is_empty());
     if let Some(id) = &task_id

@@ -16,6 +16,7 @@ use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::worker::LoopConfig;
 use imagepipe_runtime::{Service, Settings};
 
+use crate::api::forward::{Forwarding, Upstream};
 use crate::engine::{Engine, EngineConfig};
 use crate::events::EventHub;
 use crate::gauges;
@@ -86,6 +87,7 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
     let blobs = settings.blob.open().map_err(RunError::BlobStore)?;
     let coordinator = Coordinator::new(settings, store, service.bus.clone(), Arc::new(SystemClock));
     service.serve(coordinator.routes(blobs));
+    service.serve(coordinator.forwarded_routes(&[]));
     coordinator.run(service.shutdown.clone()).await
 }
 
@@ -95,6 +97,7 @@ pub struct Coordinator {
     pub engine: Engine,
     /// The event fan-out behind `/v1/events`.
     pub hub: EventHub,
+    forwarding: Forwarding,
     max_upload_bytes: u64,
     config: LoopsConfig,
 }
@@ -120,13 +123,22 @@ impl Coordinator {
         let max_upload_bytes = settings.download.max_bytes;
         let hub = EventHub::new(SSE_BUFFER, settings.http.max_sse_clients);
         crate::metrics::describe();
-        Self { engine, hub, max_upload_bytes, config }
+        Self { engine, hub, forwarding: Forwarding::new(settings), max_upload_bytes, config }
     }
 
     /// The `/v1` API routes, uploads going into `blobs` (at most `download.max_bytes` each),
     /// to serve with [`Service::serve`].
     pub fn routes(&self, blobs: Arc<dyn BlobStore>) -> Router {
         crate::api::router(self.engine.clone(), self.hub.clone(), blobs, self.max_upload_bytes)
+    }
+
+    /// The routes of the other services' user-facing APIs, forwarded to the URLs of
+    /// `coordinator.search_url`, `.stats_url` and `.similarity_url`
+    /// ([`forward`](crate::api::forward)), but for the upstreams `served_here` (whose routes
+    /// this process serves itself, as `imagepipe run` does); to serve with [`Service::serve`]
+    /// beside [`Coordinator::routes`].
+    pub fn forwarded_routes(&self, served_here: &[Upstream]) -> Router {
+        self.forwarding.router(served_here)
     }
 
     /// Runs the sweeper, every consumer and the gauge sampler until `shutdown`.

@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use serde::Serialize;
 
 use crate::task::{
-    CancelRequest, Destination, HistoryEntry, HistoryEvent, OutboxEntry, Outputs, Steps, Task, TaskFailure, TaskState,
+    Destination, HistoryEntry, HistoryEvent, OutboxEntry, Outputs, PendingCancel, Steps, Task, TaskFailure, TaskState,
     Timer, TimerKind,
 };
 
@@ -251,7 +251,7 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
                     return Ok(Verdict::Ignore(Ignored::AlreadyCancelling));
                 }
                 let mut t = Transition::new(task, ctx.now);
-                t.task.cancel_requested = Some(CancelRequest { reason: reason.clone(), at: ctx.now });
+                t.task.cancel_requested = Some(PendingCancel { reason: reason.clone(), at: ctx.now });
                 let step = task.state.step();
                 t.finish(
                     Some(task.state),
@@ -262,7 +262,7 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
                 )
             } else {
                 let mut t = Transition::new(task, ctx.now);
-                t.task.cancel_requested = Some(CancelRequest { reason: reason.clone(), at: ctx.now });
+                t.task.cancel_requested = Some(PendingCancel { reason: reason.clone(), at: ctx.now });
                 t.cancel()
             }
         }

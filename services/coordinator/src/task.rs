@@ -255,7 +255,7 @@ pub struct Task {
     pub timer: Option<Timer>,
     /// Set when cancellation was asked while an attempt ran: the task stops at the step boundary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cancel_requested: Option<CancelRequest>,
+    pub cancel_requested: Option<PendingCancel>,
     /// Why the task failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<TaskFailure>,
@@ -264,7 +264,7 @@ pub struct Task {
 /// A pending cancellation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct CancelRequest {
+pub struct PendingCancel {
     /// Why, as given by whoever cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

@@ -16,7 +16,7 @@ use imagepipe_coordinator::store::DeadLetter;
 use imagepipe_coordinator::store::embedded::EmbeddedStore;
 use imagepipe_runtime::Shutdown;
 use imagepipe_runtime::clock::ManualClock;
-use imagepipe_runtime::http::{ApiRoutes, HealthServer, Readiness};
+use imagepipe_runtime::http::{ApiRoutes, HealthServer, Readiness, testing};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -415,4 +415,41 @@ async fn event_streams_are_capped_and_end_when_the_hub_closes() {
         let ended = tokio::time::timeout(Duration::from_secs(5), response.bytes()).await;
         assert!(ended.expect("the stream ends once the hub closes").is_ok());
     }
+}
+
+#[tokio::test]
+async fn bodies_over_their_limit_unknown_routes_wrong_methods_and_arrays_are_json_errors() {
+    let s = serve(10, None).await;
+    let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().unwrap();
+    let json = |answer: &testing::Answer| -> Value {
+        assert!(answer.head.contains("content-type: application/json"), "{}", answer.head);
+        serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{e}: {answer:?}"))
+    };
+
+    let submit = vec![b' '; api::JSON_BODY_BYTES as usize + 1];
+    let answer = testing::request_with_body(addr, "POST", "/v1/tasks", None, &submit).await;
+    assert_eq!(answer.status, 413);
+    let body = json(&answer);
+    assert_eq!(body["error"], "too_large");
+    assert_eq!(body["message"], format!("the body is larger than the {} bytes this route takes", api::JSON_BODY_BYTES));
+    let upload = vec![0u8; 1024 * 1024 + 1];
+    let answer = testing::request_with_body(addr, "POST", "/v1/blobs", None, &upload).await;
+    assert_eq!(answer.status, 413);
+    assert_eq!(
+        json(&answer)["message"],
+        "the body is larger than the 1048576 bytes this route takes (download.max_bytes)"
+    );
+
+    let answer = testing::get(addr, "/v1/nothing/here").await;
+    assert_eq!((answer.status, json(&answer)["error"].as_str()), (404, Some("not_found")));
+    let answer = testing::request(addr, "DELETE", "/v1/tasks", None).await;
+    assert_eq!((answer.status, json(&answer)["error"].as_str()), (405, Some("method_not_allowed")));
+    assert!(answer.head.contains("allow: "), "{}", answer.head);
+
+    // serde alone reads an array as a struct's fields in order: the API takes objects only.
+    let (status, _, body) = s.post("/v1/tasks", r#"[null, "https://e.com/a.jpg"]"#).await;
+    assert_eq!((status, body["message"].as_str()), (StatusCode::BAD_REQUEST, Some("the body must be a JSON object")));
+    s.post("/v1/tasks", r#"{"taskId":"tsk_array","url":"https://e.com/a.jpg"}"#).await;
+    let (status, _, body) = s.post("/v1/tasks/tsk_array/cancel", "[]").await;
+    assert_eq!((status, body["message"].as_str()), (StatusCode::BAD_REQUEST, Some("the body must be a JSON object")));
 }

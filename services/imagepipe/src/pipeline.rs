@@ -14,6 +14,7 @@ use imagepipe_bus::{Bus, BusError, BusKind, Message};
 use imagepipe_contracts::SubmitTask;
 use imagepipe_contracts::names::queues;
 use imagepipe_coordinator::Task;
+use imagepipe_coordinator::api::forward::Upstream;
 use imagepipe_coordinator::app::{Coordinator, open_store};
 use imagepipe_coordinator::engine::Engine;
 use imagepipe_coordinator::store::StoreError;
@@ -146,6 +147,8 @@ impl Pipeline {
         service.serve(coordinator.routes(blobs.clone()));
         service.serve(imagepipe_tag_indexer_worker::api::routes(tag_index.clone()));
         service.serve(imagepipe_analytics_worker::api::routes(stats.clone()));
+        // Search and stats are served here; the coordinator forwards only the rest.
+        service.serve(coordinator.forwarded_routes(&[Upstream::Search, Upstream::Stats]));
 
         let settings = Arc::new(settings);
         let stop_services = service.shutdown.clone();

@@ -143,6 +143,12 @@ async fn with_a_token_search_stats_and_every_v1_route_need_it() {
         assert_eq!(testing::request(addr, "GET", path, Some("wrong")).await.status, 401, "{path}");
         assert_eq!(testing::request(addr, "GET", path, Some("run-t0ken")).await.status, 200, "{path}");
     }
+    // Search and stats are this process's own routes; the coordinator forwards only what nothing
+    // here serves, the similarity routes, and says which key would point them somewhere.
+    let similar = testing::request(addr, "GET", "/v1/duplicates", Some("run-t0ken")).await;
+    assert_eq!(similar.status, 404, "{similar:?}");
+    assert!(similar.body.contains(r#""error":"not_configured""#), "{similar:?}");
+    assert!(similar.body.contains("coordinator.similarity_url"), "{similar:?}");
     assert_eq!(testing::get(addr, "/healthz").await.status, 200);
     let ready = testing::get_until(addr, "/readyz", None, |a| a.status == 200).await;
     assert_eq!(ready.status, 200, "{ready:?}");

@@ -27,8 +27,8 @@ struct SearchQuery {
     limit: Option<String>,
 }
 
-/// The answer.
-#[derive(Debug, Serialize, Deserialize)]
+/// The answer of `GET /v1/search`.
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SearchResponse {
     /// The normalized tags searched for.
     pub tags: Vec<String>,

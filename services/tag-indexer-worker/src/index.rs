@@ -7,7 +7,8 @@
 //!
 //! Nothing stays for ever: every write carries the time of its event, the index remembers each
 //! task's latest (`<prefix>:tags:indexed`, a sorted set by time) and the tags it has
-//! (`<prefix>:tags:task:<id>`), and [`TagIndex::expire`] drops every entry of the tasks whose
+//! (`<prefix>:tags:task:<id>`, a hash of tag → empty: small hashes are kept compact, small
+//! sets are not before Redis 7.2), and [`TagIndex::expire`] drops every entry of the tasks whose
 //! latest event is older than the retention (the coordinator's, so a task leaves the index
 //! when it leaves the coordinator).
 
@@ -19,7 +20,7 @@ use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
 /// How several query tags combine.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TagMatch {
     /// Tasks having every tag; score: the sum of their scores.
@@ -30,7 +31,7 @@ pub enum TagMatch {
 }
 
 /// One search result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Hit {
     /// The task.
@@ -74,13 +75,13 @@ pub trait TagIndex: Send + Sync + 'static {
 }
 
 /// Drops the entries of up to ARGV[2] tasks whose latest event (KEYS[1], the indexed set) is at
-/// or before ARGV[1]: their tag entries (tag keys under ARGV[3], found in each task's set of
-/// tags), their tag set and their thumbnail (KEYS[2]). Returns how many tasks.
+/// or before ARGV[1]: their tag entries (tag keys under ARGV[3], found in each task's hash of
+/// tags), their tag hash and their thumbnail (KEYS[2]). Returns how many tasks.
 const EXPIRE: &str = r"
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
   local task = ARGV[3] .. ':task:' .. id
-  for _, tag in ipairs(redis.call('SMEMBERS', task)) do
+  for _, tag in ipairs(redis.call('HKEYS', task)) do
     redis.call('ZREM', ARGV[3] .. ':tag:' .. tag, id)
   end
   redis.call('DEL', task)
@@ -134,7 +135,7 @@ impl TagIndex for RedisIndex {
         pipe.atomic();
         for (tag, score) in tags {
             pipe.cmd("ZADD").arg(self.tag_key(tag)).arg(*score).arg(task_id).ignore();
-            pipe.cmd("SADD").arg(self.task_key(task_id)).arg(tag).ignore();
+            pipe.cmd("HSET").arg(self.task_key(task_id)).arg(tag).arg("").ignore();
         }
         pipe.cmd("ZADD").arg(self.indexed_key()).arg("GT").arg(at).arg(task_id).ignore();
         pipe.query_async::<()>(&mut self.connection.clone()).await.map_err(redis_err("indexing tags"))

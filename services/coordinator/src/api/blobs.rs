@@ -4,15 +4,14 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use imagepipe_blob::{BlobError, BlobKey, BlobStore, Sniffed, sniff};
-use imagepipe_runtime::http::ApiError;
+use imagepipe_runtime::http::{ApiError, BodyLimit, WholeBody};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -25,16 +24,15 @@ pub struct Uploaded {
     pub size: u64,
 }
 
-/// The blob routes over `blobs`, refusing uploads over `max_bytes`.
+/// The blob routes over `blobs`, refusing uploads over `max_bytes` (`download.max_bytes`: a
+/// `413` naming it).
 pub fn router(blobs: Arc<dyn BlobStore>, max_bytes: u64) -> Router {
-    Router::new()
-        .route("/v1/blobs", post(upload))
-        .route("/v1/blobs/{key}", get(download))
-        .layer(DefaultBodyLimit::max(usize::try_from(max_bytes).unwrap_or(usize::MAX)))
-        .with_state(blobs)
+    let routes =
+        Router::new().route("/v1/blobs", post(upload)).route("/v1/blobs/{key}", get(download)).with_state(blobs);
+    BodyLimit::new(max_bytes).set_by("download.max_bytes").apply(routes)
 }
 
-async fn upload(State(blobs): State<Arc<dyn BlobStore>>, body: Bytes) -> Result<Response, ApiError> {
+async fn upload(State(blobs): State<Arc<dyn BlobStore>>, WholeBody(body): WholeBody) -> Result<Response, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid("the body is empty: send the image's bytes"));
     }
@@ -42,7 +40,9 @@ async fn upload(State(blobs): State<Arc<dyn BlobStore>>, body: Bytes) -> Result<
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
-            format!("the body is not an image ({what}): upload the bytes of a JPEG, PNG, GIF, WebP, TIFF or other image file"),
+            format!(
+                "the body is not an image ({what}): upload the bytes of a JPEG, PNG, GIF, WebP, TIFF or other image file"
+            ),
         ));
     }
     let size = body.len() as u64;

@@ -1,169 +1,453 @@
-//! The OpenAPI 3.1 document of the API, with schemas generated from the handlers' types.
+//! The OpenAPI 3.1 document of the coordinator's API — its own routes and those it forwards
+//! ([`forward`](super::forward)) — with schemas generated from the handlers' types (JSON
+//! Schema 2020-12, as OpenAPI 3.1 takes it). Descriptions come from doc comments, with their
+//! rustdoc link syntax removed in one pass ([`plain_text`]).
 
-use schemars::generate::SchemaSettings;
-use serde_json::{Value, json};
+use schemars::generate::{SchemaGenerator, SchemaSettings};
+use serde_json::{Map, Value, json};
 
 use super::blobs::Uploaded;
-use super::{Accepted, ApiError, CancelRequest, History, Replayed, TaskView};
+use super::forward::Upstream;
+use super::{Accepted, ApiError, CancelRequest, History, JSON_BODY_BYTES, MAX_LIMIT, Replayed, TaskView};
 use crate::store::{DeadLetterPage, TaskPage};
+use crate::task::TaskState;
+use imagepipe_analytics_worker::api::StatsResponse;
 use imagepipe_contracts::SubmitTask;
+use imagepipe_tag_indexer_worker::api::{MAX_LIMIT as SEARCH_MAX_LIMIT, SearchResponse};
+
+/// The pattern of a task id (`is_valid_id`).
+const ID_PATTERN: &str = "^[A-Za-z0-9_.-]{1,128}$";
+
+/// The schemas of the document's bodies, by the name the operations refer to them with.
+struct Schemas {
+    generator: SchemaGenerator,
+    refs: Vec<(&'static str, Value)>,
+}
+
+impl Schemas {
+    fn new() -> Self {
+        let settings = SchemaSettings::draft2020_12().with(|s| {
+            s.definitions_path = "/components/schemas".into();
+            s.meta_schema = None;
+        });
+        Self { generator: settings.into_generator(), refs: Vec::new() }
+    }
+
+    fn add<T: schemars::JsonSchema>(&mut self, name: &'static str) {
+        let schema = self.generator.subschema_for::<T>();
+        self.refs.push((name, serde_json::to_value(schema).expect("schemas serialize")));
+    }
+
+    fn get(&self, name: &str) -> Value {
+        self.refs.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone()).expect("a schema added above")
+    }
+}
 
 /// The document served at `/v1/openapi.json`.
 pub fn document() -> Value {
-    let mut generator = SchemaSettings::openapi3().into_generator();
-    let refs = [
-        ("SubmitTask", generator.subschema_for::<SubmitTask>()),
-        ("Accepted", generator.subschema_for::<Accepted>()),
-        ("TaskView", generator.subschema_for::<TaskView>()),
-        ("TaskPage", generator.subschema_for::<TaskPage>()),
-        ("History", generator.subschema_for::<History>()),
-        ("CancelRequest", generator.subschema_for::<CancelRequest>()),
-        ("DeadLetterPage", generator.subschema_for::<DeadLetterPage>()),
-        ("Replayed", generator.subschema_for::<Replayed>()),
-        ("Uploaded", generator.subschema_for::<Uploaded>()),
-        ("Error", generator.subschema_for::<ApiError>()),
-    ];
-    let schema = |name: &str| {
-        let s = refs.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone()).expect("known schema");
-        serde_json::to_value(s).expect("schemas serialize")
+    let mut schemas = Schemas::new();
+    schemas.add::<SubmitTask>("SubmitTask");
+    schemas.add::<Accepted>("Accepted");
+    schemas.add::<TaskView>("TaskView");
+    schemas.add::<TaskPage>("TaskPage");
+    schemas.add::<History>("History");
+    schemas.add::<CancelRequest>("CancelRequest");
+    schemas.add::<DeadLetterPage>("DeadLetterPage");
+    schemas.add::<Replayed>("Replayed");
+    schemas.add::<Uploaded>("Uploaded");
+    schemas.add::<SearchResponse>("SearchResponse");
+    schemas.add::<StatsResponse>("StatsResponse");
+    schemas.add::<ApiError>("Error");
+    let schema = |name: &str| schemas.get(name);
+    let json_content = |name: &str| json!({ "application/json": { "schema": schema(name) } });
+    let ok = |description: &str, name: &str| json!({ "description": description, "content": json_content(name) });
+    let error = |description: &str| ok(description, "Error");
+    let id_param = |what: &str| {
+        json!({ "name": "id", "in": "path", "required": true, "description": what,
+                "schema": { "type": "string", "pattern": ID_PATTERN } })
     };
-    let components = generator.take_definitions(true);
-    let json_body = |name: &str| json!({ "content": { "application/json": { "schema": schema(name) } } });
-    let error = |description: &str| json!({ "description": description, "content": { "application/json": { "schema": schema("Error") } } });
-    let id_param = |what: &str| json!({ "name": "id", "in": "path", "required": true, "schema": { "type": "string" }, "description": what });
-    let query = |name: &str, description: &str| json!({ "name": name, "in": "query", "required": false, "schema": { "type": "string" }, "description": description });
-    let ok = |description: &str, name: &str| {
-        let mut body = json_body(name);
-        body["description"] = json!(description);
-        body
-    };
-    json!({
+    let query = |name: &str, description: &str, schema: Value| json!({ "name": name, "in": "query", "required": false, "description": description, "schema": schema });
+    let page_limit =
+        || query("limit", "Page size (default 50)", json!({ "type": "integer", "minimum": 1, "maximum": MAX_LIMIT }));
+    let cursor = || query("cursor", "nextCursor of the previous page", json!({ "type": "string" }));
+    let too_large = |bytes: String| error(&format!("The body is larger than {bytes} (the message names the limit)"));
+    // An empty `status` is no filter, as an absent one.
+    let states: Vec<&str> = TaskState::ALL.iter().map(|s| s.as_str()).chain([""]).collect();
+    let task_links: Map<String, Value> = ["getTask", "getTaskHistory", "cancelTask"]
+        .into_iter()
+        .map(|op| (op.to_owned(), json!({ "operationId": op, "parameters": { "id": "$response.body#/taskId" } })))
+        .collect();
+
+    let mut paths = json!({
+        "/v1/tasks": {
+            "post": {
+                "operationId": "submitTask",
+                "summary": "Submit a task",
+                "requestBody": { "required": true, "content": { "application/json": {
+                    "schema": schema("SubmitTask"),
+                    "example": { "taskId": "tsk_photo_0001", "url": "https://example.com/cat.jpg", "labels": { "album": "summer" } }
+                } } },
+                "responses": {
+                    "202": {
+                        "description": "Accepted (or the existing task of this id or idempotency key)",
+                        "headers": { "Location": { "schema": { "type": "string" }, "description": "The task's URL" } },
+                        "content": json_content("Accepted"),
+                        "links": task_links
+                    },
+                    "400": error("Malformed JSON, a wrong field type, or a submit that breaks a rule (the message names it)"),
+                    "409": error("The taskId names a task with another source (Location names it)"),
+                    "413": too_large(format!("{JSON_BODY_BYTES} bytes"))
+                }
+            },
+            "get": {
+                "operationId": "listTasks",
+                "summary": "A page of tasks, oldest first",
+                "parameters": [
+                    query("status", "Only tasks in this state (empty: every state)", json!({ "type": "string", "enum": states })),
+                    page_limit(),
+                    cursor()
+                ],
+                "responses": { "200": ok("A page", "TaskPage"), "400": error("A bad parameter") }
+            }
+        },
+        "/v1/tasks/{id}": {
+            "get": {
+                "operationId": "getTask",
+                "summary": "A task: state, each step's output and attempts, last error",
+                "parameters": [id_param("Task id")],
+                "responses": { "200": ok("The task", "TaskView"), "400": error("Not a task id"), "404": error("No such task") }
+            }
+        },
+        "/v1/tasks/{id}/history": {
+            "get": {
+                "operationId": "getTaskHistory",
+                "summary": "Every transition of a task with its time",
+                "parameters": [id_param("Task id")],
+                "responses": { "200": ok("The history", "History"), "400": error("Not a task id"), "404": error("No such task") }
+            }
+        },
+        "/v1/tasks/{id}/cancel": {
+            "post": {
+                "operationId": "cancelTask",
+                "summary": "Cancel a task; it stops at the next step boundary",
+                "parameters": [id_param("Task id")],
+                "requestBody": { "required": false, "content": json_content("CancelRequest") },
+                "responses": {
+                    "202": ok("Cancelled, or cancelling at the step boundary", "TaskView"),
+                    "400": error("Not a task id, or a malformed body"),
+                    "404": error("No such task"),
+                    "409": error("The task already finished"),
+                    "413": too_large(format!("{JSON_BODY_BYTES} bytes"))
+                }
+            }
+        },
+        "/v1/events": {
+            "get": {
+                "operationId": "watchEvents",
+                "summary": "Server-Sent Events of the event topics (each `data` is an event envelope)",
+                "parameters": [
+                    query("taskId", "Only events of this task", json!({ "type": "string", "pattern": ID_PATTERN })),
+                    query("type", "Event type selector, e.g. `task.completed || task.failed` or `image.*`", json!({ "type": "string" }))
+                ],
+                "responses": {
+                    "200": { "description": "An event stream", "content": { "text/event-stream": { "schema": { "type": "string" } } } },
+                    "400": error("A bad parameter"),
+                    "503": error("Too many event streams at once (http.max_sse_clients)")
+                }
+            }
+        },
+        "/v1/dlq": {
+            "get": {
+                "operationId": "listDeadLetters",
+                "summary": "Dead letters, oldest first",
+                "parameters": [page_limit(), cursor()],
+                "responses": { "200": ok("A page", "DeadLetterPage"), "400": error("A bad parameter") }
+            }
+        },
+        "/v1/dlq/{id}": {
+            "delete": {
+                "operationId": "purgeDeadLetter",
+                "summary": "Purge a dead letter",
+                "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" }, "description": "Dead letter id" }],
+                "responses": { "204": { "description": "Purged" }, "404": error("No such dead letter") }
+            }
+        },
+        "/v1/dlq/{id}/replay": {
+            "post": {
+                "operationId": "replayDeadLetter",
+                "summary": "Send a dead letter back to its queue and remove it",
+                "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" }, "description": "Dead letter id" }],
+                "responses": {
+                    "202": ok("Replayed", "Replayed"),
+                    "404": error("No such dead letter"),
+                    "409": error("Its source is not a task queue, or the archive kept only part of its body")
+                }
+            }
+        },
+        "/v1/blobs": {
+            "post": {
+                "operationId": "uploadBlob",
+                "summary": "Upload an image; submit its key as {\"blob\": key}",
+                "requestBody": { "required": true, "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } },
+                "responses": {
+                    "201": {
+                        "description": "Stored (or already stored: keys are content addresses)",
+                        "content": json_content("Uploaded"),
+                        "links": { "getBlob": { "operationId": "getBlob", "parameters": { "key": "$response.body#/key" } } }
+                    },
+                    "400": error("An empty body"),
+                    "413": too_large("download.max_bytes".to_owned()),
+                    "415": error("The bytes are not an image (the message says what they look like)")
+                }
+            }
+        },
+        "/v1/blobs/{key}": {
+            "get": {
+                "operationId": "getBlob",
+                "summary": "An image or thumbnail by key",
+                "parameters": [{ "name": "key", "in": "path", "required": true, "description": "sha256:<64 hex digits>",
+                                 "schema": { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" } }],
+                "responses": {
+                    "200": { "description": "The bytes, typed by their magic numbers", "content": { "image/*": { "schema": { "type": "string", "format": "binary" } } } },
+                    "400": error("Not a blob key"),
+                    "404": error("No such blob")
+                }
+            }
+        },
+        "/v1/openapi.json": {
+            "get": {
+                "operationId": "openapiDocument",
+                "summary": "This document",
+                "responses": { "200": { "description": "OpenAPI 3.1", "content": { "application/json": { "schema": { "type": "object" } } } } }
+            }
+        },
+        "/v1/search": {
+            "get": {
+                "operationId": "searchTags",
+                "summary": "Tasks by tag, best first (the tag indexer's)",
+                "parameters": [
+                    { "name": "tags", "in": "query", "required": true, "description": "Comma-separated tags, e.g. `cat,animal` (at most 32)",
+                      "schema": { "type": "string", "minLength": 1 } },
+                    query("mode", "Whether a task needs all tags (default) or any", json!({ "type": "string", "enum": ["all", "any"] })),
+                    query("limit", "Most results (default 20)", json!({ "type": "integer", "minimum": 1, "maximum": SEARCH_MAX_LIMIT }))
+                ],
+                "responses": { "200": ok("Matching tasks", "SearchResponse"), "400": error("A bad parameter") }
+            }
+        },
+        "/v1/stats": {
+            "get": {
+                "operationId": "getStats",
+                "summary": "Counters and stage latencies (the analytics worker's)",
+                "responses": { "200": ok("Counters, and per span a histogram with percentiles", "StatsResponse") }
+            }
+        },
+        "/v1/tasks/{id}/similar": {
+            "get": {
+                "operationId": "getSimilarTasks",
+                "summary": "Images similar to a task's (the similarity indexer's)",
+                "parameters": [id_param("Task id")],
+                "responses": { "200": { "description": "Similar tasks, closest first", "content": { "application/json": { "schema": { "type": "object" } } } } }
+            }
+        },
+        "/v1/search/similar": {
+            "post": {
+                "operationId": "searchSimilar",
+                "summary": "Images similar to the one given (the similarity indexer's)",
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object" } } } },
+                "responses": { "200": { "description": "Similar tasks, closest first", "content": { "application/json": { "schema": { "type": "object" } } } } }
+            }
+        },
+        "/v1/duplicates": {
+            "get": {
+                "operationId": "getDuplicates",
+                "summary": "Groups of near-duplicate images (the similarity indexer's)",
+                "responses": { "200": { "description": "Near-duplicate groups", "content": { "application/json": { "schema": { "type": "object" } } } } }
+            }
+        }
+    });
+    for upstream in Upstream::ALL {
+        for &(path, _) in upstream.routes() {
+            let operations = paths[path].as_object_mut().expect("every forwarded route is documented");
+            for operation in operations.values_mut() {
+                let service = upstream.service();
+                let (key, variable) = (upstream.key(), upstream.variable());
+                operation["description"] =
+                    json!(format!("Served by {service}; the coordinator forwards it to {key} ({variable})."));
+                let responses = operation["responses"].as_object_mut().expect("responses");
+                let not_configured =
+                    format!("Not configured here: the message names {key}; or, from {service}, not found");
+                responses.entry("404").or_insert_with(|| error(&not_configured));
+                responses.insert("502".into(), error(&format!("{service} could not be reached")));
+                responses.insert("504".into(), error(&format!("{service} did not answer in time")));
+            }
+        }
+    }
+    for operations in paths.as_object_mut().expect("paths").values_mut() {
+        for operation in operations.as_object_mut().expect("operations").values_mut() {
+            let responses = operation["responses"].as_object_mut().expect("responses");
+            responses.insert("401".into(), error("No or a wrong bearer token (with http.auth_token set)"));
+        }
+    }
+    let components = schemas.generator.take_definitions(true);
+    let mut document = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "imagepipe coordinator",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Submit image tasks, follow their state and history, watch events, manage dead letters."
+            "description": "Submit image tasks, follow their state and history, watch events, manage dead letters; \
+                            search, stats and similarity of the services the coordinator forwards them to. \
+                            Every error is {\"error\": code, \"message\": ...}: an unknown route 404 not_found, \
+                            a method a route does not take 405 method_not_allowed."
         },
         "components": {
             "schemas": components,
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
         },
         "security": [{ "bearer": [] }],
-        "paths": {
-            "/v1/tasks": {
-                "post": {
-                    "summary": "Submit a task",
-                    "requestBody": { "required": true, "content": json_body("SubmitTask")["content"].clone() },
-                    "responses": {
-                        "202": {
-                            "description": "Accepted (or the existing task of this id or idempotency key)",
-                            "headers": { "Location": { "schema": { "type": "string" }, "description": "The task's URL" } },
-                            "content": json_body("Accepted")["content"].clone()
-                        },
-                        "400": error("Malformed JSON, a wrong field type, or a submit that breaks a rule (the message names it)"),
-                        "401": error("Missing or wrong bearer token")
+        "paths": paths
+    });
+    strip_doc_links(&mut document);
+    document
+}
+
+/// Replaces every `description` in `value` by its [`plain_text`].
+fn strip_doc_links(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            strip_description(map);
+            map.values_mut().for_each(strip_doc_links);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_doc_links),
+        _ => {}
+    }
+}
+
+fn strip_description(map: &mut Map<String, Value>) {
+    if let Some(Value::String(text)) = map.get_mut("description") {
+        *text = plain_text(text);
+    }
+}
+
+/// `text` without rustdoc link syntax: `[Foo::bar]`, ``[`Foo`]``, `[text](target)` and
+/// `[text][target]` become `Foo::bar`, `` `Foo` `` and `text`; brackets around anything that is
+/// not a Rust path and not followed by a link target (`[A-Za-z0-9_.-]`) stay.
+pub fn plain_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('[') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find(']') else {
+            rest = &rest[open..];
+            break;
+        };
+        let inner = &after[..close];
+        let tail = &after[close + 1..];
+        let target = link_target(tail);
+        if target.is_some() || is_rust_path(inner.trim_matches('`')) {
+            out.push_str(inner);
+            rest = &tail[target.unwrap_or(0)..];
+        } else {
+            out.push('[');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The length of a link target opening `tail`: `(target)` or `[target]` without spaces.
+fn link_target(tail: &str) -> Option<usize> {
+    let close = match tail.chars().next()? {
+        '(' => ')',
+        '[' => ']',
+        _ => return None,
+    };
+    let end = tail.find(close)?;
+    let target = &tail[1..end];
+    (!target.is_empty() && !target.contains(char::is_whitespace)).then_some(end + 1)
+}
+
+/// Whether `s` is a Rust path such as `Foo`, `Foo::bar` or `Foo::bar()`.
+fn is_rust_path(s: &str) -> bool {
+    let s = s.strip_suffix("()").unwrap_or(s);
+    !s.is_empty()
+        && s.split("::").all(|part| {
+            let mut chars = part.chars();
+            chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rustdoc_links_become_plain_text_and_other_brackets_stay() {
+        let cases = [
+            ("checked by [SubmitTask::validate].", "checked by SubmitTask::validate."),
+            ("see [`Task`] and [`auth`](super::auth)", "see `Task` and `auth`"),
+            ("the [store][crate::store] keeps it", "the store keeps it"),
+            ("1 to 128 characters of [A-Za-z0-9_.-]", "1 to 128 characters of [A-Za-z0-9_.-]"),
+            ("a list [a, b] and [open", "a list [a, b] and [open"),
+            ("[Engine::submit()] first", "Engine::submit() first"),
+        ];
+        for (text, plain) in cases {
+            assert_eq!(plain_text(text), plain, "{text}");
+        }
+    }
+
+    #[test]
+    fn the_document_has_no_rustdoc_links_and_no_duplicate_schema_names() {
+        let document = document();
+        let text = serde_json::to_string(&document).unwrap();
+        for link in ["[SubmitTask::validate]", "[`", "](", "]["] {
+            assert!(!text.contains(link), "{link} in the document");
+        }
+        let names: Vec<&String> = document["components"]["schemas"].as_object().unwrap().keys().collect();
+        let numbered: Vec<&&String> = names.iter().filter(|n| n.ends_with(|c: char| c.is_ascii_digit())).collect();
+        assert!(numbered.is_empty(), "schemars numbered clashing type names: {numbered:?}");
+    }
+
+    #[test]
+    fn every_operation_has_its_own_id_and_links_name_existing_operations() {
+        let document = document();
+        let mut ids = std::collections::BTreeSet::new();
+        let mut linked = Vec::new();
+        for (path, operations) in document["paths"].as_object().unwrap() {
+            for (method, operation) in operations.as_object().unwrap() {
+                let id = operation["operationId"].as_str().unwrap_or_else(|| panic!("{method} {path}: no operationId"));
+                assert!(ids.insert(id.to_owned()), "{id} twice");
+                assert!(operation["responses"].get("401").is_some(), "{method} {path}: 401");
+                for response in operation["responses"].as_object().unwrap().values() {
+                    if let Some(links) = response.get("links").and_then(Value::as_object) {
+                        linked.extend(links.values().map(|l| l["operationId"].as_str().unwrap().to_owned()));
                     }
-                },
-                "get": {
-                    "summary": "A page of tasks, oldest first",
-                    "parameters": [
-                        query("status", "queued | downloading | extracting_metadata | analyzing | completed | failed | cancelled"),
-                        query("limit", "1 to 500, default 50"),
-                        query("cursor", "nextCursor of the previous page")
-                    ],
-                    "responses": { "200": ok("A page", "TaskPage"), "400": error("A bad parameter") }
                 }
-            },
-            "/v1/tasks/{id}": {
-                "get": {
-                    "summary": "A task: state, each step's output and attempts, last error",
-                    "parameters": [id_param("Task id")],
-                    "responses": { "200": ok("The task", "TaskView"), "404": error("No such task") }
-                }
-            },
-            "/v1/tasks/{id}/history": {
-                "get": {
-                    "summary": "Every transition of a task with its time",
-                    "parameters": [id_param("Task id")],
-                    "responses": { "200": ok("The history", "History"), "404": error("No such task") }
-                }
-            },
-            "/v1/tasks/{id}/cancel": {
-                "post": {
-                    "summary": "Cancel a task; it stops at the next step boundary",
-                    "parameters": [id_param("Task id")],
-                    "requestBody": { "required": false, "content": json_body("CancelRequest")["content"].clone() },
-                    "responses": {
-                        "202": ok("Cancelled, or cancelling at the step boundary", "TaskView"),
-                        "404": error("No such task"),
-                        "409": error("The task already finished")
-                    }
-                }
-            },
-            "/v1/events": {
-                "get": {
-                    "summary": "Server-Sent Events of the event topics (each `data` is an event envelope)",
-                    "parameters": [
-                        query("taskId", "Only events of this task"),
-                        query("type", "Event type selector, e.g. `task.completed || task.failed` or `image.*`")
-                    ],
-                    "responses": {
-                        "200": { "description": "An event stream", "content": { "text/event-stream": { "schema": { "type": "string" } } } },
-                        "400": error("A bad parameter")
-                    }
-                }
-            },
-            "/v1/dlq": {
-                "get": {
-                    "summary": "Dead letters, oldest first",
-                    "parameters": [query("limit", "1 to 500, default 50"), query("cursor", "nextCursor of the previous page")],
-                    "responses": { "200": ok("A page", "DeadLetterPage"), "400": error("A bad parameter") }
-                }
-            },
-            "/v1/dlq/{id}": {
-                "delete": {
-                    "summary": "Purge a dead letter",
-                    "parameters": [id_param("Dead letter id")],
-                    "responses": { "204": { "description": "Purged" }, "404": error("No such dead letter") }
-                }
-            },
-            "/v1/dlq/{id}/replay": {
-                "post": {
-                    "summary": "Send a dead letter back to its queue and remove it",
-                    "parameters": [id_param("Dead letter id")],
-                    "responses": {
-                        "202": ok("Replayed", "Replayed"),
-                        "404": error("No such dead letter"),
-                        "409": error("Its source is not a task queue")
-                    }
-                }
-            },
-            "/v1/blobs": {
-                "post": {
-                    "summary": "Upload an image; submit its key as {\"blob\": key}",
-                    "requestBody": { "required": true, "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } },
-                    "responses": {
-                        "201": ok("Stored (or already stored: keys are content addresses)", "Uploaded"),
-                        "400": error("An empty body"),
-                        "413": { "description": "Larger than download.max_bytes" },
-                        "415": error("The bytes are not an image (the message says what they look like)")
-                    }
-                }
-            },
-            "/v1/blobs/{key}": {
-                "get": {
-                    "summary": "An image or thumbnail by key",
-                    "parameters": [{ "name": "key", "in": "path", "required": true, "schema": { "type": "string" }, "description": "sha256:<hex>" }],
-                    "responses": {
-                        "200": { "description": "The bytes, typed by their magic numbers", "content": { "image/*": { "schema": { "type": "string", "format": "binary" } } } },
-                        "400": error("Not a blob key"),
-                        "404": error("No such blob")
-                    }
-                }
-            },
-            "/v1/openapi.json": {
-                "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1" } } }
             }
         }
-    })
+        assert!(!linked.is_empty());
+        for id in linked {
+            assert!(ids.contains(&id), "a link names {id}, which is no operation");
+        }
+    }
+
+    #[test]
+    fn every_forwarded_route_is_documented_with_its_gateway_errors() {
+        let document = document();
+        for upstream in Upstream::ALL {
+            for &(path, _) in upstream.routes() {
+                let operations = document["paths"][path].as_object().unwrap_or_else(|| panic!("{path} documented"));
+                for (method, operation) in operations {
+                    for status in ["200", "404", "502", "504"] {
+                        assert!(operation["responses"].get(status).is_some(), "{method} {path}: {status}");
+                    }
+                    assert!(operation["description"].as_str().unwrap().contains(upstream.key()), "{path}");
+                }
+            }
+        }
+        let search = &document["paths"]["/v1/search"]["get"]["responses"]["200"]["content"]["application/json"];
+        assert_eq!(search["schema"]["$ref"], "#/components/schemas/SearchResponse");
+    }
 }

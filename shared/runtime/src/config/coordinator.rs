@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::{ConfigError, list_or_comma_separated, positive};
 use crate::backoff::ExponentialBackoff;
@@ -50,6 +50,18 @@ pub struct CoordinatorConfig {
     /// transition: then its record, history, indexes and idempotency key are deleted.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
+    /// Base URL of the tag indexer (`http://tag-indexer-worker:8080`): the coordinator's API
+    /// forwards `GET /v1/search` there. Unset, that route answers `404 not_configured` naming
+    /// this key; `imagepipe run` serves the search itself.
+    #[serde(default, deserialize_with = "blank_as_none", skip_serializing_if = "Option::is_none")]
+    pub search_url: Option<String>,
+    /// Base URL of the analytics worker: the coordinator's API forwards `GET /v1/stats` there.
+    #[serde(default, deserialize_with = "blank_as_none", skip_serializing_if = "Option::is_none")]
+    pub stats_url: Option<String>,
+    /// Base URL of the similarity indexer: the coordinator's API forwards
+    /// `GET /v1/tasks/{id}/similar`, `POST /v1/search/similar` and `GET /v1/duplicates` there.
+    #[serde(default, deserialize_with = "blank_as_none", skip_serializing_if = "Option::is_none")]
+    pub similarity_url: Option<String>,
 }
 
 impl Default for CoordinatorConfig {
@@ -69,6 +81,9 @@ impl Default for CoordinatorConfig {
             sweep_interval: Duration::from_secs(1),
             dlq_groups: Vec::new(),
             retention: Duration::from_secs(7 * 24 * 3600),
+            search_url: None,
+            stats_url: None,
+            similarity_url: None,
         }
     }
 }
@@ -99,6 +114,33 @@ impl CoordinatorConfig {
             deadline.map_or(Ok(()), |d| positive(key, d))?;
         }
         positive("coordinator.retention", self.retention)?;
+        for (key, url) in [
+            ("coordinator.search_url", &self.search_url),
+            ("coordinator.stats_url", &self.stats_url),
+            ("coordinator.similarity_url", &self.similarity_url),
+        ] {
+            url.as_deref().map_or(Ok(()), |url| base_url(key, url))?;
+        }
         positive("coordinator.sweep_interval", self.sweep_interval)
     }
+}
+
+/// An optional string, an empty or blank one (`IMAGEPIPE_COORDINATOR__SEARCH_URL=`) as unset.
+fn blank_as_none<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    let value = Option::<String>::deserialize(deserializer)?;
+    Ok(value.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()))
+}
+
+/// Checks that `url` is an `http(s)` base URL with a host and no query, fragment or user info.
+fn base_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| {
+        ConfigError::invalid(key, format!("{url:?} is not a URL ({e}), e.g. http://tag-indexer-worker:8080"))
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(ConfigError::invalid(key, format!("{url:?} is not an http(s) URL with a host")));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() || !parsed.username().is_empty() {
+        return Err(ConfigError::invalid(key, format!("{url:?}: give scheme, host, port and path only")));
+    }
+    Ok(())
 }

@@ -192,6 +192,9 @@ fn unusable_values_are_rejected_naming_the_key() {
         (&[("IMAGEPIPE_COORDINATOR__MAX_ATTEMPTS", "0")], "coordinator.max_attempts"),
         (&[("IMAGEPIPE_COORDINATOR__ANALYZE_DEADLINE", "0s")], "coordinator.analyze_deadline"),
         (&[("IMAGEPIPE_COORDINATOR__RETENTION", "0s")], "coordinator.retention"),
+        (&[("IMAGEPIPE_COORDINATOR__SEARCH_URL", "tag-indexer-worker:8080")], "coordinator.search_url"),
+        (&[("IMAGEPIPE_COORDINATOR__STATS_URL", "ftp://analytics/")], "coordinator.stats_url"),
+        (&[("IMAGEPIPE_COORDINATOR__SIMILARITY_URL", "http://similar/?x=1")], "coordinator.similarity_url"),
         (&[("IMAGEPIPE_DLQ__MAX_ENTRIES", "0")], "dlq.max_entries"),
         (&[("IMAGEPIPE_DLQ__MAX_AGE", "0s")], "dlq.max_age"),
         (&[("IMAGEPIPE_AI__TOP_K", "0")], "ai.top_k"),
@@ -300,4 +303,21 @@ fn the_printed_config_of_a_secretless_setup_loads_back_unchanged() {
     let settings = load(Some(&file), &[]).unwrap();
     let printed = TempToml::new("round-trip-printed", &settings.to_masked_toml().unwrap());
     assert_eq!(load(Some(&printed), &[]).unwrap(), settings);
+}
+
+#[test]
+fn the_coordinator_forwards_to_the_urls_set_and_a_blank_one_is_unset() {
+    let defaults = load(None, &[]).unwrap().coordinator;
+    assert_eq!((defaults.search_url, defaults.stats_url, defaults.similarity_url), (None, None, None));
+    let set = load(
+        None,
+        &[
+            ("IMAGEPIPE_COORDINATOR__SEARCH_URL", "http://tag-indexer-worker:8080"),
+            ("IMAGEPIPE_COORDINATOR__STATS_URL", " "),
+        ],
+    )
+    .unwrap()
+    .coordinator;
+    assert_eq!(set.search_url.as_deref(), Some("http://tag-indexer-worker:8080"));
+    assert_eq!(set.stats_url, None, "blank is unset");
 }

@@ -2,14 +2,18 @@
 //! ([`ApiRoutes`]) whose every request passes the bearer-token check of [`auth`](super::auth)
 //! first. A service adds its routes once the parts they need are connected; until then its
 //! `/v1` answers 404 like any unknown route, while health and readiness already answer.
+//! Whatever the routes do not answer is still answered in that shape: an unknown route is
+//! `404 not_found`, a method a route does not take `405 method_not_allowed` (with `Allow`), and
+//! a body over its route's [`BodyLimit`] `413 too_large` naming the limit.
 
 use std::sync::{Arc, RwLock};
 
-use axum::Router;
-use axum::extract::Request;
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::http::StatusCode;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request};
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Router};
 use imagepipe_secret::Secret;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -56,6 +60,18 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "send `Authorization: Bearer <token>` (http.auth_token)")
     }
 
+    /// `413 too_large`: the request body is over the route's limit of `bytes`, set by the
+    /// config key `key` when one does.
+    pub fn too_large(bytes: Option<usize>, key: Option<&str>) -> Self {
+        let limit = bytes.map_or_else(|| "the bytes".to_owned(), |bytes| format!("the {bytes} bytes"));
+        let key = key.map(|key| format!(" ({key})")).unwrap_or_default();
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the body is larger than {limit} this route takes{key}"),
+        )
+    }
+
     /// `503 unavailable`: a dependency (store, broker, blob store) failed; logged, and worth a
     /// retry.
     pub fn unavailable(e: impl std::fmt::Display) -> Self {
@@ -91,8 +107,93 @@ impl From<QueryRejection> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(e: JsonRejection) -> Self {
-        Self::new(e.status(), "invalid_request", e.body_text())
+        match e {
+            JsonRejection::BytesRejection(e) => e.into(),
+            e => Self::new(e.status(), "invalid_request", e.body_text()),
+        }
     }
+}
+
+impl From<BytesRejection> for ApiError {
+    /// A body over the limit is `413 too_large` (without the limit: [`WholeBody`] names it);
+    /// a body that broke off is `400`.
+    fn from(e: BytesRejection) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::too_large(None, None)
+        } else {
+            Self::new(e.status(), "invalid_request", e.body_text())
+        }
+    }
+}
+
+/// The size limit of the request bodies of some routes, and the config key that sets it when
+/// one does. [`BodyLimit::apply`] puts it on the routes (axum's [`DefaultBodyLimit`]); a
+/// handler reading its body as [`WholeBody`] answers a larger one `413 too_large` naming both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimit {
+    bytes: usize,
+    key: Option<&'static str>,
+}
+
+impl BodyLimit {
+    /// At most `bytes` (saturating on 32-bit targets).
+    pub fn new(bytes: u64) -> Self {
+        Self { bytes: usize::try_from(bytes).unwrap_or(usize::MAX), key: None }
+    }
+
+    /// The same limit, named as set by the config key `key` (`download.max_bytes`).
+    pub fn set_by(self, key: &'static str) -> Self {
+        Self { key: Some(key), ..self }
+    }
+
+    /// The largest body, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// `routes` with this limit on every request body.
+    pub fn apply(self, routes: Router) -> Router {
+        routes.layer(DefaultBodyLimit::max(self.bytes)).layer(Extension(self))
+    }
+
+    /// The `413` of a body over this limit.
+    pub fn exceeded(&self) -> ApiError {
+        ApiError::too_large(Some(self.bytes), self.key)
+    }
+}
+
+/// A request's whole body, read within its route's [`BodyLimit`]: a larger body is answered
+/// `413 too_large` naming the limit and its key (axum's plain-text rejection otherwise).
+#[derive(Debug, Clone)]
+pub struct WholeBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for WholeBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let limit = request.extensions().get::<BodyLimit>().copied();
+        match Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(Self(bytes)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(limit.map_or_else(|| ApiError::from(e), |limit| limit.exceeded()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The answer to a path no route takes.
+async fn unknown_route(uri: Uri) -> ApiError {
+    ApiError::not_found(format!("no route {} on this server", uri.path()))
+}
+
+/// The answer to a method a route does not take (axum adds `Allow`).
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not take {method} (the Allow header lists what it takes)", uri.path()),
+    )
 }
 
 /// The `/v1` routes of one HTTP server (see the module docs). Clones share the table.
@@ -109,16 +210,20 @@ impl std::fmt::Debug for ApiRoutes {
 }
 
 impl ApiRoutes {
-    /// No routes yet; every `/v1` request must carry `token` when it is set.
+    /// No routes yet (every path answers `404 not_found`); every `/v1` request must carry
+    /// `token` when it is set.
     pub fn new(token: Option<Secret<String>>) -> Self {
-        Self { router: Arc::default(), token: token.map(Arc::new) }
+        let router = Router::new().fallback(unknown_route);
+        Self { router: Arc::new(RwLock::new(router)), token: token.map(Arc::new) }
     }
 
-    /// Adds `routes` beside those added before. A path added twice panics (axum's overlap
-    /// check): two parts of one server claiming one route is a programming error.
+    /// Adds `routes` beside those added before; a method they do not take is answered `405`
+    /// in the one error shape. A path added twice panics (axum's overlap check), and so do
+    /// `routes` with a fallback of their own: two parts of one server claiming one route is a
+    /// programming error.
     pub fn add(&self, routes: Router) {
         let mut router = self.router.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *router = std::mem::take(&mut *router).merge(routes);
+        *router = std::mem::take(&mut *router).merge(routes).method_not_allowed_fallback(method_not_allowed);
     }
 
     /// Handles one request: the token check for `/v1` paths, then the routes.

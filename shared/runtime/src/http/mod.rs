@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 
 use crate::shutdown::Shutdown;
 
-pub use api::{ApiError, ApiRoutes};
+pub use api::{ApiError, ApiRoutes, BodyLimit, WholeBody};
 pub use server::ConnectionLimits;
 
 /// Content type of the Prometheus text exposition format.
@@ -235,6 +235,41 @@ mod tests {
         shutdown.trigger();
         tokio::time::timeout(Duration::from_secs(10), task).await.expect("server stops").unwrap().unwrap();
         assert!(TcpStream::connect(addr).await.is_err(), "socket closed after shutdown");
+    }
+
+    #[tokio::test]
+    async fn unknown_routes_wrong_methods_and_large_bodies_are_answered_in_the_error_shape() {
+        let api = ApiRoutes::new(None);
+        api.add(Router::new().route("/v1/thing", get(|| async { "thing\n" })));
+        let upload = axum::routing::post(|WholeBody(body): WholeBody| async move { body.len().to_string() });
+        api.add(BodyLimit::new(16).set_by("test.max_bytes").apply(Router::new().route("/v1/upload", upload)));
+        let server = HealthServer::new(Readiness::new(), crate::metrics::install().unwrap()).api(api);
+        let (addr, _shutdown, _task) = start(server).await;
+        let json = |answer: &testing::Answer| -> serde_json::Value {
+            assert!(answer.head.contains("content-type: application/json"), "{}", answer.head);
+            serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{e}: {}", answer.body))
+        };
+
+        let unknown = testing::get(addr, "/v1/nope?secret=1").await;
+        assert_eq!(unknown.status, 404);
+        let body = json(&unknown);
+        assert_eq!(body["error"], "not_found");
+        assert_eq!(body["message"], "no route /v1/nope on this server", "the path, not the query");
+
+        let wrong = testing::request(addr, "DELETE", "/v1/thing", None).await;
+        assert_eq!(wrong.status, 405);
+        assert!(wrong.head.contains("allow: get,head"), "{}", wrong.head);
+        assert_eq!(json(&wrong)["error"], "method_not_allowed");
+        let wrong = testing::request(addr, "GET", "/v1/upload", None).await;
+        assert_eq!((wrong.status, json(&wrong)["error"].as_str()), (405, Some("method_not_allowed")));
+
+        let fits = testing::request_with_body(addr, "POST", "/v1/upload", None, &[7; 16]).await;
+        assert_eq!((fits.status, fits.body.as_str()), (200, "16"));
+        let large = testing::request_with_body(addr, "POST", "/v1/upload", None, &[7; 64]).await;
+        assert_eq!(large.status, 413);
+        let body = json(&large);
+        assert_eq!(body["error"], "too_large");
+        assert_eq!(body["message"], "the body is larger than the 16 bytes this route takes (test.max_bytes)");
     }
 
     #[tokio::test]
