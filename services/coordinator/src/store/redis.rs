@@ -5,7 +5,8 @@
 //! | key | type | slot |
 //! |---|---|---|
 //! | `P:task:{id}` | hash: `version`, `state`, `task` (JSON) | the task's |
-//! | `P:history:{id}` | stream, entry id `<version>-0` | the task's |
+//! | `P:hist:{id}` | list of history entries (JSON), oldest first | the task's |
+//! | `P:history:{id}` | stream of the history a store written before `P:hist` kept (read first) | the task's |
 //! | `P:outbox:{id}` | hash: entry id → JSON | the task's |
 //! | `P:idem:{key}` | string: task id | its own |
 //! | `P:{P:idx}:state:<state>`, `P:{P:idx}:all` | sorted sets, score = creation time | the index slot |
@@ -58,14 +59,15 @@ use crate::machine::Decision;
 use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
 
 /// Checks the version, writes the task, appends history, writes the outbox: one transition.
-/// KEYS: task, history, outbox. ARGV: expected version (0: must not exist), new version,
-/// state, task JSON, history JSON, then outbox entry id / JSON pairs.
+/// KEYS: task, history (a list: a stream per task would take 4 KiB even when small), outbox.
+/// ARGV: expected version (0: must not exist), new version, state, task JSON, history JSON,
+/// then outbox entry id / JSON pairs.
 const TRANSITION: &str = r#"
 local current = redis.call('HGET', KEYS[1], 'version')
 if current == false then current = '0' end
 if current ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'task', ARGV[4])
-redis.call('XADD', KEYS[2], ARGV[2] .. '-0', 'entry', ARGV[5])
+redis.call('RPUSH', KEYS[2], ARGV[5])
 for i = 6, #ARGV, 2 do
   redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
 end
@@ -113,10 +115,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 "#;
 
-/// Deletes a task's keys (KEYS: task, history, outbox) if it is still at version ARGV[1].
+/// Deletes a task's keys (KEYS: task, history, legacy history stream, outbox) if it is still
+/// at version ARGV[1].
 const FORGET: &str = r#"
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 return 1
 "#;
 
@@ -229,6 +232,11 @@ impl RedisStore {
     }
 
     fn history_key(&self, id: &str) -> String {
+        format!("{}:hist:{{{id}}}", self.prefix)
+    }
+
+    /// The history stream of a store written before [`history_key`](Self::history_key) lists.
+    fn legacy_history_key(&self, id: &str) -> String {
         format!("{}:history:{{{id}}}", self.prefix)
     }
 
@@ -353,6 +361,7 @@ impl RedisStore {
             .forget
             .key(self.task_key(&task.id))
             .key(self.history_key(&task.id))
+            .key(self.legacy_history_key(&task.id))
             .key(self.outbox_key(&task.id))
             .arg(task.version)
             .invoke_async(&mut conn)
@@ -455,20 +464,20 @@ impl TaskStore for RedisStore {
     }
 
     async fn history(&self, id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
-        let reply: redis::streams::StreamRangeReply =
-            self.conn.clone().xrange_all(self.history_key(id)).await.map_err(redis_err("reading history"))?;
-        reply
-            .ids
-            .iter()
-            .map(|entry| {
-                let json: Vec<u8> = entry.get("entry").ok_or_else(|| StoreError::Corrupt {
-                    what: "history entry",
-                    id: format!("{id}/{}", entry.id),
-                    message: "has no `entry` field".into(),
-                })?;
-                decode("history entry", id, &json)
+        let (legacy, listed): (redis::streams::StreamRangeReply, Vec<Vec<u8>>) = redis::pipe()
+            .xrange_all(self.legacy_history_key(id))
+            .lrange(self.history_key(id), 0, -1)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err("reading history"))?;
+        let legacy = legacy.ids.iter().map(|entry| {
+            entry.get::<Vec<u8>>("entry").ok_or_else(|| StoreError::Corrupt {
+                what: "history entry",
+                id: format!("{id}/{}", entry.id),
+                message: "has no `entry` field".into(),
             })
-            .collect()
+        });
+        legacy.chain(listed.into_iter().map(Ok)).map(|json| decode("history entry", id, &json?)).collect()
     }
 
     async fn list(&self, query: &ListQuery) -> Result<TaskPage, StoreError> {
@@ -728,6 +737,7 @@ pub(crate) mod tests {
         let id = "tsk_01J";
         assert_eq!(slot(&store.task_key(id)), id);
         assert_eq!(slot(&store.history_key(id)), id);
+        assert_eq!(slot(&store.legacy_history_key(id)), id);
         assert_eq!(slot(&store.outbox_key(id)), id);
         assert_eq!(slot(&store.index_key("due")), slot(&store.index_key("claimed")));
         assert_eq!(slot(&store.state_key(TaskState::Queued)), slot(&store.index_key("all")));
@@ -783,6 +793,44 @@ pub(crate) mod tests {
         let () = store.conn.clone().del(store.index_key("finished")).await.unwrap();
         let again = RedisStore::connect(URL, &store.prefix, suite::RELAY_GRACE).await.unwrap();
         suite::check_the_cancelled_task_expires(&again).await;
+    }
+
+    #[tokio::test]
+    async fn history_an_older_store_wrote_as_a_stream_is_read_first_and_expires_too() {
+        let (store, _cleanup) = make("legacy-history").await;
+        let created = machine::create(
+            "tsk_stream".into(),
+            &SubmitTask::url("https://example.com/a.jpg"),
+            ImageSource::Url("https://example.com/a.jpg".into()),
+            TraceId::random(),
+            T0,
+        );
+        store.create(&created).await.unwrap();
+        let mut conn = store.conn.clone();
+        let first: Vec<u8> = conn.lpop(store.history_key("tsk_stream"), None).await.unwrap();
+        let () = redis::cmd("XADD")
+            .arg(store.legacy_history_key("tsk_stream"))
+            .arg("1-0")
+            .arg("entry")
+            .arg(first)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let ctx = machine::Context { now: T0 + 1, seed: 0 };
+        let cancel = machine::Input::Cancel { reason: None };
+        let machine::Verdict::Apply(cancelled) =
+            machine::decide(&created.task, &cancel, &ctx, &machine::Policy::default()).unwrap()
+        else {
+            panic!("a queued task is cancelled")
+        };
+        assert_eq!(store.apply(&cancelled).await.unwrap(), Applied::Yes);
+        let versions: Vec<_> = store.history("tsk_stream").await.unwrap().iter().map(|h| h.version).collect();
+        assert_eq!(versions, [1, 2]);
+
+        assert_eq!(store.expire_finished(T0 + 1, 10).await.unwrap(), 1);
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg(format!("{}:*tsk_stream*", store.prefix)).query_async(&mut conn).await.unwrap();
+        assert!(keys.is_empty(), "left behind: {keys:?}");
     }
 
     #[tokio::test]
