@@ -67,6 +67,9 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Probe a service's `/readyz` (container health checks): exit 0 only on 200.
     Healthcheck(cmd::healthcheck::HealthcheckArgs),
+    /// Check the configuration, broker, store, blob store, model and allow-lists; print each
+    /// problem with its fix (exit 1 if one fails).
+    Doctor(cmd::doctor::DoctorArgs),
     /// Show the effective configuration.
     Config {
         #[command(subcommand)]
@@ -91,7 +94,8 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("imagepipe: {err:#}");
+            // Every cause once (a cause that repeats its error's text is left out).
+            eprintln!("imagepipe: {}", imagepipe_runtime::error_chain(err.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -120,6 +124,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dlq(args) => cmd::dlq::run(args).await,
         Command::Bench(args) => cmd::bench::run(&cli.config, args).await,
         Command::Healthcheck(args) => cmd::healthcheck::run(&cli.config, args).await,
+        Command::Doctor(args) => cmd::doctor::run(&cli.config, args).await,
         Command::Config { action } => cmd::config::run(&cli.config, action),
     }
 }

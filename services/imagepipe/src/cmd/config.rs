@@ -10,15 +10,23 @@ use imagepipe_runtime::ConfigArgs;
 #[derive(Debug, Subcommand)]
 pub enum ConfigAction {
     /// Print the effective configuration (defaults < file < environment) as TOML, secrets masked.
-    Print,
+    Print {
+        /// Print it as one JSON object instead (the same keys and values, secrets masked).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs `imagepipe config ACTION`.
 pub fn run(config: &ConfigArgs, action: ConfigAction) -> anyhow::Result<ExitCode> {
     match action {
-        ConfigAction::Print => {
+        ConfigAction::Print { json } => {
             let settings = config.load().context("loading the configuration")?;
-            out!("{}", settings.to_masked_toml().context("printing the configuration")?);
+            if json {
+                super::print_json(&settings.to_masked_json().context("printing the configuration")?)?;
+            } else {
+                out!("{}", settings.to_masked_toml().context("printing the configuration")?);
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

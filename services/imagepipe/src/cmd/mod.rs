@@ -7,6 +7,7 @@ pub mod cancel;
 pub mod config;
 pub mod demo;
 pub mod dlq;
+pub mod doctor;
 pub mod healthcheck;
 pub mod history;
 pub mod list;

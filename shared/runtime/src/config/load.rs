@@ -173,8 +173,10 @@ fn key_error_message(key: &str, message: &str) -> String {
     message
 }
 
-/// `worker.ack_wait` → `IMAGEPIPE_WORKER__ACK_WAIT`, the environment variable that sets a key.
-pub(super) fn key_to_env_name(key: &str) -> String {
+/// `worker.ack_wait` → `IMAGEPIPE_WORKER__ACK_WAIT`, the environment variable that sets a key
+/// (for an entry of a list, `net.allow_cidrs[1]`, the variable of the whole list).
+pub fn key_to_env_name(key: &str) -> String {
+    let key = key.split_once('[').map_or(key, |(list, _)| list);
     format!("{ENV_PREFIX}_{}", key.to_ascii_uppercase().replace('.', ENV_LEVEL_SEPARATOR))
 }
 
@@ -228,5 +230,11 @@ mod tests {
         assert_eq!(settings.net.allow_cidrs, ["10.0.0.0/8", "not-a-cidr"]);
         assert_eq!(settings.validate().unwrap_err().key(), Some("net.allow_cidrs[1]"));
         assert!(Settings::read(None, [("IMAGEPIPE_NET__NO_SUCH_KEY", "1")]).is_err(), "keys are still checked");
+    }
+
+    #[test]
+    fn a_key_names_the_variable_that_sets_it() {
+        assert_eq!(key_to_env_name("worker.ack_wait"), "IMAGEPIPE_WORKER__ACK_WAIT");
+        assert_eq!(key_to_env_name("net.allow_cidrs[1]"), "IMAGEPIPE_NET__ALLOW_CIDRS");
     }
 }

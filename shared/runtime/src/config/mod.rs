@@ -40,7 +40,7 @@ pub use dlq::DlqConfig;
 pub use download::DownloadConfig;
 pub use error::ConfigError;
 pub use http::HttpConfig;
-pub use load::{CONFIG_PATH_ENV, ConfigArgs, ENV_PREFIX};
+pub use load::{CONFIG_PATH_ENV, ConfigArgs, ENV_PREFIX, key_to_env_name};
 pub use log::{LogConfig, LogFormat};
 pub use metadata::MetadataConfig;
 pub use net::{NetConfig, Outbound};
