@@ -204,6 +204,23 @@ mod tests {
         }
     }
 
+    #[test]
+    fn lines_carry_escape_codes_only_when_asked() {
+        let written = |ansi| {
+            let captured = Captured::default();
+            let filter = env_filter(None, "info").unwrap();
+            let provider = tracer_provider("ansi-test", None).unwrap();
+            let (subscriber, _telemetry) =
+                crate::telemetry::subscriber_with(LogFormat::Text, filter, provider, captured.clone(), ansi);
+            tracing::subscriber::with_default(subscriber, || tracing::warn!(field = 1, "coloured or not"));
+            String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+        };
+        let plain = written(false);
+        assert!(plain.contains("coloured or not") && !plain.contains('\u{1b}'), "{plain:?}");
+        let coloured = written(true);
+        assert!(coloured.contains('\u{1b}'), "{coloured:?}");
+    }
+
     fn test_subscriber(format: LogFormat) -> (impl Subscriber + Send + Sync, Captured) {
         let captured = Captured::default();
         let filter = env_filter(None, "info").unwrap();

@@ -208,39 +208,6 @@ mod tests {
         assert!(!use_ansi(LogFormat::Json, false));
     }
 
-    /// Log lines written through [`subscriber_with`], with or without colours.
-    fn lines_written(ansi: bool) -> String {
-        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
-        let sink = buffer.clone();
-        let writer = move || SharedBuffer(sink.clone());
-        let provider = tracer_provider("ansi-test", None).unwrap();
-        let filter = env_filter(None, "info").unwrap();
-        let (subscriber, _telemetry) = subscriber_with(LogFormat::Text, filter, provider, writer, ansi);
-        tracing::subscriber::with_default(subscriber, || tracing::warn!(field = 1, "coloured or not"));
-        String::from_utf8(buffer.lock().unwrap().clone()).unwrap()
-    }
-
-    struct SharedBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for SharedBuffer {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn lines_carry_escape_codes_only_when_asked() {
-        let plain = lines_written(false);
-        assert!(plain.contains("coloured or not") && !plain.contains('\u{1b}'), "{plain:?}");
-        let coloured = lines_written(true);
-        assert!(coloured.contains('\u{1b}'), "{coloured:?}");
-    }
-
     #[test]
     fn the_configured_service_name_wins_over_otel_service_name_which_wins_over_the_service() {
         let configured = TelemetryConfig { service_name: Some("images-eu".into()) };
