@@ -92,28 +92,35 @@ async fn the_memory_index_drops_the_entries_of_expired_tasks() {
     expiry(&MemoryIndex::new()).await;
 }
 
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+/// An index on a prefix of its own.
+async fn redis_index(name: &str) -> (RedisIndex, String) {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("imagepipe-test-tags-{name}-{}-{nanos}", std::process::id());
+    (RedisIndex::connect(REDIS, &prefix).await.expect("Redis on 127.0.0.1:6379"), prefix)
+}
+
+/// Every key under `prefix`.
+async fn redis_keys(prefix: &str) -> (Vec<String>, redis::aio::MultiplexedConnection) {
+    let mut connection = redis::Client::open(REDIS).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let keys = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut connection).await.unwrap();
+    (keys, connection)
+}
+
 #[tokio::test]
 async fn the_redis_index_drops_the_entries_of_expired_tasks_and_leaves_no_key() {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let prefix = format!("imagepipe-test-tags-expiry-{}-{nanos}", std::process::id());
-    let index = RedisIndex::connect("redis://127.0.0.1:6379", &prefix).await.expect("Redis on 127.0.0.1:6379");
+    let (index, prefix) = redis_index("expiry").await;
     expiry(&index).await;
-    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut connection).await.unwrap();
+    let (keys, _) = redis_keys(&prefix).await;
     assert!(keys.is_empty(), "left behind: {keys:?}");
 }
 
 #[tokio::test]
 async fn the_redis_index_searches_best_first() {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let prefix = format!("imagepipe-test-tags-{}-{nanos}", std::process::id());
-    let index = RedisIndex::connect("redis://127.0.0.1:6379", &prefix).await.expect("Redis on 127.0.0.1:6379");
+    let (index, prefix) = redis_index("search").await;
     suite(&index).await;
-
-    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut connection).await.unwrap();
+    let (keys, mut connection) = redis_keys(&prefix).await;
     assert!(!keys.is_empty());
     let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
 }
