@@ -144,7 +144,7 @@ impl Shared {
         let headers = codec::encode(message, extra)?;
         self.js.publish_with_headers(subject.to_owned(), headers, message.payload.clone()).await.map_err(|err| {
             if err.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded {
-                let max = usize::try_from(self.client.server_info().max_payload).unwrap_or(usize::MAX);
+                let max = self.client.server_info().max_payload;
                 BusError::TooLarge { destination: subject.to_owned(), size: message.size(), max }
             } else {
                 publish_error(subject, err)
