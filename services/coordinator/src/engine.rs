@@ -18,9 +18,6 @@ use crate::metrics as m;
 use crate::store::{Applied, Created, DeadLetter, ListQuery, StoreError, TaskStore};
 use crate::task::{Destination, OutboxEntry, Task, TaskState};
 
-/// Most bytes of an undeliverable outbox entry's body kept in its dead letter.
-const UNDELIVERABLE_BODY_BYTES: usize = 64 * 1024;
-
 /// How many times a transition is decided again after losing its compare-and-set.
 const MAX_CONFLICTS: usize = 16;
 
@@ -306,8 +303,8 @@ impl Engine {
         sent
     }
 
-    /// The archive entry of an outbox entry the bus refused for good; the body is kept up to
-    /// [`UNDELIVERABLE_BODY_BYTES`].
+    /// The archive entry of an outbox entry the bus refused for good (the store cuts its body
+    /// to what the archive keeps, marking it so it is never replayed cut).
     fn undeliverable_letter(&self, id: &str, entry: &OutboxEntry, error: &BusError) -> DeadLetter {
         let (source, dlq) = match &entry.destination {
             Destination::Queue(queue) => (queue.clone(), names::dead_letter_queue(queue)),
@@ -315,10 +312,6 @@ impl Engine {
                 (event_type.clone(), names::dead_letter_queue(&names::topic_of_event_type(event_type)))
             }
         };
-        let mut end = entry.body.len().min(UNDELIVERABLE_BODY_BYTES);
-        while !entry.body.is_char_boundary(end) {
-            end -= 1;
-        }
         DeadLetter {
             id: format!("dl_{}_{}", id, entry.id),
             source,
@@ -329,7 +322,7 @@ impl Engine {
             key: Some(id.to_owned()),
             message_id: Some(entry.message_id.clone()),
             headers: vec![(headers::SCHEMA.to_owned(), SCHEMA_VERSION.to_owned())],
-            body: entry.body[..end].to_owned(),
+            body: entry.body.clone(),
         }
     }
 
