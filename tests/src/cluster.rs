@@ -273,7 +273,7 @@ impl Cluster {
         self.dir.path().join(format!("{}.{start}.log", kind.binary()))
     }
 
-    fn environment(&self, port: u16) -> Vec<(String, String)> {
+    fn environment(&self, kind: ServiceKind, port: u16) -> Vec<(String, String)> {
         let config = &self.config;
         let mut env = config.backend.service_env();
         env.extend([
@@ -286,6 +286,17 @@ impl Cluster {
             ("IMAGEPIPE_NET__ALLOW_CIDRS".into(), "127.0.0.1/32".into()),
             ("RUST_LOG".into(), "info".into()),
         ]);
+        if kind == ServiceKind::Coordinator {
+            // The front door, as in compose: search and stats forwarded to this cluster's services.
+            for (service, key) in [
+                (ServiceKind::TagIndexer, "IMAGEPIPE_COORDINATOR__SEARCH_URL"),
+                (ServiceKind::Analytics, "IMAGEPIPE_COORDINATOR__STATS_URL"),
+            ] {
+                if self.processes.contains_key(&service) {
+                    env.push((key.into(), self.url(service)));
+                }
+            }
+        }
         env.extend(config.env.iter().cloned());
         env
     }
@@ -299,7 +310,7 @@ impl Cluster {
         command
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .envs(self.environment(port))
+            .envs(self.environment(kind, port))
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(log)

@@ -17,7 +17,7 @@ const COMPLETED_FLOW: [&str; 5] =
     ["image.downloaded", "image.metadata_extracted", "image.analyzed", "task.created", "task.completed"];
 
 /// The settings every scenario gives its services.
-fn cluster_config(backend: Backend, label: &str, model_dir: &std::path::Path) -> ClusterConfig {
+pub fn cluster_config(backend: Backend, label: &str, model_dir: &std::path::Path) -> ClusterConfig {
     ClusterConfig::new(backend, label)
         .env("IMAGEPIPE_AI__MODEL_DIR", model_dir.display().to_string())
         .env("IMAGEPIPE_AI__THREADS", "1")

@@ -420,6 +420,33 @@ fn every_pipeline_services_environment_loads_and_points_at_what_the_mode_starts(
 }
 
 #[test]
+fn the_coordinator_forwards_search_and_stats_to_the_services_that_serve_them() {
+    let image = Image::load();
+    for project in Project::all() {
+        let mode = project.mode.command;
+        let pipeline = project.pipeline();
+        let running = |binary: &str| {
+            let found = pipeline.iter().find(|(name, service)| command(name, service)[0] == binary);
+            found.copied().unwrap_or_else(|| panic!("{mode}: no service runs {binary}"))
+        };
+        let settings = |service: &Service| {
+            Settings::load_from(None, project.environment(&image, service)).expect("checked by the test above")
+        };
+        let coordinator = settings(running("imagepipe-coordinator").1).coordinator;
+        for (key, url, binary) in [
+            ("coordinator.search_url", coordinator.search_url, "imagepipe-tag-indexer-worker"),
+            ("coordinator.stats_url", coordinator.stats_url, "imagepipe-analytics-worker"),
+        ] {
+            let url = url.unwrap_or_else(|| panic!("{mode}: {key} unset: that route on the coordinator's port is 404"));
+            let (host, port) = host_port(&url);
+            let (name, service) = running(binary);
+            assert_eq!(host, name, "{mode}: {key} = {url} should name the service running {binary}");
+            assert_eq!(port, settings(service).http.port, "{mode}: {key} = {url}: {name} listens elsewhere");
+        }
+    }
+}
+
+#[test]
 fn the_image_ships_the_prepared_model_where_its_environment_says() {
     let image = Image::load();
     let model_stage = image
