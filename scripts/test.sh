@@ -2,7 +2,8 @@
 # The whole test suite, on a fresh machine or a used one: installs and starts what the tests
 # need (Redis, NATS 2.9 with JetStream, a current NATS, a Kafka-compatible broker and what
 # building librdkafka needs), then runs every test of the workspace
-# with every backend compiled in. `.ci/run` calls exactly this.
+# with every backend compiled in, and schemathesis against the coordinator's OpenAPI document
+# (scripts/schemathesis.sh). `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,3 +33,6 @@ cargo fmt --all -- --check
 
 echo "==> cargo nextest run"
 cargo nextest run --workspace --all-features --profile ci "$@"
+
+echo "==> schemathesis against the coordinator's OpenAPI document"
+scripts/schemathesis.sh

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# schemathesis (PyPI, pinned below) against the coordinator's OpenAPI document: it generates
+# requests from the document for every operation and fails on a server error (5xx) or on an
+# answer the document does not describe (status, content type, headers, body schema).
+#
+# What runs: the coordinator, the tag indexer and the analytics worker as three processes (the
+# in-process bus, embedded stores, a temporary directory, a token, spare loopback ports), the
+# coordinator forwarding /v1/search and /v1/stats to the other two, as in compose. Not
+# `imagepipe run`: its download worker would fetch the URLs schemathesis puts in submits, and
+# nothing here may reach beyond loopback; here submitted tasks wait in a queue nobody reads.
+# The similarity routes answer 404 not_configured (no similarity indexer), as documented.
+# Left out: GET /v1/events, a Server-Sent Events stream that stays open while the server runs;
+# GET /v1/tasks/{id}/similar, since no similarity indexer exists yet and schemathesis rightly
+# expects the similar images of a task it has just created there (its other routes stay in).
+#
+# Usage: scripts/schemathesis.sh [extra schemathesis run options]
+#   IMAGEPIPE_SCHEMATHESIS_EXAMPLES  examples per operation (default 25)
+#   IMAGEPIPE_SCHEMATHESIS_SEED      the seed (default fixed, so a CI run is reproducible; empty:
+#                                    a new one each run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SCHEMATHESIS_VERSION=4.32.5
+SCHEMATHESIS_VENV="${IMAGEPIPE_SCHEMATHESIS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/imagepipe/schemathesis-venv}"
+EXAMPLES="${IMAGEPIPE_SCHEMATHESIS_EXAMPLES:-25}"
+SEED="${IMAGEPIPE_SCHEMATHESIS_SEED-20240611}"
+BIN_DIR="${CARGO_TARGET_DIR:-target}/debug"
+
+schemathesis_binary() {
+  local bin="$SCHEMATHESIS_VENV/bin/schemathesis"
+  if [[ -x "$bin" ]] && "$bin" --version 2>/dev/null | grep -qF "$SCHEMATHESIS_VERSION"; then
+    echo "$bin"
+    return 0
+  fi
+  echo "==> installing schemathesis $SCHEMATHESIS_VERSION (PyPI) into $SCHEMATHESIS_VENV" >&2
+  if ! python3 -m venv "$SCHEMATHESIS_VENV" >&2; then
+    echo "==> installing python3-venv (Debian)" >&2
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >&2
+    python3 -m venv --clear "$SCHEMATHESIS_VENV" >&2
+  fi
+  "$SCHEMATHESIS_VENV/bin/pip" install -q --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION" >&2
+  echo "$bin"
+}
+
+spare_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+SCHEMATHESIS="$(schemathesis_binary)"
+# The workspace's binaries as the test command builds them: the test profile and features of
+# `cargo nextest run --workspace --all-features`, so after it this builds nothing.
+cargo build -q --profile test --workspace --all-features --bins
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/imagepipe-schemathesis.XXXXXX")"
+PIDS=()
+stop_services() {
+  local pid
+  for pid in "${PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+}
+show_logs() {
+  local log
+  for log in "$WORK"/*.log; do
+    echo "--- $(basename "$log") (last 40 lines)" >&2
+    tail -n 40 "$log" >&2 || true
+  done
+}
+trap 'stop_services; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+
+TOKEN="schemathesis-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
+COORDINATOR_PORT="$(spare_port)"
+SEARCH_PORT="$(spare_port)"
+STATS_PORT="$(spare_port)"
+
+# start NAME PORT [VAR=VALUE...]: one service binary with the shared environment.
+start() {
+  local name="$1" port="$2"
+  shift 2
+  env -i PATH="$PATH" \
+    IMAGEPIPE_HTTP__PORT="$port" \
+    IMAGEPIPE_HTTP__AUTH_TOKEN="$TOKEN" \
+    IMAGEPIPE_STORE__PATH="$WORK/store-$name" \
+    IMAGEPIPE_BLOB__DIR="$WORK/blobs" \
+    RUST_LOG=warn \
+    "$@" "$BIN_DIR/imagepipe-$name" >"$WORK/$name.log" 2>&1 &
+  PIDS+=("$!")
+}
+
+wait_ready() {
+  local name="$1" port="$2"
+  for _ in $(seq 1 300); do
+    if python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
+      "http://127.0.0.1:$port/readyz" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "imagepipe-$name did not get ready on 127.0.0.1:$port" >&2
+  show_logs
+  return 1
+}
+
+start tag-indexer-worker "$SEARCH_PORT"
+start analytics-worker "$STATS_PORT"
+start coordinator "$COORDINATOR_PORT" \
+  IMAGEPIPE_COORDINATOR__SEARCH_URL="http://127.0.0.1:$SEARCH_PORT" \
+  IMAGEPIPE_COORDINATOR__STATS_URL="http://127.0.0.1:$STATS_PORT"
+wait_ready tag-indexer-worker "$SEARCH_PORT"
+wait_ready analytics-worker "$STATS_PORT"
+wait_ready coordinator "$COORDINATOR_PORT"
+
+echo "==> schemathesis $SCHEMATHESIS_VERSION against http://127.0.0.1:$COORDINATOR_PORT/v1/openapi.json ($EXAMPLES examples per operation, seed ${SEED:-random})"
+seed=()
+if [[ -n "$SEED" ]]; then seed=(--seed "$SEED"); fi
+status=0
+(
+  cd "$WORK"
+  "$SCHEMATHESIS" run "http://127.0.0.1:$COORDINATOR_PORT/v1/openapi.json" \
+    --header "Authorization: Bearer $TOKEN" \
+    --checks all --exclude-checks positive_data_acceptance \
+    --exclude-path /v1/events \
+    --exclude-operation-id getSimilarTasks \
+    --max-examples "$EXAMPLES" \
+    "${seed[@]}" \
+    --request-timeout 10 \
+    --workers 1 \
+    "$@"
+) | tee "$WORK/schemathesis.out" || status=$?
+if [[ $status -ne 0 ]]; then
+  show_logs
+  exit "$status"
+fi
+# The closing line in the plain form CI reads (schemathesis's own summary precedes it).
+passed="$(grep -oE '[0-9]+ passed' "$WORK/schemathesis.out" | tail -n 1 | grep -oE '[0-9]+' || true)"
+if [[ -n "$passed" ]]; then
+  echo "schemathesis: $passed passed, 0 failed"
+fi
