@@ -147,12 +147,9 @@ async fn accept(state: ApiState, body: Bytes) -> Result<Response, ApiError> {
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(body)).into_response())
 }
 
-/// Decodes a JSON body that must be an object as `T`: an array or a scalar is a `400` (serde
-/// alone would read an array as the struct's fields in order).
+/// Decodes a JSON body as `T`: a body that is not one JSON object, or breaks `T`, is a `400`
+/// naming the problem.
 fn decode_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    if body.trim_ascii_start().first() != Some(&b'{') {
-        return Err(ApiError::invalid("the body must be a JSON object"));
-    }
     decode(body).map_err(|e| ApiError::invalid(e.to_string()))
 }
 

@@ -448,8 +448,14 @@ async fn bodies_over_their_limit_unknown_routes_wrong_methods_and_arrays_are_jso
 
     // serde alone reads an array as a struct's fields in order: the API takes objects only.
     let (status, _, body) = s.post("/v1/tasks", r#"[null, "https://e.com/a.jpg"]"#).await;
-    assert_eq!((status, body["message"].as_str()), (StatusCode::BAD_REQUEST, Some("the body must be a JSON object")));
+    assert_eq!(
+        (status, body["message"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid SubmitTask: the body must be a JSON object"))
+    );
     s.post("/v1/tasks", r#"{"taskId":"tsk_array","url":"https://e.com/a.jpg"}"#).await;
     let (status, _, body) = s.post("/v1/tasks/tsk_array/cancel", "[]").await;
-    assert_eq!((status, body["message"].as_str()), (StatusCode::BAD_REQUEST, Some("the body must be a JSON object")));
+    assert_eq!(
+        (status, body["message"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid CancelRequest: the body must be a JSON object"))
+    );
 }

@@ -181,9 +181,10 @@ fn check_url(field: &'static str, url: &str) -> Result<(), SubmitError> {
     let rest = rest.unwrap_or_default();
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
     match authority.rfind('@') {
-        Some(at) => {
-            Err(SubmitError::UrlWithUserInfo { field, value: cut(shown_url(&url.replacen(&authority[..at], "***", 1))) })
-        }
+        Some(at) => Err(SubmitError::UrlWithUserInfo {
+            field,
+            value: cut(shown_url(&url.replacen(&authority[..at], "***", 1))),
+        }),
         None => Ok(()),
     }
 }
@@ -308,7 +309,10 @@ mod tests {
             ("url", SubmitTask::url("https://token@example.com")),
             (
                 "callbackUrl",
-                SubmitTask { callback_url: Some("https://a:b@hooks.example.com/x".into()), ..SubmitTask::url("https://e.com/a") },
+                SubmitTask {
+                    callback_url: Some("https://a:b@hooks.example.com/x".into()),
+                    ..SubmitTask::url("https://e.com/a")
+                },
             ),
         ] {
             let err = task.validate().unwrap_err();

@@ -15,9 +15,18 @@ pub struct DecodeError {
     pub message: String,
 }
 
-/// Decodes `bytes` as `T`; unknown fields are tolerated, a missing or ill-typed field is
-/// rejected with a [`DecodeError`] naming it.
+/// Decodes `bytes`, which must hold one JSON object (every imagepipe message is one), as `T`;
+/// a missing or ill-typed field is rejected with a [`DecodeError`] naming it (unknown fields
+/// are tolerated unless `T` denies them). An array or a scalar is refused before serde sees it:
+/// serde alone would read an array as a struct's fields in order.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(DecodeError {
+            type_name: short_type_name::<T>(),
+            path: String::new(),
+            message: NOT_AN_OBJECT.to_owned(),
+        });
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let path = err.path().to_string();
@@ -35,8 +44,32 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     Ok(value)
 }
 
+/// The message of a body that is not a JSON object.
+pub const NOT_AN_OBJECT: &str = "the body must be a JSON object";
+
 fn short_type_name<T>() -> &'static str {
     let full = std::any::type_name::<T>();
     let base = full.split('<').next().unwrap_or(full);
     base.rsplit("::").next().unwrap_or(base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Pair {
+        a: Option<u32>,
+        b: String,
+    }
+
+    #[test]
+    fn only_an_object_is_decoded() {
+        assert!(decode::<Pair>(br#" {"a": 1, "b": "x"}"#).is_ok());
+        for not_an_object in [&br#"[null, "x"]"#[..], b"\"x\"", b"1", b"", b"  "] {
+            let err = decode::<Pair>(not_an_object).unwrap_err();
+            assert_eq!((err.type_name, err.message.as_str()), ("Pair", NOT_AN_OBJECT), "{not_an_object:?}");
+        }
+    }
 }
