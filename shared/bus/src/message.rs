@@ -115,6 +115,9 @@ impl Message {
     /// key and id.
     pub fn size(&self) -> usize {
         let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-        self.payload.len() + headers + self.key.as_ref().map_or(0, String::len) + self.id.as_ref().map_or(0, String::len)
+        self.payload.len()
+            + headers
+            + self.key.as_ref().map_or(0, String::len)
+            + self.id.as_ref().map_or(0, String::len)
     }
 }

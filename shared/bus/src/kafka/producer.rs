@@ -118,7 +118,8 @@ impl Producer {
         let inner = c.create_with_context(ProducerContext { health: health.clone() }).map_err(|err| {
             BusError::Connect { url: imagepipe_secret::mask_url_credentials(&config.brokers), source: Box::new(err) }
         })?;
-        let max_message_bytes = c.get("message.max.bytes").and_then(|v| v.parse().ok()).unwrap_or(LIBRDKAFKA_MAX_MESSAGE_BYTES);
+        let max_message_bytes =
+            c.get("message.max.bytes").and_then(|v| v.parse().ok()).unwrap_or(LIBRDKAFKA_MAX_MESSAGE_BYTES);
         Ok(Self { inner, health, send_timeout: config.send_timeout, max_message_bytes })
     }
 
@@ -152,7 +153,11 @@ impl Producer {
         match self.inner.send(record, Timeout::After(self.send_timeout)).await {
             Ok(_) => Ok(()),
             Err((err, _)) if err.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
-                Err(BusError::TooLarge { destination: topic.to_owned(), size: message.size(), max: self.max_message_bytes })
+                Err(BusError::TooLarge {
+                    destination: topic.to_owned(),
+                    size: message.size(),
+                    max: self.max_message_bytes,
+                })
             }
             Err((err, _)) => Err(BusError::Publish { destination: topic.to_owned(), source: Box::new(err) }),
         }
