@@ -40,6 +40,8 @@ struct Running {
     _serial: tokio::sync::MutexGuard<'static, ()>,
     /// The counters when the worker started.
     baseline: Counters,
+    /// `store.path`: the group's dedup file, this test's own.
+    _store: tempfile::TempDir,
 }
 
 /// What the worker counted: deliveries settled by outcome, events skipped as duplicates.
@@ -74,10 +76,12 @@ impl Counters {
 }
 
 impl Running {
-    async fn start(settings: Settings) -> Self {
+    async fn start(mut settings: Settings) -> Self {
         static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
         let serial = SERIAL.lock().await;
         let baseline = Counters::now();
+        let store = tempfile::tempdir().unwrap();
+        settings.store.path = store.path().to_owned();
         settings.validate().unwrap();
         let dial = LoopbackOnly::new();
         let resolver = StaticResolver::new()
@@ -92,7 +96,7 @@ impl Running {
             let (bus, shutdown) = (bus.clone(), shutdown.clone());
             async move { run_with_client(bus, &settings, client, shutdown).await.unwrap() }
         });
-        Self { bus, dial, shutdown, worker, _serial: serial, baseline }
+        Self { bus, dial, shutdown, worker, _serial: serial, baseline, _store: store }
     }
 
     /// What the worker counted since it started.

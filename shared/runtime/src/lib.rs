@@ -2,8 +2,9 @@
 //! traces ([`telemetry`]), Prometheus metrics ([`metrics`]) and the health server ([`http`]),
 //! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), connecting with retries at
 //! start ([`connect`]), time ([`clock`]), memory
-//! budgets for decoding ([`budget`]), the worker loop ([`worker`]) and the start-up that ties
-//! them together ([`service`]).
+//! budgets for decoding ([`budget`]), the embedded store's files ([`embedded`]), subscriber
+//! dedup ([`dedup`]), the worker loop ([`worker`]) and the start-up that ties them together
+//! ([`service`]).
 
 pub mod backoff;
 pub mod budget;
@@ -11,6 +12,7 @@ pub mod clock;
 pub mod config;
 pub mod connect;
 pub mod dedup;
+pub mod embedded;
 pub mod http;
 pub mod metrics;
 pub mod service;

@@ -7,10 +7,11 @@
 //! each batch one write transaction.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use imagepipe_runtime::embedded::EmbeddedDb;
+use imagepipe_runtime::error_chain;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 
 use super::{
@@ -43,16 +44,15 @@ const SEP_END: char = '\u{1}';
 /// File-backed store for a single coordinator process.
 #[derive(Clone)]
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    db: EmbeddedDb,
     relay_grace: Duration,
 }
 
 impl EmbeddedStore {
-    /// Opens (creating if new) the store in directory `dir`.
+    /// Opens (creating if new) the store in directory `dir`: its file `coordinator.redb`.
     pub fn open(dir: &Path, relay_grace: Duration) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| err("creating the store directory", e))?;
-        let db = Database::create(dir.join("coordinator.redb")).map_err(|e| err("opening", e))?;
-        let txn = db.begin_write().map_err(|e| err("opening", e))?;
+        let db = EmbeddedDb::open(&dir.join("coordinator.redb")).map_err(|e| err("opening", error_chain(&e)))?;
+        let txn = db.database().begin_write().map_err(|e| err("opening", e))?;
         {
             for table in [TASKS, HISTORY, OUTBOX, DEAD_LETTERS] {
                 txn.open_table(table).map_err(|e| err("opening", e))?;
@@ -66,7 +66,7 @@ impl EmbeddedStore {
             index_finished_tasks(&txn)?;
         }
         txn.commit().map_err(|e| err("opening", e))?;
-        Ok(Self { db: Arc::new(db), relay_grace })
+        Ok(Self { db, relay_grace })
     }
 
     async fn run<T: Send + 'static>(
@@ -74,9 +74,8 @@ impl EmbeddedStore {
         operation: &'static str,
         f: impl FnOnce(&Database, Duration) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let db = self.db.clone();
         let grace = self.relay_grace;
-        tokio::task::spawn_blocking(move || f(&db, grace)).await.map_err(|e| err(operation, e))?
+        self.db.blocking(operation, move |db| f(db, grace)).await.map_err(|e| err(operation, error_chain(&e)))?
     }
 }
 
@@ -641,7 +640,7 @@ mod tests {
     async fn an_expired_task_leaves_no_row_behind() {
         let (store, _dir) = make("expired").await;
         suite::expire_the_only_task(&store).await;
-        let txn = store.db.begin_read().unwrap();
+        let txn = store.db.database().begin_read().unwrap();
         let mut rows = Vec::new();
         for table in [TASKS, HISTORY, OUTBOX, DEAD_LETTERS] {
             rows.push((table.name().to_owned(), txn.open_table(table).unwrap().len().unwrap()));
@@ -661,7 +660,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path(), suite::RELAY_GRACE).unwrap();
         suite::write_a_cancelled_task(&store).await;
-        let txn = store.db.begin_write().unwrap();
+        let txn = store.db.database().begin_write().unwrap();
         txn.delete_table(FINISHED).unwrap();
         txn.commit().unwrap();
         drop(store);

@@ -10,11 +10,12 @@ use super::ConfigError;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DedupConfig {
-    /// How long a handled event id is remembered (a Redis key's TTL, or an in-process entry's
+    /// How long a handled event id is remembered (a Redis key's TTL, or an embedded entry's
     /// age limit); redeliveries come within the event stream's retention, so keep it longer.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
-    /// Most event ids the in-process set holds (`store.kind = embedded`); the oldest go first.
+    /// Most event ids a subscriber group's embedded set holds (`store.kind = embedded`); the
+    /// oldest go first.
     pub capacity: usize,
 }
 

@@ -2,13 +2,15 @@
 //!
 //! | service | `store.kind = embedded` | `store.kind = redis` |
 //! |---|---|---|
-//! | coordinator (tasks, history, outbox, timers, dead letters) | a file-backed redb database in `store.path`, kept across restarts | Redis at `store.redis.url`, keys under `<bus.prefix>:` |
-//! | analytics (counters, latencies) | in process memory, gone with the process | Redis, keys under `<bus.prefix>:analytics:` |
-//! | tag index (tag → tasks, thumbnails) | in process memory, gone with the process | Redis, keys under `<bus.prefix>:tags:` |
-//! | subscriber dedup (handled `eventId`s) | in process memory, bounded by `dedup.capacity` | Redis, keys under `<bus.prefix>:dedup:<group>:` |
+//! | coordinator (tasks, history, outbox, timers, dead letters) | `store.path/coordinator.redb` | Redis at `store.redis.url`, keys under `<bus.prefix>:` |
+//! | analytics (counters, latencies, stage times) | `store.path/analytics.redb` | Redis, keys under `<bus.prefix>:analytics:` |
+//! | tag index (tag → tasks, thumbnails) | `store.path/tag-indexer.redb` | Redis, keys under `<bus.prefix>:tags:` |
+//! | subscriber dedup (handled `eventId`s) | the group's file, `store.path/<group>.redb`, bounded by `dedup.capacity` | Redis, keys under `<bus.prefix>:dedup:<group>:` |
 //!
-//! So `embedded` is for one process (`imagepipe run`); every multi-process deployment uses
-//! `redis`, which every replica of every service shares.
+//! Every embedded file is a redb database kept across restarts (see
+//! [`crate::embedded`]); a file is opened by one process at a time. So `embedded` is for one
+//! process (`imagepipe run`, or one replica of a service with a `store.path` of its own); every
+//! multi-process deployment uses `redis`, which every replica of every service shares.
 
 use std::path::PathBuf;
 
@@ -19,14 +21,14 @@ use super::{ConfigError, SecretUrl, mask_url_credentials};
 /// URL schemes the Redis client understands.
 const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
 
-/// Which state store the coordinator uses.
+/// Where every service keeps its state (see the module docs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StoreKind {
-    /// File-backed store in `store.path`, for one process (`imagepipe run`).
+    /// redb files in `store.path`, kept across restarts, for one process (`imagepipe run`).
     #[default]
     Embedded,
-    /// Redis at `store.redis.url`, shared by coordinator replicas.
+    /// Redis at `store.redis.url`, shared by every replica of every service.
     Redis,
 }
 
@@ -36,7 +38,7 @@ pub enum StoreKind {
 pub struct StoreConfig {
     /// Backend.
     pub kind: StoreKind,
-    /// Directory of the embedded store.
+    /// Directory of the embedded store's files.
     pub path: PathBuf,
     /// Redis settings.
     pub redis: RedisConfig,

@@ -3,14 +3,17 @@
 //! it. A crash in between repeats the effect on redelivery (at-least-once), never loses it.
 //! [`Deduplicated`] is that protocol as a layer around a subscriber's [`EventHandler`].
 //!
-//! Two backends: [`RedisDedup`] (`SET NX` with a TTL, shared by every replica of a subscriber
-//! group) for `store.kind = redis`, and [`MemoryDedup`] (a bounded in-process set with a TTL)
-//! for one process. [`connect`] picks one from [`Settings`].
+//! Backends: [`RedisDedup`] (`SET NX` with a TTL, shared by every replica of a subscriber
+//! group) for `store.kind = redis`; [`EmbeddedDedup`] (the group's redb file under
+//! `store.path`, kept across restarts, bounded by a TTL and a capacity) for
+//! `store.kind = embedded`; and [`MemoryDedup`] (the same bounds in process memory, gone with the
+//! process) for tests and handlers run in process. [`connect`] picks one from [`Settings`].
 
+mod embedded;
 mod layer;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,10 +21,13 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use crate::backoff::ExponentialBackoff;
+use crate::clock::SystemClock;
 use crate::config::{Settings, StoreKind};
 use crate::connect::{Unconnected, redis_unreachable, with_retry};
+use crate::embedded::{EmbeddedDb, EmbeddedError};
 use crate::shutdown::Shutdown;
 
+pub use embedded::EmbeddedDedup;
 pub use layer::{Deduplicated, EventHandler, Seen};
 
 /// The dedup store could not be reached or answered nonsense.
@@ -41,6 +47,9 @@ pub enum DedupError {
         #[source]
         source: redis::RedisError,
     },
+    /// The embedded dedup file failed.
+    #[error("embedded dedup store")]
+    Embedded(#[source] EmbeddedError),
 }
 
 /// Handled keys (event ids, or event id + target) of one subscriber group.
@@ -54,18 +63,26 @@ pub trait Dedup: Send + Sync + 'static {
 }
 
 /// The dedup store `settings` call for, namespaced by subscriber `group`: Redis keys
-/// `<bus.prefix>:dedup:<group>:<key>` when `store.kind = redis`, an in-process set otherwise.
+/// `<bus.prefix>:dedup:<group>:<key>` when `store.kind = redis`, the group's embedded file
+/// ([`open_embedded`]) otherwise.
 pub async fn connect(settings: &Settings, group: &str) -> Result<Box<dyn Dedup>, DedupError> {
-    let ttl = settings.dedup.ttl;
     match settings.store.kind {
         StoreKind::Redis => {
             let client = redis::Client::open(settings.store.redis.url.expose()).map_err(DedupError::Connect)?;
             let connection = ConnectionManager::new(client).await.map_err(DedupError::Connect)?;
             let prefix = redis_prefix(&settings.bus.prefix, group);
-            Ok(Box::new(RedisDedup::new(connection, prefix, ttl)))
+            Ok(Box::new(RedisDedup::new(connection, prefix, settings.dedup.ttl)))
         }
-        StoreKind::Embedded => Ok(Box::new(MemoryDedup::new(ttl, settings.dedup.capacity))),
+        StoreKind::Embedded => Ok(Box::new(open_embedded(settings, group).await?)),
     }
+}
+
+/// Subscriber `group`'s handled keys in its file under `store.path`
+/// ([`crate::embedded::group_file`]), bounded by `dedup.ttl` and `dedup.capacity`. A store of
+/// the group in the same file marks its events there too ([`EmbeddedDedup::mark_in`]).
+pub async fn open_embedded(settings: &Settings, group: &str) -> Result<EmbeddedDedup, DedupError> {
+    let db = EmbeddedDb::open_group(&settings.store.path, group).map_err(DedupError::Embedded)?;
+    EmbeddedDedup::open(db, settings.dedup.ttl, settings.dedup.capacity, Arc::new(SystemClock)).await
 }
 
 /// [`connect`], retrying while Redis is unreachable (with the bus's backoff and a log line per
@@ -143,7 +160,7 @@ impl Dedup for RedisDedup {
 }
 
 /// Keys in process memory: at most `capacity` (the oldest marked are forgotten first), each
-/// forgotten `ttl` after it was marked.
+/// forgotten `ttl` after it was marked; gone with the process (tests, handlers run in process).
 #[derive(Debug)]
 pub struct MemoryDedup {
     ttl: Duration,
@@ -208,31 +225,91 @@ impl Dedup for MemoryDedup {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::future::Future;
 
-    #[tokio::test(start_paused = true)]
-    async fn memory_marks_once_and_forgets_after_the_ttl() {
-        let dedup = MemoryDedup::new(Duration::from_secs(60), 10);
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// Marks once, remembers for the TTL (60 s) and forgets after it; `advance` moves the
+    /// backend's clock.
+    async fn forgets_after_the_ttl<F: Future<Output = ()>>(dedup: &dyn Dedup, advance: impl Fn(Duration) -> F) {
         assert!(!dedup.is_done("a").await.unwrap());
         assert!(dedup.mark_done("a").await.unwrap());
         assert!(!dedup.mark_done("a").await.unwrap());
         assert!(dedup.is_done("a").await.unwrap());
-        tokio::time::advance(Duration::from_secs(59)).await;
+        advance(Duration::from_secs(59)).await;
         assert!(dedup.is_done("a").await.unwrap());
-        tokio::time::advance(Duration::from_secs(1)).await;
+        advance(Duration::from_secs(1)).await;
         assert!(!dedup.is_done("a").await.unwrap());
         assert!(dedup.mark_done("a").await.unwrap());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn memory_forgets_the_oldest_beyond_capacity() {
-        let dedup = MemoryDedup::new(Duration::from_secs(60), 2);
-        for key in ["a", "b", "c"] {
+    /// With a capacity of 2, the oldest marked key goes first.
+    async fn forgets_the_oldest_beyond_capacity(dedup: &dyn Dedup) {
+        for key in ["c", "b", "a"] {
             assert!(dedup.mark_done(key).await.unwrap());
         }
-        assert!(!dedup.is_done("a").await.unwrap());
+        assert!(!dedup.is_done("c").await.unwrap());
         assert!(dedup.is_done("b").await.unwrap());
-        assert!(dedup.is_done("c").await.unwrap());
+        assert!(dedup.is_done("a").await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_marks_once_and_forgets_after_the_ttl() {
+        forgets_after_the_ttl(&MemoryDedup::new(Duration::from_secs(60), 10), tokio::time::advance).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_forgets_the_oldest_beyond_capacity() {
+        forgets_the_oldest_beyond_capacity(&MemoryDedup::new(Duration::from_secs(60), 2)).await;
+    }
+
+    async fn embedded(dir: &std::path::Path, capacity: usize, clock: &ManualClock) -> EmbeddedDedup {
+        let db = EmbeddedDb::open(&dir.join("group.redb")).unwrap();
+        EmbeddedDedup::open(db, Duration::from_secs(60), capacity, Arc::new(clock.clone())).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn embedded_marks_once_and_forgets_after_the_ttl() {
+        let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::at_unix_ms(1_763_800_000_000));
+        let dedup = embedded(dir.path(), 10, &clock).await;
+        forgets_after_the_ttl(&dedup, |by| {
+            clock.advance(by);
+            std::future::ready(())
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn embedded_forgets_the_oldest_beyond_capacity() {
+        let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::at_unix_ms(1_763_800_000_000));
+        forgets_the_oldest_beyond_capacity(&embedded(dir.path(), 2, &clock).await).await;
+    }
+
+    #[tokio::test]
+    async fn embedded_keys_survive_a_restart_with_their_age() {
+        let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::at_unix_ms(1_763_800_000_000));
+        assert!(embedded(dir.path(), 10, &clock).await.mark_done("evt").await.unwrap());
+        clock.advance(Duration::from_secs(30));
+        let reopened = embedded(dir.path(), 10, &clock).await;
+        assert!(reopened.is_done("evt").await.unwrap(), "remembered by the file");
+        assert!(!reopened.mark_done("evt").await.unwrap());
+        clock.advance(Duration::from_secs(30));
+        assert!(!reopened.is_done("evt").await.unwrap(), "forgotten 60 s after it was marked, not reopened");
+    }
+
+    #[tokio::test]
+    async fn embedded_dedup_is_the_groups_file_under_store_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut settings = Settings::default();
+        settings.store.path = dir.path().join("store");
+        let dedup = connect(&settings, "archive").await.unwrap();
+        assert!(dedup.mark_done("evt").await.unwrap());
+        drop(dedup);
+        assert!(settings.store.path.join("archive.redb").is_file());
+        assert!(connect(&settings, "archive").await.unwrap().is_done("evt").await.unwrap());
+        let refused = connect(&settings, "../elsewhere").await.err().expect("not a file name");
+        assert!(crate::error_chain(&refused).contains("cannot name a store file"), "{refused}");
     }
 
     #[tokio::test]
