@@ -1,5 +1,5 @@
-//! `GET /v1/stats`: counters, and per span a histogram (count, sum, cumulative buckets) with
-//! p50/p95/p99 estimates, as JSON.
+//! `GET /v1/stats`: counters, and per span a histogram (count, sum, extremes, cumulative
+//! buckets) with p50/p95/p99 estimates, as JSON.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,13 +45,18 @@ pub struct LatencyView {
     pub sum_ms: u64,
     /// Mean, ms.
     pub mean_ms: Option<f64>,
-    /// Estimated median, ms.
+    /// The smallest sample, ms.
+    pub min_ms: Option<u64>,
+    /// The largest sample, ms.
+    pub max_ms: Option<u64>,
+    /// Estimated median, ms, never outside the smallest and largest sample.
     pub p50_ms: Option<f64>,
-    /// Estimated 95th percentile, ms.
+    /// Estimated 95th percentile, ms, never outside the smallest and largest sample.
     pub p95_ms: Option<f64>,
-    /// Estimated 99th percentile, ms.
+    /// Estimated 99th percentile, ms, never outside the smallest and largest sample.
     pub p99_ms: Option<f64>,
-    /// Cumulative buckets: samples `<= le_ms`; the last one (`le_ms` null) holds every sample.
+    /// Cumulative buckets: samples `<= le_ms`, at each bucket that holds samples (the count
+    /// stays the same between them); the last one (`le_ms` null) holds every sample.
     pub buckets: Vec<BucketView>,
 }
 
@@ -69,21 +74,26 @@ impl LatencyView {
     fn new(span: Span, histogram: &Histogram) -> Self {
         let (from, to) = span.stages();
         let mut cumulative = 0;
+        let overflow = BUCKETS_MS.len();
         let buckets = histogram
             .buckets
             .iter()
             .enumerate()
+            .filter(|(index, count)| **count > 0 || *index == overflow)
             .map(|(index, count)| {
                 cumulative += count;
                 BucketView { le_ms: BUCKETS_MS.get(index).copied(), count: cumulative }
             })
             .collect();
+        let measured = histogram.count > 0;
         Self {
             from: from.event_type().as_str().to_owned(),
             to: to.event_type().as_str().to_owned(),
             count: histogram.count,
             sum_ms: histogram.sum_ms,
-            mean_ms: (histogram.count > 0).then(|| histogram.sum_ms as f64 / histogram.count as f64),
+            mean_ms: measured.then(|| histogram.sum_ms as f64 / histogram.count as f64),
+            min_ms: measured.then_some(histogram.min_ms),
+            max_ms: measured.then_some(histogram.max_ms),
             p50_ms: histogram.quantile(0.5),
             p95_ms: histogram.quantile(0.95),
             p99_ms: histogram.quantile(0.99),

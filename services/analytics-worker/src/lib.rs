@@ -5,8 +5,9 @@
 //! and exports the same as Prometheus metrics.
 //!
 //! - [`update`]: what one event adds.
-//! - [`histogram`]: fixed-bucket latency histograms and quantile estimates.
-//! - [`store`]: the [`StatsStore`] seam, in Redis (`store.kind = redis`) or in process.
+//! - [`histogram`]: fine fixed-bucket latency histograms and quantile estimates.
+//! - [`store`]: the [`StatsStore`] seam, in Redis (`store.kind = redis`), in the embedded file
+//!   `store.path/analytics.redb` (`store.kind = embedded`) or in process memory.
 //! - [`handler`]: the [`EventHandler`](imagepipe_runtime::dedup::EventHandler) recording
 //!   events, run inside the dedup layer.
 //! - [`api`]: the stats route.
@@ -22,6 +23,7 @@ pub mod update;
 use std::sync::Arc;
 
 use imagepipe_bus::{Bus, BusError, Selector, Subscription};
+use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
 use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
@@ -31,7 +33,7 @@ use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_c
 
 pub use handler::StatsHandler;
 pub use histogram::{BUCKETS_MS, Histogram};
-pub use store::{DEFAULT_TASK_TTL, MemoryStore, RedisStore, Stats, StatsStore, StoreError};
+pub use store::{DEFAULT_TASK_TTL, EmbeddedStore, MemoryStore, RedisStore, Stats, StatsStore, StoreError};
 pub use update::{Span, Stage, TaskOutcome, Update};
 
 /// The service's name in logs and traces.
@@ -90,7 +92,8 @@ pub enum RunError {
 }
 
 /// The store `settings` call for: Redis at `store.redis.url` (keys under
-/// `<bus.prefix>:analytics:`) when `store.kind = redis`, in process otherwise.
+/// `<bus.prefix>:analytics:`) when `store.kind = redis`, the group's embedded file
+/// (`store.path/analytics.redb`, beside its dedup set) otherwise.
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn StatsStore>, RunError> {
     Ok(match settings.store.kind {
         StoreKind::Redis => Arc::new(
@@ -103,7 +106,12 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn StatsStore>, RunE
             .await
             .map_err(RunError::Store)?,
         ),
-        StoreKind::Embedded => Arc::new(MemoryStore::new(DEFAULT_TASK_TTL)),
+        StoreKind::Embedded => {
+            let dedup = dedup::open_embedded(settings, GROUP).await.map_err(RunError::Dedup)?;
+            Arc::new(
+                EmbeddedStore::open(dedup, DEFAULT_TASK_TTL, Arc::new(SystemClock)).await.map_err(RunError::Store)?,
+            )
+        }
     })
 }
 

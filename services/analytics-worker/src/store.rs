@@ -1,20 +1,29 @@
 //! Where the statistics live: the [`StatsStore`] seam, in Redis ([`RedisStore`],
-//! `store.kind = redis`) or in process ([`MemoryStore`], `imagepipe run`).
+//! `store.kind = redis`), in the embedded file `store.path/analytics.redb` ([`EmbeddedStore`],
+//! `store.kind = embedded`, kept across restarts), or in process memory ([`MemoryStore`], tests
+//! and handlers run in process).
 //!
 //! Recording an event is one atomic step: bump its counters, keep the time of the stage it
 //! reports unless the task already has one (the first time wins), and for every [`Span`] whose
 //! other end is already known, add the latency to that span's histogram. So each latency is
 //! measured once, when the later of its two events arrives, whatever their order. A task's
 //! stage times are forgotten when it fails or is cancelled, once all of them are known, or
-//! `task_ttl` after its last event.
+//! `task_ttl` after its last event. The Redis and embedded stores also mark the event handled
+//! for the dedup layer in the same step, so a retry after a failure the caller did not see
+//! counts nothing twice.
+
+mod embedded;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use imagepipe_runtime::embedded::EmbeddedError;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
+
+pub use embedded::EmbeddedStore;
 
 use crate::histogram::{BUCKETS_MS, Histogram};
 use crate::update::{Span, Stage, Update};
@@ -40,6 +49,51 @@ pub struct Stats {
     pub latencies: BTreeMap<Span, Histogram>,
 }
 
+/// The counter fields an update adds to, with the amounts: `events:<type>`, `tasks:<outcome>`,
+/// `formats:<format>`, `bytes_downloaded` (the fields of the Redis hash and the embedded table;
+/// [`Stats::add_counter`] reads them).
+fn counter_fields(update: &Update) -> Vec<(String, u64)> {
+    let mut fields = vec![(format!("events:{}", update.event_type.as_str()), 1)];
+    if let Some(outcome) = update.outcome {
+        fields.push((format!("tasks:{}", outcome.as_str()), 1));
+    }
+    if let Some(format) = &update.format {
+        fields.push((format!("formats:{format}"), 1));
+    }
+    if update.bytes > 0 {
+        fields.push((BYTES_DOWNLOADED.to_owned(), update.bytes));
+    }
+    fields
+}
+
+impl Stats {
+    /// Adds `value` to the counter a store keeps in `field` (see `counter_fields`).
+    fn add_counter(&mut self, field: &str, value: u64) -> Result<(), StoreError> {
+        if field == BYTES_DOWNLOADED {
+            self.bytes_downloaded = self.bytes_downloaded.saturating_add(value);
+            return Ok(());
+        }
+        let (map, name) = match field.split_once(':') {
+            Some(("events", name)) => (&mut self.events, name),
+            Some(("tasks", name)) => (&mut self.tasks, name),
+            Some(("formats", name)) => (&mut self.formats, name),
+            _ => return Err(StoreError::Corrupt { what: "counter field", value: field.to_owned() }),
+        };
+        let counter = map.entry(name.to_owned()).or_default();
+        *counter = counter.saturating_add(value);
+        Ok(())
+    }
+
+    /// Sets the histogram field a store keeps in `field`: `<span>:<histogram field>` (see
+    /// [`Histogram::fields`]).
+    fn set_latency_field(&mut self, field: &str, value: u64) -> Result<(), StoreError> {
+        let corrupt = || StoreError::Corrupt { what: "histogram field", value: field.to_owned() };
+        let (name, part) = field.split_once(':').ok_or_else(corrupt)?;
+        let span = Span::parse(name).ok_or_else(corrupt)?;
+        self.latencies.entry(span).or_default().set_field(part, value).map_err(|_| corrupt())
+    }
+}
+
 /// The store could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -55,7 +109,10 @@ pub enum StoreError {
         #[source]
         source: redis::RedisError,
     },
-    /// Redis held something this code did not write.
+    /// The embedded file failed.
+    #[error("analytics store")]
+    Embedded(#[source] EmbeddedError),
+    /// The store held something this code did not write.
     #[error("analytics store: unexpected {what} {value:?}")]
     Corrupt {
         /// What was read.
@@ -75,8 +132,11 @@ pub trait StatsStore: Send + Sync + 'static {
 }
 
 /// The statistics in Redis, under `<prefix>:analytics:`: a hash of counters, a hash of
-/// histogram fields (`<span>:count`, `<span>:sum`, `<span>:<bucket>`), and a hash of stage
-/// times per task (`task:<id>`, with a TTL). One Lua script records an event.
+/// histogram fields (`latencies:v2`: `<span>:count`, `:sum`, `:min`, `:max`, `:<bucket>`), and a
+/// hash of stage times per task (`task:<id>`, with a TTL). One Lua script records an event.
+///
+/// The histogram hash is versioned: `<prefix>:analytics:latencies` held the coarser buckets of
+/// earlier versions, indexed differently, and is no longer read (its histograms start afresh).
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,
@@ -89,9 +149,10 @@ pub struct RedisStore {
 
 /// KEYS: counters, latencies, task, the event's dedup key. ARGV: event type, outcome, format,
 /// bytes, stage, timestamp, task TTL ms, forget ('1' drops the task's times), dedup TTL ms, then
-/// counted lists: every stage name; the spans touching the stage as (name, from, to); the bucket
-/// bounds. Replies `'duplicate'` when the event was counted before, else `'counted'` followed by
-/// the latencies it completed as (span, ms) pairs.
+/// counted lists: every stage name; the spans touching the stage as (name, from, to). The
+/// bucket bounds are the table `bounds`, put before this text by [`record_script`]. Replies
+/// `'duplicate'` when the event was counted before, else `'counted'` followed by the latencies
+/// it completed as (span, ms) pairs.
 ///
 /// Marking the event done in the same script is what makes a retry safe: when the reply is lost
 /// (a timeout) after Redis ran the script, the redelivered event finds its mark and counts
@@ -107,9 +168,6 @@ for _ = 1, tonumber(ARGV[i]) do i = i + 1; stages[#stages + 1] = ARGV[i] end
 i = i + 1
 local spans = {}
 for _ = 1, tonumber(ARGV[i]) do spans[#spans + 1] = {ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]}; i = i + 3 end
-i = i + 1
-local bounds = {}
-for _ = 1, tonumber(ARGV[i]) do i = i + 1; bounds[#bounds + 1] = tonumber(ARGV[i]) end
 
 redis.call('HINCRBY', counters, 'events:' .. event_type, 1)
 if outcome ~= '' then redis.call('HINCRBY', counters, 'tasks:' .. outcome, 1) end
@@ -123,14 +181,20 @@ if stage ~= '' and redis.call('HSETNX', task, stage, timestamp) == 1 then
     local to = redis.call('HGET', task, span[3])
     if from and to then
       local ms = math.max(0, tonumber(to) - tonumber(from))
-      local bucket = #bounds
-      for b, bound in ipairs(bounds) do
-        if ms <= bound then bucket = b - 1; break end
+      local lo, hi = 1, #bounds + 1
+      while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        if bounds[mid] < ms then lo = mid + 1 else hi = mid end
       end
-      redis.call('HINCRBY', latencies, span[1] .. ':count', 1)
-      redis.call('HINCRBY', latencies, span[1] .. ':sum', ms)
-      redis.call('HINCRBY', latencies, span[1] .. ':' .. bucket, 1)
-      recorded[#recorded + 1] = span[1]
+      local name = span[1]
+      redis.call('HINCRBY', latencies, name .. ':count', 1)
+      redis.call('HINCRBY', latencies, name .. ':sum', ms)
+      redis.call('HINCRBY', latencies, name .. ':' .. (lo - 1), 1)
+      local min = redis.call('HGET', latencies, name .. ':min')
+      if not min or ms < tonumber(min) then redis.call('HSET', latencies, name .. ':min', ms) end
+      local max = redis.call('HGET', latencies, name .. ':max')
+      if not max or ms > tonumber(max) then redis.call('HSET', latencies, name .. ':max', ms) end
+      recorded[#recorded + 1] = name
       recorded[#recorded + 1] = tostring(ms)
     end
   end
@@ -148,6 +212,12 @@ end
 return recorded
 ";
 
+/// [`RECORD_SCRIPT`] with the bucket bounds ([`BUCKETS_MS`]) as its table `bounds`.
+fn record_script() -> String {
+    let bounds: Vec<String> = BUCKETS_MS.iter().map(u64::to_string).collect();
+    format!("local bounds = {{{}}}{RECORD_SCRIPT}", bounds.join(","))
+}
+
 impl RedisStore {
     /// Connects to `url`, keys under `<prefix>:analytics:`, task times kept `task_ttl`; each
     /// counted event is marked done under the subscriber's dedup key (see
@@ -161,7 +231,7 @@ impl RedisStore {
             dedup_prefix: imagepipe_runtime::dedup::redis_prefix(prefix, crate::GROUP),
             task_ttl,
             dedup_ttl,
-            script: redis::Script::new(RECORD_SCRIPT),
+            script: redis::Script::new(&record_script()),
         })
     }
 
@@ -170,7 +240,7 @@ impl RedisStore {
     }
 
     fn latencies_key(&self) -> String {
-        format!("{}:latencies", self.prefix)
+        format!("{}:latencies:v2", self.prefix)
     }
 
     fn task_key(&self, task_id: &str) -> String {
@@ -214,10 +284,6 @@ impl StatsStore for RedisStore {
             let (from, to) = span.stages();
             invocation.arg(span.as_str()).arg(from.as_str()).arg(to.as_str());
         }
-        invocation.arg(BUCKETS_MS.len());
-        for bound in BUCKETS_MS {
-            invocation.arg(bound);
-        }
         let reply: Vec<String> =
             invocation.invoke_async(&mut self.connection.clone()).await.map_err(redis_err("recording an event"))?;
         let flat = match reply.split_first() {
@@ -248,39 +314,16 @@ impl StatsStore for RedisStore {
             .map_err(redis_err("reading statistics"))?;
         let mut stats = Stats::default();
         for (field, value) in counters {
-            let value = parse_u64("counter", &value)?;
-            if field == BYTES_DOWNLOADED {
-                stats.bytes_downloaded = value;
-                continue;
-            }
-            let (map, name) = match field.split_once(':') {
-                Some(("events", name)) => (&mut stats.events, name),
-                Some(("tasks", name)) => (&mut stats.tasks, name),
-                Some(("formats", name)) => (&mut stats.formats, name),
-                _ => return Err(StoreError::Corrupt { what: "counter field", value: field }),
-            };
-            map.insert(name.to_owned(), value);
+            stats.add_counter(&field, parse_u64("counter", &value)?)?;
         }
         for (field, value) in latencies {
-            let corrupt = || StoreError::Corrupt { what: "histogram field", value: field.clone() };
-            let (name, part) = field.split_once(':').ok_or_else(corrupt)?;
-            let span = Span::parse(name).ok_or_else(corrupt)?;
-            let value = parse_u64("histogram value", &value)?;
-            let histogram = stats.latencies.entry(span).or_insert_with(Histogram::new);
-            match part {
-                "count" => histogram.count = value,
-                "sum" => histogram.sum_ms = value,
-                bucket => {
-                    let index: usize = bucket.parse().map_err(|_| corrupt())?;
-                    *histogram.buckets.get_mut(index).ok_or_else(corrupt)? = value;
-                }
-            }
+            stats.set_latency_field(&field, parse_u64("histogram value", &value)?)?;
         }
         Ok(stats)
     }
 }
 
-/// The statistics in process memory, for one process (`imagepipe run`).
+/// The statistics in process memory, gone with the process (tests, handlers run in process).
 #[derive(Debug)]
 pub struct MemoryStore {
     task_ttl: Duration,
@@ -338,15 +381,9 @@ impl StatsStore for MemoryStore {
         let now = Instant::now();
         let mut tables = self.inner.lock().expect("analytics store lock");
         tables.sweep(now, self.task_ttl);
-        let stats = &mut tables.stats;
-        *stats.events.entry(update.event_type.as_str().to_owned()).or_default() += 1;
-        if let Some(outcome) = update.outcome {
-            *stats.tasks.entry(outcome.as_str().to_owned()).or_default() += 1;
+        for (field, value) in counter_fields(update) {
+            tables.stats.add_counter(&field, value)?;
         }
-        if let Some(format) = &update.format {
-            *stats.formats.entry(format.clone()).or_default() += 1;
-        }
-        stats.bytes_downloaded = stats.bytes_downloaded.saturating_add(update.bytes);
 
         let mut recorded = Vec::new();
         if let Some(stage) = update.stage {
@@ -358,7 +395,7 @@ impl StatsStore for MemoryStore {
                     let (from, to) = span.stages();
                     if let (Some(&from), Some(&to)) = (task.at.get(&from), task.at.get(&to)) {
                         let ms = Span::latency(from, to);
-                        stats.latencies.entry(span).or_insert_with(Histogram::new).record(ms);
+                        stats.latencies.entry(span).or_default().record(ms);
                         recorded.push((span, ms));
                     }
                 }

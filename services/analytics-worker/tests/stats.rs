@@ -1,19 +1,25 @@
-//! The stats store on both backends, and the worker end to end on the memory bus with
-//! `/v1/stats` over real HTTP.
+//! The stats store on every backend (memory, embedded, Redis), and the worker end to end on the
+//! memory bus with `/v1/stats` over real HTTP.
 
+use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use imagepipe_analytics_worker::api::StatsResponse;
+use imagepipe_analytics_worker::histogram::bucket_of;
 use imagepipe_analytics_worker::{
-    BUCKETS_MS, GROUP, MemoryStore, RedisStore, Span, Stage, StatsStore, TaskOutcome, Update, api, run, serve,
-    subscription,
+    BUCKETS_MS, EmbeddedStore, GROUP, MemoryStore, RedisStore, Span, Stage, StatsStore, TaskOutcome, Update, api, run,
+    serve, subscription,
 };
 use imagepipe_bus::{Bus, BusConfig, ConsumerConfig, Message};
 use imagepipe_contracts::names::{self, headers};
 use imagepipe_contracts::payload::{ImageDownloaded, TaskCreated, TaskFailed};
 use imagepipe_contracts::step::DownloadOutput;
 use imagepipe_contracts::{Event, EventType, ImageSource, Step, StepError, TraceId};
+use imagepipe_runtime::clock::ManualClock;
+use imagepipe_runtime::dedup::{Dedup, EmbeddedDedup};
+use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::http::testing;
 use imagepipe_runtime::{Service, Settings, Shutdown};
 
@@ -32,10 +38,6 @@ fn update(event_type: EventType, task_id: &str, timestamp: u64) -> Update {
         format,
         bytes,
     }
-}
-
-fn bucket(ms: u64) -> usize {
-    BUCKETS_MS.iter().position(|b| ms <= *b).unwrap()
 }
 
 /// An event of a task at a time, and the latencies recording it completes.
@@ -94,9 +96,11 @@ async fn suite(store: &dyn StatsStore) {
         let histogram = &stats.latencies[&span];
         assert_eq!(histogram.count, values.len() as u64, "{span:?}");
         assert_eq!(histogram.sum_ms, values.iter().sum::<u64>(), "{span:?}");
+        assert_eq!(histogram.min_ms, *values.iter().min().unwrap(), "{span:?}");
+        assert_eq!(histogram.max_ms, *values.iter().max().unwrap(), "{span:?}");
         let mut buckets = vec![0; BUCKETS_MS.len() + 1];
         for value in values {
-            buckets[bucket(value)] += 1;
+            buckets[bucket_of(value)] += 1;
         }
         assert_eq!(histogram.buckets, buckets, "{span:?}");
     }
@@ -109,18 +113,101 @@ async fn the_memory_store_measures_latencies_in_any_order_and_forgets_finished_t
     assert_eq!(store.tasks_tracked(), 0, "completed, failed and cancelled tasks are forgotten");
 }
 
+/// A task's stage times expire 600 s after its last event (every event renews them), and
+/// expired times measure nothing; `advance` moves the store's clock, `tracked` counts the tasks
+/// whose times it holds.
+async fn expiry<A, T>(store: &dyn StatsStore, advance: impl Fn(Duration) -> A, tracked: impl Fn() -> T)
+where
+    A: Future<Output = ()>,
+    T: Future<Output = usize>,
+{
+    store.record(&update(EventType::TaskCreated, "stuck", 0)).await.unwrap();
+    advance(Duration::from_secs(599)).await;
+    store.record(&update(EventType::ImageDownloaded, "stuck", 1)).await.unwrap();
+    advance(Duration::from_secs(599)).await;
+    assert_eq!(tracked().await, 1, "every event renews the TTL");
+    advance(Duration::from_secs(61)).await;
+    assert_eq!(tracked().await, 0);
+    let recorded = store.record(&update(EventType::ImageMetadataExtracted, "stuck", 2)).await.unwrap();
+    assert!(recorded.is_empty(), "expired times measure nothing");
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_memory_store_expires_unfinished_tasks() {
     let store = MemoryStore::new(Duration::from_secs(600));
-    store.record(&update(EventType::TaskCreated, "stuck", 0)).await.unwrap();
-    tokio::time::advance(Duration::from_secs(599)).await;
-    store.record(&update(EventType::ImageDownloaded, "stuck", 1)).await.unwrap();
-    tokio::time::advance(Duration::from_secs(599)).await;
-    assert_eq!(store.tasks_tracked(), 1, "every event renews the TTL");
-    tokio::time::advance(Duration::from_secs(61)).await;
-    assert_eq!(store.tasks_tracked(), 0);
-    let recorded = store.record(&update(EventType::ImageMetadataExtracted, "stuck", 2)).await.unwrap();
-    assert!(recorded.is_empty(), "expired times measure nothing");
+    expiry(&store, tokio::time::advance, || std::future::ready(store.tasks_tracked())).await;
+}
+
+/// Any fixed time, Unix ms.
+const T0: u64 = 1_763_800_000_000;
+
+/// An embedded store in `dir` (the analytics group's file there) on `clock`, and its dedup set.
+async fn embedded(dir: &Path, task_ttl: Duration, clock: &ManualClock) -> (EmbeddedStore, EmbeddedDedup) {
+    let db = EmbeddedDb::open(&dir.join("analytics.redb")).unwrap();
+    let dedup = EmbeddedDedup::open(db, Duration::from_secs(60), 1_000, Arc::new(clock.clone())).await.unwrap();
+    (EmbeddedStore::open(dedup.clone(), task_ttl, Arc::new(clock.clone())).await.unwrap(), dedup)
+}
+
+#[tokio::test]
+async fn the_embedded_store_measures_latencies_in_any_order_and_forgets_finished_tasks() {
+    let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::at_unix_ms(T0));
+    let (store, _) = embedded(dir.path(), Duration::from_secs(3600), &clock).await;
+    suite(&store).await;
+    assert_eq!(store.tasks_tracked().await.unwrap(), 0, "completed, failed and cancelled tasks are forgotten");
+}
+
+#[tokio::test]
+async fn the_embedded_store_expires_unfinished_tasks() {
+    let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::at_unix_ms(T0));
+    let (store, _) = embedded(dir.path(), Duration::from_secs(600), &clock).await;
+    let advance = |by| {
+        clock.advance(by);
+        std::future::ready(())
+    };
+    expiry(&store, advance, || async { store.tasks_tracked().await.unwrap() }).await;
+}
+
+#[tokio::test]
+async fn the_embedded_store_keeps_counts_latencies_and_stage_times_across_a_restart() {
+    let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::at_unix_ms(T0));
+    let (store, _) = embedded(dir.path(), Duration::from_secs(600), &clock).await;
+    store.record(&update(EventType::TaskCreated, "a", 1_000)).await.unwrap();
+    store.record(&update(EventType::ImageDownloaded, "a", 1_080)).await.unwrap();
+    store.record(&update(EventType::TaskCreated, "b", 2_000)).await.unwrap();
+    let before = store.snapshot().await.unwrap();
+    drop(store);
+
+    let (reopened, _) = embedded(dir.path(), Duration::from_secs(600), &clock).await;
+    assert_eq!(reopened.snapshot().await.unwrap(), before);
+    assert_eq!(reopened.tasks_tracked().await.unwrap(), 2);
+    let recorded = reopened.record(&update(EventType::ImageDownloaded, "b", 2_030)).await.unwrap();
+    assert_eq!(recorded, [(Span::Download, 30)], "b's creation time was kept");
+    let download = &reopened.snapshot().await.unwrap().latencies[&Span::Download];
+    assert_eq!((download.count, download.min_ms, download.max_ms), (2, 30, 80));
+}
+
+/// Records an event twice (a retry after a reply the caller lost): it counts and measures once.
+/// Returns the event, which the store marked handled.
+async fn counts_a_recorded_again_event_once(store: &dyn StatsStore) -> Update {
+    let created = update(EventType::TaskCreated, "once", 1_000);
+    let downloaded = update(EventType::ImageDownloaded, "once", 1_250);
+    store.record(&created).await.unwrap();
+    assert_eq!(store.record(&downloaded).await.unwrap(), [(Span::Download, 250)]);
+    assert!(store.record(&downloaded).await.unwrap().is_empty(), "the retry measures nothing");
+    let stats = store.snapshot().await.unwrap();
+    assert_eq!(stats.events.get("image.downloaded"), Some(&1), "{stats:?}");
+    assert_eq!(stats.bytes_downloaded, 1_000);
+    downloaded
+}
+
+#[tokio::test]
+async fn the_embedded_store_counts_an_event_once_and_marks_it_where_the_dedup_layer_looks() {
+    let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::at_unix_ms(T0));
+    let (store, dedup) = embedded(dir.path(), Duration::from_secs(600), &clock).await;
+    let downloaded = counts_a_recorded_again_event_once(&store).await;
+    assert!(dedup.is_done(&downloaded.event_id).await.unwrap(), "marked in the group's dedup set");
+    clock.advance(Duration::from_secs(60));
+    assert!(!dedup.is_done(&downloaded.event_id).await.unwrap(), "the mark expires with dedup.ttl");
 }
 
 async fn redis_keys(prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<String>) {
@@ -142,7 +229,7 @@ async fn the_redis_store_measures_latencies_in_any_order_and_forgets_finished_ta
     let (_, keys) = redis_keys(&prefix).await;
     let mut kept: Vec<&String> = keys.iter().filter(|k| k.starts_with(&format!("{prefix}:analytics:"))).collect();
     kept.sort();
-    assert_eq!(kept, [&format!("{prefix}:analytics:counters"), &format!("{prefix}:analytics:latencies")]);
+    assert_eq!(kept, [&format!("{prefix}:analytics:counters"), &format!("{prefix}:analytics:latencies:v2")]);
 
     store.record(&update(EventType::TaskCreated, "pending", 0)).await.unwrap();
     let (mut connection, keys) = redis_keys(&prefix).await;
@@ -160,14 +247,7 @@ async fn the_redis_store_counts_an_event_once_even_when_recorded_again_after_a_l
         RedisStore::connect("redis://127.0.0.1:6379", &prefix, Duration::from_secs(600), Duration::from_secs(60))
             .await
             .expect("Redis on 127.0.0.1:6379");
-    let created = update(EventType::TaskCreated, "once", 1_000);
-    let downloaded = update(EventType::ImageDownloaded, "once", 1_250);
-    store.record(&created).await.unwrap();
-    assert_eq!(store.record(&downloaded).await.unwrap(), [(Span::Download, 250)]);
-    assert!(store.record(&downloaded).await.unwrap().is_empty(), "the retry measures nothing");
-    let stats = store.snapshot().await.unwrap();
-    assert_eq!(stats.events.get("image.downloaded"), Some(&1), "{stats:?}");
-    assert_eq!(stats.bytes_downloaded, 1_000);
+    let downloaded = counts_a_recorded_again_event_once(&store).await;
 
     let (mut connection, keys) = redis_keys(&prefix).await;
     let mark = format!("{}:{}", imagepipe_runtime::dedup::redis_prefix(&prefix, "analytics"), downloaded.event_id);
@@ -214,7 +294,9 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 /// `/v1/stats` needs the token like every `/v1` route.
 #[tokio::test]
 async fn the_standalone_worker_answers_stats_only_with_the_token() {
+    let dir = tempfile::tempdir().unwrap();
     let mut settings = Settings::default();
+    settings.store.path = dir.path().to_owned();
     settings.http.bind = std::net::Ipv4Addr::LOCALHOST.into();
     settings.http.port = 0;
     settings.http.auth_token = Some("stats-t0ken".to_owned().into());
@@ -237,7 +319,9 @@ async fn the_standalone_worker_answers_stats_only_with_the_token() {
 #[tokio::test]
 async fn events_are_counted_once_and_served_as_stats() {
     let metrics = imagepipe_runtime::metrics::install().unwrap();
-    let settings = Settings::default();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings::default();
+    settings.store.path = dir.path().to_owned();
     let bus = Bus::connect(&BusConfig::default()).await.unwrap();
     drop(bus.events.subscribe(subscription(&settings)).await.unwrap());
     let store: Arc<dyn StatsStore> = Arc::new(MemoryStore::default());
@@ -283,15 +367,15 @@ async fn events_are_counted_once_and_served_as_stats() {
     assert_eq!(stats.bytes_downloaded, 2_148);
     let download = &stats.latencies["download"];
     assert_eq!((download.from.as_str(), download.to.as_str()), ("task.created", "image.downloaded"));
-    assert_eq!((download.count, download.sum_ms), (2, 270));
-    let le = |bound: u64| download.buckets.iter().find(|b| b.le_ms == Some(bound)).unwrap().count;
-    assert_eq!((le(10), le(25), le(250), le(3_600_000)), (0, 1, 2, 2), "cumulative buckets");
-    assert_eq!(download.buckets.last().unwrap().le_ms, None);
-    assert_eq!(download.buckets.last().unwrap().count, 2);
-    assert_eq!(download.p50_ms, Some(25.0));
+    assert_eq!((download.count, download.sum_ms, download.min_ms, download.max_ms), (2, 270, Some(20), Some(250)));
+    let buckets: Vec<(Option<u64>, u64)> = download.buckets.iter().map(|b| (b.le_ms, b.count)).collect();
+    let holding_250 = BUCKETS_MS[bucket_of(250)];
+    assert_eq!(buckets, [(Some(20), 1), (Some(holding_250), 2), (None, 2)], "cumulative, where samples are");
+    assert_eq!(download.p50_ms, Some(20.0));
     assert!(download.p99_ms.unwrap() > 240.0 && download.p99_ms.unwrap() <= 250.0, "{download:?}");
     assert_eq!(stats.latencies["end_to_end"].count, 0);
     assert_eq!(stats.latencies["end_to_end"].p50_ms, None);
+    assert_eq!(stats.latencies["end_to_end"].buckets.len(), 1, "only +Inf");
 
     let text = metrics.render();
     for line in [

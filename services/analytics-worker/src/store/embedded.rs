@@ -1,0 +1,204 @@
+//! [`EmbeddedStore`]: the statistics in the analytics group's redb file under `store.path`
+//! (`analytics.redb`), kept across restarts, beside the group's dedup set. The tables hold what
+//! the Redis hashes hold, in the same fields: counters, histogram fields by span, stage times
+//! by task (with their expiry time and an index by it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use imagepipe_runtime::clock::Clock;
+use imagepipe_runtime::dedup::EmbeddedDedup;
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+
+use super::{Stats, StatsStore, StoreError, counter_fields};
+use crate::histogram::Histogram;
+use crate::update::{Span, Stage, Update};
+
+/// Counter field (see `counter_fields`) → value.
+const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("analytics_counters");
+/// Histogram field, `<span>:<field>` (see [`Histogram::fields`]) → value.
+const LATENCIES: TableDefinition<&str, u64> = TableDefinition::new("analytics_latencies");
+/// (task, stage) → the stage's time, Unix ms.
+const STAGES: TableDefinition<(&str, &str), u64> = TableDefinition::new("analytics_stages");
+/// Task → when its stage times expire, Unix ms.
+const EXPIRES: TableDefinition<&str, u64> = TableDefinition::new("analytics_expires");
+/// (expiry, task): the tasks by expiry, soonest first.
+const EXPIRY_ORDER: TableDefinition<(u64, &str), ()> = TableDefinition::new("analytics_expiry_order");
+
+/// Most tasks whose times expired that one recording forgets besides its own.
+const SWEEP_BATCH: usize = 100;
+
+/// The statistics in the analytics group's embedded file (see the module docs).
+#[derive(Debug, Clone)]
+pub struct EmbeddedStore {
+    dedup: EmbeddedDedup,
+    task_ttl_ms: u64,
+    clock: Arc<dyn Clock>,
+}
+
+fn embedded(error: imagepipe_runtime::embedded::EmbeddedError) -> StoreError {
+    StoreError::Embedded(error)
+}
+
+impl EmbeddedStore {
+    /// The statistics in the file of `dedup` (the analytics group's, created when new), which
+    /// every recorded event is marked in; task times kept `task_ttl` after their last event by
+    /// `clock`.
+    pub async fn open(dedup: EmbeddedDedup, task_ttl: Duration, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        dedup
+            .db()
+            .write("creating the analytics tables", |txn| {
+                txn.open_table(COUNTERS)?;
+                txn.open_table(LATENCIES)?;
+                txn.open_table(STAGES)?;
+                txn.open_table(EXPIRES)?;
+                txn.open_table(EXPIRY_ORDER)?;
+                Ok(())
+            })
+            .await
+            .map_err(embedded)?;
+        let task_ttl_ms = u64::try_from(task_ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        Ok(Self { dedup, task_ttl_ms, clock })
+    }
+
+    /// Tasks whose stage times are held and not expired.
+    pub async fn tasks_tracked(&self) -> Result<usize, StoreError> {
+        let now = self.clock.unix_ms();
+        let db = self.dedup.db();
+        db.read("counting tracked tasks", move |txn| {
+            let mut live = 0;
+            for row in txn.open_table(EXPIRES)?.iter()? {
+                live += usize::from(row?.1.value() > now);
+            }
+            Ok(live)
+        })
+        .await
+        .map_err(embedded)
+    }
+
+    /// [`StatsStore::record`] inside `txn`, at `now` (Unix ms).
+    fn record_in(&self, txn: &WriteTransaction, update: &Update, now: u64) -> Result<Vec<(Span, u64)>, redb::Error> {
+        if !self.dedup.mark_in(txn, &update.event_id)? {
+            return Ok(Vec::new());
+        }
+        let task_id = update.task_id.as_str();
+        let mut expires = txn.open_table(EXPIRES)?;
+        let mut order = txn.open_table(EXPIRY_ORDER)?;
+        let mut stages = txn.open_table(STAGES)?;
+        let mut expired = Vec::new();
+        for row in order.iter()?.take(SWEEP_BATCH) {
+            let (key, _) = row?;
+            let (at, task) = key.value();
+            if at > now {
+                break;
+            }
+            expired.push(task.to_owned());
+        }
+        let own_expired = expires.get(task_id)?.is_some_and(|at| at.value() <= now);
+        for task in expired.iter().map(String::as_str).chain(own_expired.then_some(task_id)) {
+            forget(&mut expires, &mut order, &mut stages, task)?;
+        }
+
+        let mut counters = txn.open_table(COUNTERS)?;
+        for (field, value) in counter_fields(update) {
+            let current = counters.get(field.as_str())?.map_or(0, |v| v.value());
+            counters.insert(field.as_str(), current.saturating_add(value))?;
+        }
+
+        let mut recorded = Vec::new();
+        if let Some(stage) = update.stage {
+            if stages.get((task_id, stage.as_str()))?.is_none() {
+                stages.insert((task_id, stage.as_str()), update.timestamp)?;
+                let mut latencies = txn.open_table(LATENCIES)?;
+                for span in Span::touching(stage) {
+                    let (from, to) = span.stages();
+                    let from = stages.get((task_id, from.as_str()))?.map(|v| v.value());
+                    let to = stages.get((task_id, to.as_str()))?.map(|v| v.value());
+                    if let (Some(from), Some(to)) = (from, to) {
+                        let ms = Span::latency(from, to);
+                        add_sample(&mut latencies, span, ms)?;
+                        recorded.push((span, ms));
+                    }
+                }
+            }
+            if let Some(previous) = expires.insert(task_id, now.saturating_add(self.task_ttl_ms))? {
+                order.remove((previous.value(), task_id))?;
+            }
+            order.insert((now.saturating_add(self.task_ttl_ms), task_id), ())?;
+        }
+        let known =
+            stages.range((task_id, "")..)?.take_while(|row| row.as_ref().is_ok_and(|(k, _)| k.value().0 == task_id));
+        let complete = known.count() == Stage::ALL.len();
+        if update.ends_measurement() || complete {
+            forget(&mut expires, &mut order, &mut stages, task_id)?;
+        }
+        Ok(recorded)
+    }
+}
+
+/// Adds a sample of `ms` to `span`'s histogram in `latencies`.
+fn add_sample(latencies: &mut Table<&str, u64>, span: Span, ms: u64) -> Result<(), redb::Error> {
+    let prefix = format!("{}:", span.as_str());
+    let mut histogram = Histogram::new();
+    for row in latencies.range(prefix.as_str()..)? {
+        let (field, value) = row?;
+        let Some(part) = field.value().strip_prefix(&prefix) else { break };
+        histogram
+            .set_field(part, value.value())
+            .map_err(|e| redb::Error::Corrupted(format!("analytics_latencies: {e}")))?;
+    }
+    histogram.record(ms);
+    for (part, value) in histogram.fields() {
+        latencies.insert(format!("{prefix}{part}").as_str(), value)?;
+    }
+    Ok(())
+}
+
+/// Drops `task`'s stage times and expiry.
+fn forget(
+    expires: &mut Table<&str, u64>,
+    order: &mut Table<(u64, &str), ()>,
+    stages: &mut Table<(&str, &str), u64>,
+    task: &str,
+) -> Result<(), redb::Error> {
+    if let Some(at) = expires.remove(task)? {
+        order.remove((at.value(), task))?;
+    }
+    for stage in Stage::ALL {
+        stages.remove((task, stage.as_str()))?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl StatsStore for EmbeddedStore {
+    async fn record(&self, update: &Update) -> Result<Vec<(Span, u64)>, StoreError> {
+        let (this, update, now) = (self.clone(), update.clone(), self.clock.unix_ms());
+        let db = self.dedup.db();
+        db.write("recording an event", move |txn| this.record_in(txn, &update, now)).await.map_err(embedded)
+    }
+
+    async fn snapshot(&self) -> Result<Stats, StoreError> {
+        type Rows = Vec<(String, u64)>;
+        let rows = |table: &redb::ReadOnlyTable<&str, u64>| -> Result<Rows, redb::Error> {
+            table.iter()?.map(|row| row.map(|(k, v)| (k.value().to_owned(), v.value())).map_err(Into::into)).collect()
+        };
+        let (counters, latencies) = self
+            .dedup
+            .db()
+            .read("reading statistics", move |txn| {
+                Ok((rows(&txn.open_table(COUNTERS)?)?, rows(&txn.open_table(LATENCIES)?)?))
+            })
+            .await
+            .map_err(embedded)?;
+        let mut stats = Stats::default();
+        for (field, value) in counters {
+            stats.add_counter(&field, value)?;
+        }
+        for (field, value) in latencies {
+            stats.set_latency_field(&field, value)?;
+        }
+        Ok(stats)
+    }
+}
