@@ -2,8 +2,9 @@
 //!
 //! [`RedisIndex`] keeps one sorted set per tag (`<prefix>:tags:tag:<tag>`, member task id,
 //! score the tag's score) and one hash of thumbnail keys (`<prefix>:tags:thumbnails`);
-//! [`MemoryIndex`] holds the same in process. Writing the same tag, task and score again
-//! changes nothing, so re-indexing an event is harmless.
+//! [`EmbeddedIndex`] holds the same in the group's redb file under `store.path`
+//! (`tag-indexer.redb`, kept across restarts), [`MemoryIndex`] in process memory (tests). Writing
+//! the same tag, task and score again changes nothing, so re-indexing an event is harmless.
 //!
 //! Nothing stays for ever: every write carries the time of its event, the index remembers each
 //! task's latest (`<prefix>:tags:indexed`, a sorted set by time) and the tags it has
@@ -12,12 +13,17 @@
 //! latest event is older than the retention (the coordinator's, so a task leaves the index
 //! when it leaves the coordinator).
 
+mod embedded;
+
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use imagepipe_runtime::embedded::EmbeddedError;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
+
+pub use embedded::EmbeddedIndex;
 
 /// How several query tags combine.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -57,6 +63,9 @@ pub enum IndexError {
         #[source]
         source: redis::RedisError,
     },
+    /// The embedded file failed.
+    #[error("tag index")]
+    Embedded(#[source] EmbeddedError),
 }
 
 /// Where tags and thumbnails are indexed.
@@ -205,7 +214,29 @@ fn best_first(mut scored: Vec<(String, f64)>, limit: usize) -> Vec<(String, f64)
     scored
 }
 
-/// The index in process memory, for one process (`imagepipe run`).
+/// The best `limit` tasks of `matches` (every task of each of the `tags` query tags, with that
+/// tag's score) by `mode`, with their summed scores, best first.
+fn best_matching(
+    matches: impl IntoIterator<Item = (String, f64)>,
+    tags: usize,
+    mode: TagMatch,
+    limit: usize,
+) -> Vec<(String, f64)> {
+    let mut scores: HashMap<String, (f64, usize)> = HashMap::new();
+    for (task_id, score) in matches {
+        let entry = scores.entry(task_id).or_default();
+        entry.0 += score;
+        entry.1 += 1;
+    }
+    let scored = scores
+        .into_iter()
+        .filter(|(_, (_, matched))| mode == TagMatch::Any || *matched == tags)
+        .map(|(task_id, (score, _))| (task_id, score))
+        .collect();
+    best_first(scored, limit)
+}
+
+/// The index in process memory, gone with the process (tests, handlers run in process).
 #[derive(Debug, Default)]
 pub struct MemoryIndex {
     inner: Mutex<Tables>,
@@ -281,20 +312,11 @@ impl TagIndex for MemoryIndex {
 
     async fn search(&self, tags: &[String], mode: TagMatch, limit: usize) -> Result<Vec<Hit>, IndexError> {
         let tables = self.inner.lock().expect("tag index lock");
-        let mut scores: HashMap<&str, (f64, usize)> = HashMap::new();
-        for tag in tags {
-            for (task_id, score) in tables.tags.get(tag).into_iter().flatten() {
-                let entry = scores.entry(task_id).or_default();
-                entry.0 += score;
-                entry.1 += 1;
-            }
-        }
-        let scored = scores
-            .into_iter()
-            .filter(|(_, (_, matched))| mode == TagMatch::Any || *matched == tags.len())
-            .map(|(task_id, (score, _))| (task_id.to_owned(), score))
-            .collect();
-        Ok(best_first(scored, limit)
+        let matches = tags
+            .iter()
+            .flat_map(|tag| tables.tags.get(tag).into_iter().flatten())
+            .map(|(task_id, score)| (task_id.clone(), *score));
+        Ok(best_matching(matches, tags.len(), mode, limit)
             .into_iter()
             .map(|(task_id, score)| {
                 let thumbnail_key = tables.thumbnails.get(&task_id).cloned();

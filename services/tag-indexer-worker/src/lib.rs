@@ -2,7 +2,8 @@
 //! (tag → task ids with the tag's score) and each task's thumbnail key, and serves
 //! `GET /v1/search?tags=cat,animal&mode=all|any&limit=20`.
 //!
-//! - [`index`]: the [`TagIndex`] seam, in Redis (`store.kind = redis`) or in process.
+//! - [`index`]: the [`TagIndex`] seam, in Redis (`store.kind = redis`), in the embedded file
+//!   `store.path/tag-indexer.redb` (`store.kind = embedded`) or in process memory.
 //! - [`handler`]: the [`EventHandler`](imagepipe_runtime::dedup::EventHandler) writing the
 //!   index, run inside the dedup layer.
 //! - [`api`]: the search route.
@@ -22,12 +23,13 @@ use imagepipe_runtime::clock::{Clock, SystemClock};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
 use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
+use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::service::checks;
 use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
 
 pub use handler::IndexHandler;
-pub use index::{Hit, IndexError, MemoryIndex, RedisIndex, TagIndex, TagMatch};
+pub use index::{EmbeddedIndex, Hit, IndexError, MemoryIndex, RedisIndex, TagIndex, TagMatch};
 
 /// The service's name in logs and traces.
 pub const SERVICE: &str = "tag-indexer-worker";
@@ -58,7 +60,8 @@ pub enum RunError {
 }
 
 /// The index `settings` call for: Redis at `store.redis.url` (keys under `<bus.prefix>:tags:`)
-/// when `store.kind = redis`, in process otherwise.
+/// when `store.kind = redis`, the group's embedded file (`store.path/tag-indexer.redb`, beside
+/// its dedup set) otherwise.
 pub async fn open_index(settings: &Settings) -> Result<Arc<dyn TagIndex>, RunError> {
     Ok(match settings.store.kind {
         StoreKind::Redis => Arc::new(
@@ -66,7 +69,11 @@ pub async fn open_index(settings: &Settings) -> Result<Arc<dyn TagIndex>, RunErr
                 .await
                 .map_err(RunError::Index)?,
         ),
-        StoreKind::Embedded => Arc::new(MemoryIndex::new()),
+        StoreKind::Embedded => {
+            let db = EmbeddedDb::open_group(&settings.store.path, GROUP)
+                .map_err(|e| RunError::Index(IndexError::Embedded(e)))?;
+            Arc::new(EmbeddedIndex::open(db).await.map_err(RunError::Index)?)
+        }
     })
 }
 

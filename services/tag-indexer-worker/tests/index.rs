@@ -1,5 +1,5 @@
-//! The tag index on both backends, and the indexer end to end on the memory bus with the
-//! search API over real HTTP.
+//! The tag index on every backend (memory, embedded, Redis), and the indexer end to end on the
+//! memory bus with the search API over real HTTP.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +9,11 @@ use imagepipe_contracts::names::{self, headers};
 use imagepipe_contracts::payload::{ImageAnalyzed, ImageMetadataExtracted};
 use imagepipe_contracts::step::{AnalysisOutput, MetadataOutput, Prediction};
 use imagepipe_contracts::{Event, TraceId};
+use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::http::testing;
 use imagepipe_runtime::{Service, Settings, Shutdown};
 use imagepipe_tag_indexer_worker::{
-    GROUP, Hit, MemoryIndex, RedisIndex, TagIndex, TagMatch, api, run, serve, subscription,
+    EmbeddedIndex, GROUP, Hit, MemoryIndex, RedisIndex, TagIndex, TagMatch, api, run, serve, subscription,
 };
 
 fn tags(pairs: &[(&str, f64)]) -> Vec<(String, f64)> {
@@ -92,6 +93,47 @@ async fn the_memory_index_drops_the_entries_of_expired_tasks() {
     expiry(&MemoryIndex::new()).await;
 }
 
+/// An embedded index in `dir`.
+async fn embedded_index(dir: &std::path::Path) -> EmbeddedIndex {
+    EmbeddedIndex::open(EmbeddedDb::open(&dir.join("tag-indexer.redb")).unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn the_embedded_index_searches_best_first() {
+    let dir = tempfile::tempdir().unwrap();
+    suite(&embedded_index(dir.path()).await).await;
+}
+
+#[tokio::test]
+async fn the_embedded_index_drops_the_entries_of_expired_tasks_and_leaves_no_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = embedded_index(dir.path()).await;
+    expiry(&index).await;
+    use redb::{ReadableDatabase, ReadableTableMetadata, TableHandle};
+    let db = EmbeddedDb::open(&dir.path().join("tag-indexer.redb")).unwrap();
+    let txn = db.database().begin_read().unwrap();
+    let mut rows = Vec::new();
+    for handle in txn.list_tables().unwrap() {
+        let len = txn.open_untyped_table(handle.clone()).unwrap().len().unwrap();
+        rows.push((handle.name().to_owned(), len));
+    }
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    assert!(rows.iter().all(|(_, n)| *n == 0), "left behind: {rows:?}");
+}
+
+#[tokio::test]
+async fn the_embedded_index_keeps_its_entries_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = embedded_index(dir.path()).await;
+    index.index("t1", &tags(&[("cat", 0.9)]), T0).await.unwrap();
+    index.set_thumbnail("t1", "sha256:aa", T0).await.unwrap();
+    drop(index);
+    let reopened = embedded_index(dir.path()).await;
+    let hits = reopened.search(&q(&["cat"]), TagMatch::All, 10).await.unwrap();
+    assert_eq!(hits, [Hit { task_id: "t1".into(), score: 0.9, thumbnail_key: Some("sha256:aa".into()) }]);
+    assert_eq!(reopened.expire(T0, 10).await.unwrap(), 1, "its event time was kept too");
+}
+
 const REDIS: &str = "redis://127.0.0.1:6379";
 
 /// An index on a prefix of its own.
@@ -161,7 +203,9 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value)
 /// needs the token like every `/v1` route.
 #[tokio::test]
 async fn the_standalone_indexer_answers_search_only_with_the_token() {
+    let dir = tempfile::tempdir().unwrap();
     let mut settings = Settings::default();
+    settings.store.path = dir.path().to_owned();
     settings.http.bind = std::net::Ipv4Addr::LOCALHOST.into();
     settings.http.port = 0;
     settings.http.auth_token = Some("search-t0ken".to_owned().into());
@@ -184,7 +228,9 @@ async fn the_standalone_indexer_answers_search_only_with_the_token() {
 
 #[tokio::test]
 async fn events_become_searchable_with_thumbnails() {
-    let settings = Settings::default();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings::default();
+    settings.store.path = dir.path().to_owned();
     let bus = Bus::connect(&BusConfig::default()).await.unwrap();
     drop(bus.events.subscribe(subscription(&settings)).await.unwrap());
     let index: Arc<dyn TagIndex> = Arc::new(MemoryIndex::new());
