@@ -425,3 +425,118 @@ async fn every_source_is_checked_before_any_is_submitted_and_a_bad_event_type_is
     }
     pipeline.stop().await.unwrap();
 }
+
+/// What a subscriber group skipped as already handled, so far in this process.
+fn duplicates_skipped(group: &str) -> u64 {
+    let text = imagepipe_runtime::metrics::install().unwrap().render();
+    let series = format!("{}{{source=\"{group}\"}} ", imagepipe_runtime::metrics::SUBSCRIBER_DUPLICATES);
+    text.lines().find_map(|line| line.strip_prefix(&series)).map_or(0, |n| n.parse::<f64>().unwrap() as u64)
+}
+
+/// The `stats --json` answer once `done` holds for it.
+async fn stats_once(api: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats: serde_json::Value =
+            serde_json::from_str(&ok(&imagepipe(args(&["stats", "--json", "--api", api])).await)).unwrap();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "stats never got there: {stats}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `imagepipe run` on the embedded store (every file under `store.path`) stopped and started
+/// again: `search` lists the same tasks and `stats` counts the same (completed = 2, not 0), and
+/// events delivered again after the restart are skipped by every subscriber group, whose dedup
+/// sets were kept too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_run_keeps_search_stats_and_what_each_subscriber_handled() {
+    use imagepipe_bus::{Selector, Subscription};
+    use imagepipe_contracts::{Event, EventType, decode};
+
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let settings = common::settings(&model_dir, &work);
+    let first = Pipeline::start(settings.clone()).await.unwrap();
+    let events = first.bus().events.subscribe(Subscription::new("restart-test", Selector::all())).await.unwrap();
+    let api = first.api_url();
+
+    let out =
+        imagepipe(args(&["submit", &sample("coffee.jpg"), &sample("chelsea.jpg"), "--wait", "--json", "--api", &api]))
+            .await;
+    let finished: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    let ids: Vec<String> = finished.as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids.len(), 2, "{finished}");
+    let mut top_tags = Vec::new();
+    for task in first.wait_for(&ids, Duration::from_secs(1)).await.unwrap() {
+        let analysis = task.outputs.analysis.expect("analysed");
+        top_tags.push(imagepipe_tag_indexer_worker::normalize_tag(&analysis.tags[0].label));
+    }
+    let query = top_tags.join(",");
+    let search = || async {
+        let out = imagepipe(args(&["search", &query, "--mode", "any", "--json", "--api", &api])).await;
+        serde_json::from_str::<serde_json::Value>(&ok(&out)).unwrap()["results"].clone()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let found = loop {
+        let found = search().await;
+        if ids.iter().all(|id| found.to_string().contains(id.as_str())) {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "search {query} never listed {ids:?}: {found}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let counted =
+        |stats: &serde_json::Value| stats["tasks"]["completed"] == 2 && stats["latencies"]["end_to_end"]["count"] == 2;
+    let stats = stats_once(&api, counted).await;
+
+    // The events of the first run, to deliver again after the restart.
+    let mut again = Vec::new();
+    loop {
+        let batch = events.fetch(64, Duration::from_millis(200)).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for delivery in batch {
+            let event: Event<serde_json::Value> = decode(&delivery.message.payload).unwrap();
+            if matches!(event.event_type, EventType::TaskCompleted | EventType::ImageAnalyzed) {
+                again.push((event.event_type, delivery.message.clone()));
+            }
+            delivery.ack().await.unwrap();
+        }
+    }
+    assert_eq!(again.len(), 4, "task.completed and image.analyzed of both tasks");
+    drop(events);
+    first.stop().await.unwrap();
+
+    let second = Pipeline::start(settings).await.unwrap();
+    let api = second.api_url();
+    let restarted = stats_once(&api, |_| true).await;
+    assert_eq!(restarted, stats, "the same counts and latencies after the restart");
+    let search = || async {
+        let out = imagepipe(args(&["search", &query, "--mode", "any", "--json", "--api", &api])).await;
+        serde_json::from_str::<serde_json::Value>(&ok(&out)).unwrap()["results"].clone()
+    };
+    assert_eq!(search().await, found, "the same tasks, scores and thumbnails after the restart");
+    let table = ok(&imagepipe(args(&["stats", "--api", &api])).await);
+    assert!(table.contains("completed=2"), "{table}");
+
+    // Analytics takes all four events again, notification the two task.completed, the tag
+    // indexer the two image.analyzed.
+    let groups = [("analytics", 4), ("notification", 2), ("tag-indexer", 2)];
+    let before: Vec<u64> = groups.iter().map(|(group, _)| duplicates_skipped(group)).collect();
+    for (event_type, message) in again {
+        second.bus().events.publish(event_type.as_str(), message).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for ((group, again), before) in groups.into_iter().zip(before) {
+        while duplicates_skipped(group) < before + again {
+            assert!(Instant::now() < deadline, "{group} did not skip the events it handled before the restart");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(stats_once(&api, |_| true).await, stats, "nothing counted twice");
+    second.stop().await.unwrap();
+}
