@@ -325,6 +325,26 @@ async fn results_read_like_prose_in_submit_status_history_list_thumbnail_watch_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_local_url_names_the_key_that_allows_it() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(&model_dir, &work);
+    settings.net.allow_cidrs = Vec::new();
+    let pipeline = Pipeline::start(settings).await.unwrap();
+    let api = pipeline.api_url();
+
+    // The guard decides before any connection: nothing listens on port 9, nothing is dialled.
+    let out = imagepipe(args(&["submit", "http://127.0.0.1:9/cat.jpg", "--wait", "--json", "--api", &api])).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let finished: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = finished[0]["id"].as_str().unwrap().to_owned();
+    let status = ok(&imagepipe(args(&["status", &id, "--api", &api])).await);
+    assert!(status.contains("failed at download") && status.contains("address_refused"), "{status}");
+    assert!(status.contains("download.allow_cidrs") && status.contains("IMAGEPIPE_DOWNLOAD__ALLOW_CIDRS"), "{status}");
+    pipeline.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_task_says_where_and_why_and_a_cancelled_one_ends_its_watch() {
     let Some(model_dir) = common::model_dir() else { return };
     let work = tempfile::tempdir().unwrap();
