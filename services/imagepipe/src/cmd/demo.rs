@@ -34,7 +34,9 @@ pub struct DemoArgs {
 pub async fn run(config: &ConfigArgs, args: DemoArgs) -> anyhow::Result<ExitCode> {
     let mut settings = config.load().context("loading the configuration")?;
     if std::env::var_os("RUST_LOG").is_none() {
-        settings.log.filter = "warn".into();
+        // The demo's tasks have no callbackUrl and it configures no subscriber: the notification
+        // worker's warning about unsigned webhooks is about nothing it will send.
+        settings.log.filter = "warn,imagepipe_notification_worker=error".into();
     }
     let telemetry = imagepipe_runtime::telemetry::init("imagepipe", &settings.log, &settings.telemetry)?;
     settings.ai.model_dir = tokio::task::spawn_blocking({
