@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use imagepipe_runtime::clock::millis;
 use imagepipe_runtime::embedded::EmbeddedError;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
@@ -271,9 +272,9 @@ impl StatsStore for RedisStore {
             .arg(update.bytes.to_string())
             .arg(update.stage.map_or("", Stage::as_str))
             .arg(update.timestamp.to_string())
-            .arg(u64::try_from(self.task_ttl.as_millis()).unwrap_or(u64::MAX).max(1))
+            .arg(millis(self.task_ttl).max(1))
             .arg(if update.ends_measurement() { "1" } else { "0" })
-            .arg(u64::try_from(self.dedup_ttl.as_millis()).unwrap_or(u64::MAX).max(1))
+            .arg(millis(self.dedup_ttl).max(1))
             .arg(Stage::ALL.len());
         for stage in Stage::ALL {
             invocation.arg(stage.as_str());

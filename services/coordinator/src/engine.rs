@@ -458,9 +458,8 @@ impl Engine {
                 counter!(m::SWEEP_ERRORS).increment(1);
                 tracing::warn!(error = %e, "sweep failed");
             }
-            tokio::select! {
-                () = shutdown.wait() => return,
-                () = tokio::time::sleep(interval) => {}
+            if !shutdown.sleep(interval).await {
+                return;
             }
         }
     }

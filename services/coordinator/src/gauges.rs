@@ -24,9 +24,8 @@ pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 pub async fn run(bus: Bus, store: std::sync::Arc<dyn TaskStore>, interval: Duration, shutdown: Shutdown) {
     loop {
         sample(&bus, store.as_ref()).await;
-        tokio::select! {
-            () = shutdown.wait() => return,
-            () = tokio::time::sleep(interval) => {}
+        if !shutdown.sleep(interval).await {
+            return;
         }
     }
 }

@@ -13,6 +13,7 @@ use imagepipe_contracts::{
     StepOutput, StepResult, SubmitTask, TraceId,
 };
 use imagepipe_runtime::backoff::ExponentialBackoff;
+use imagepipe_runtime::clock::millis;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::Serialize;
@@ -557,10 +558,6 @@ impl Transition {
         let from = Some(self.from);
         self.finish(from, HistoryEvent::Cancelled, step, attempt, reason)
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use imagepipe_runtime::clock::Clock;
+use imagepipe_runtime::clock::{Clock, millis};
 use imagepipe_runtime::config::{CoordinatorConfig, DlqConfig};
 use imagepipe_runtime::shutdown::Shutdown;
 use metrics::counter;
@@ -61,7 +61,7 @@ pub struct Expirer {
 
 /// `now` minus `age`, in Unix ms (0 when `age` reaches back before 1970).
 fn cutoff(now: u64, age: Duration) -> u64 {
-    now.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
+    now.saturating_sub(millis(age))
 }
 
 impl Expirer {
@@ -111,9 +111,8 @@ impl Expirer {
                 counter!(m::SWEEP_ERRORS).increment(1);
                 tracing::warn!(error = %e, "expiry pass failed; tried again at the next");
             }
-            tokio::select! {
-                () = shutdown.wait() => return,
-                () = tokio::time::sleep(interval) => {}
+            if !shutdown.sleep(interval).await {
+                return;
             }
         }
     }

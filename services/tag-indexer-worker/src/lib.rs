@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use imagepipe_bus::{Bus, BusError, Selector, Subscription};
-use imagepipe_runtime::clock::{Clock, SystemClock};
+use imagepipe_runtime::clock::{Clock, SystemClock, millis};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
 use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
@@ -117,7 +117,7 @@ pub async fn run(bus: Bus, settings: &Settings, index: Arc<dyn TagIndex>, shutdo
 /// Drops every entry of the tasks whose latest event is older than `retention` at `now` (Unix
 /// ms); returns how many tasks.
 pub async fn expire(index: &dyn TagIndex, now: u64, retention: Duration) -> Result<usize, IndexError> {
-    let before = now.saturating_sub(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX));
+    let before = now.saturating_sub(millis(retention));
     let mut dropped = 0;
     loop {
         let n = index.expire(before, EXPIRY_BATCH).await?;
@@ -136,9 +136,8 @@ async fn expire_every(index: Arc<dyn TagIndex>, retention: Duration, shutdown: S
             Ok(tasks) => tracing::info!(tasks, "tag index entries of expired tasks dropped"),
             Err(e) => tracing::warn!(error = %error_chain(&e), "tag index expiry failed; tried again later"),
         }
-        tokio::select! {
-            () = shutdown.wait() => return,
-            () = tokio::time::sleep(EXPIRY_INTERVAL) => {}
+        if !shutdown.sleep(EXPIRY_INTERVAL).await {
+            return;
         }
     }
 }

@@ -4,6 +4,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// `d` in whole milliseconds, saturating: the unit of every stored timestamp and TTL.
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A source of wall-clock time.
 pub trait Clock: Send + Sync + fmt::Debug {
     /// The current time.
@@ -11,7 +16,7 @@ pub trait Clock: Send + Sync + fmt::Debug {
 
     /// The current time in Unix milliseconds (the envelope's `timestamp`); 0 before 1970.
     fn unix_ms(&self) -> u64 {
-        self.now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        self.now().duration_since(UNIX_EPOCH).map_or(0, millis)
     }
 }
 

@@ -51,9 +51,8 @@ where
                 let delay = attempts.next_delay();
                 tracing::warn!(what, attempt = attempts.failures(), error = %error_chain(&error), retry_in = ?delay,
                     "unreachable; retrying");
-                tokio::select! {
-                    () = shutdown.wait() => return Err(Unconnected::Interrupted),
-                    () = tokio::time::sleep(delay) => {}
+                if !shutdown.sleep(delay).await {
+                    return Err(Unconnected::Interrupted);
                 }
             }
             Err(error) => return Err(Unconnected::Failed(error)),

@@ -45,6 +45,15 @@ impl Shutdown {
         self.token.cancelled().await;
     }
 
+    /// Waits `period` unless the signal fires first; `true` when the whole period passed. The
+    /// pause of every periodic loop: `loop { work().await; if !shutdown.sleep(every).await { break } }`.
+    pub async fn sleep(&self, period: std::time::Duration) -> bool {
+        tokio::select! {
+            () = self.wait() => false,
+            () = tokio::time::sleep(period) => true,
+        }
+    }
+
     /// A signal that fires with this one, and can also be fired alone (one component's stop).
     pub fn child(&self) -> Self {
         Self { token: self.token.child_token() }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use imagepipe_runtime::clock::Clock;
+use imagepipe_runtime::clock::{Clock, millis};
 use imagepipe_runtime::dedup::EmbeddedDedup;
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
@@ -58,7 +58,7 @@ impl EmbeddedStore {
             })
             .await
             .map_err(embedded)?;
-        let task_ttl_ms = u64::try_from(task_ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let task_ttl_ms = millis(task_ttl).max(1);
         Ok(Self { dedup, task_ttl_ms, clock })
     }
 

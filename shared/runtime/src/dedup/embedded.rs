@@ -43,7 +43,7 @@ impl EmbeddedDedup {
         })
         .await
         .map_err(DedupError::Embedded)?;
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ttl_ms = crate::clock::millis(ttl).max(1);
         let capacity = u64::try_from(capacity).unwrap_or(u64::MAX).max(1);
         Ok(Self { db, ttl_ms, capacity, clock })
     }

@@ -145,7 +145,7 @@ impl Dedup for RedisDedup {
 
     async fn mark_done(&self, key: &str) -> Result<bool, DedupError> {
         let key = self.key(key);
-        let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ttl_ms = crate::clock::millis(self.ttl).max(1);
         let set: Option<String> = redis::cmd("SET")
             .arg(&key)
             .arg(1)
