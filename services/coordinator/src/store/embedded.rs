@@ -298,28 +298,37 @@ impl TaskStore for EmbeddedStore {
         .await
     }
 
-    async fn apply(&self, decision: &Decision) -> Result<Applied, StoreError> {
-        let decision = decision.clone();
-        self.run("applying a transition", move |db, grace| {
-            write(db, "applying a transition", |txn| {
-                let tasks = txn.open_table(TASKS).map_err(|e| err("applying a transition", e))?;
-                let Some(previous) = read_task(&tasks, &decision.task.id)? else { return Ok(Applied::Conflict) };
-                if previous.version + 1 != decision.task.version {
-                    return Ok(Applied::Conflict);
+    async fn apply_many(&self, decisions: &[Decision]) -> Result<Vec<Applied>, StoreError> {
+        if decisions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let decisions = decisions.to_vec();
+        self.run("applying transitions", move |db, grace| {
+            write(db, "applying transitions", |txn| {
+                let mut applied = Vec::with_capacity(decisions.len());
+                for decision in &decisions {
+                    let tasks = txn.open_table(TASKS).map_err(|e| err("applying a transition", e))?;
+                    let previous = read_task(&tasks, &decision.task.id)?;
+                    drop(tasks);
+                    if previous.as_ref().map_or(0, |p| p.version) + 1 != decision.task.version {
+                        applied.push(Applied::Conflict);
+                        continue;
+                    }
+                    write_transition(txn, decision, previous.as_ref(), grace)?;
+                    applied.push(Applied::Yes);
                 }
-                drop(tasks);
-                write_transition(txn, &decision, Some(&previous), grace)?;
-                Ok(Applied::Yes)
+                Ok(applied)
             })
         })
         .await
     }
 
-    async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        let id = id.to_owned();
+    async fn get_many(&self, ids: &[&str]) -> Result<Vec<Option<Task>>, StoreError> {
+        let ids: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
         self.run("reading a task", move |db, _| {
             let txn = db.begin_read().map_err(|e| err("reading a task", e))?;
-            read_task(&txn.open_table(TASKS).map_err(|e| err("reading a task", e))?, &id)
+            let table = txn.open_table(TASKS).map_err(|e| err("reading a task", e))?;
+            ids.iter().map(|id| read_task(&table, id)).collect()
         })
         .await
     }
@@ -394,7 +403,8 @@ impl TaskStore for EmbeddedStore {
             let table = txn.open_table(BY_STATE).map_err(|e| err("counting tasks", e))?;
             let mut n = 0;
             for state in TaskState::IN_FLIGHT {
-                n += prefixed(&table, state.as_str())?.len() as u64;
+                let (lo, hi) = (format!("{}{SEP}", state.as_str()), format!("{}{SEP_END}", state.as_str()));
+                n += table.range(lo.as_str()..hi.as_str()).map_err(|e| err("counting tasks", e))?.count() as u64;
             }
             Ok(n)
         })
@@ -415,8 +425,12 @@ impl TaskStore for EmbeddedStore {
         .await
     }
 
-    async fn remove_outbox(&self, id: &str, entry_ids: &[String]) -> Result<(), StoreError> {
-        let keys: Vec<String> = entry_ids.iter().map(|e| key2(id, e)).collect();
+    async fn remove_outbox_many(&self, relayed: &[(&str, &[String])]) -> Result<(), StoreError> {
+        let keys: Vec<String> =
+            relayed.iter().flat_map(|(id, entries)| entries.iter().map(move |e| key2(id, e))).collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
         self.run("removing outbox entries", move |db, _| {
             write(db, "removing outbox entries", |txn| {
                 let mut table = txn.open_table(OUTBOX).map_err(|e| err("removing outbox entries", e))?;

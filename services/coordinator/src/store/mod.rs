@@ -185,10 +185,25 @@ pub trait TaskStore: Send + Sync + 'static {
     async fn create(&self, decision: &Decision) -> Result<Created, StoreError>;
 
     /// Writes `decision` if the stored task is still at version `decision.task.version - 1`.
-    async fn apply(&self, decision: &Decision) -> Result<Applied, StoreError>;
+    async fn apply(&self, decision: &Decision) -> Result<Applied, StoreError> {
+        let applied = self.apply_many(std::slice::from_ref(decision)).await?;
+        Ok(applied.into_iter().next().unwrap_or(Applied::Conflict))
+    }
+
+    /// Writes each of `decisions` (of distinct tasks) whose task is still at version
+    /// `task.version - 1`, an absent task counting as version 0 (so a decision of
+    /// [`crate::machine::create`] without an idempotency key creates its task): each one a
+    /// compare-and-set of its own, all of them in one round trip (Redis) or one write
+    /// transaction (embedded: one commit for the batch). One [`Applied`] per decision, in order.
+    async fn apply_many(&self, decisions: &[Decision]) -> Result<Vec<Applied>, StoreError>;
 
     /// The task `id`.
-    async fn get(&self, id: &str) -> Result<Option<Task>, StoreError>;
+    async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        Ok(self.get_many(&[id]).await?.pop().flatten())
+    }
+
+    /// The tasks `ids`, in order (`None` where there is none), in one round trip.
+    async fn get_many(&self, ids: &[&str]) -> Result<Vec<Option<Task>>, StoreError>;
 
     /// The id of the task created with idempotency key `key`.
     async fn find_by_idempotency_key(&self, key: &str) -> Result<Option<String>, StoreError>;
@@ -206,7 +221,13 @@ pub trait TaskStore: Send + Sync + 'static {
     async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError>;
 
     /// Removes relayed outbox entries of task `id`.
-    async fn remove_outbox(&self, id: &str, entry_ids: &[String]) -> Result<(), StoreError>;
+    async fn remove_outbox(&self, id: &str, entry_ids: &[String]) -> Result<(), StoreError> {
+        self.remove_outbox_many(&[(id, entry_ids)]).await
+    }
+
+    /// Removes relayed outbox entries of several tasks (task id, entry ids) in one round trip
+    /// (one write transaction).
+    async fn remove_outbox_many(&self, relayed: &[(&str, &[String])]) -> Result<(), StoreError>;
 
     /// Up to `max` tasks whose wake time is at or before `now`, each leased to this caller
     /// until `now + lease`; a lease that runs out makes the task due again.

@@ -266,56 +266,97 @@ impl RedisStore {
         json.map(|j| decode("task", id, &j)).transpose()
     }
 
-    /// Indexes a transition (its new state, its wake time) and then writes it, in one round
-    /// trip: the index commands run first, in a MULTI block of the index slot, then the
-    /// transition script in the task's slot. Whether the transition was written.
-    async fn index_and_write(&self, decision: &Decision, expected: u64) -> Result<bool, StoreError> {
-        let task = &decision.task;
+    /// Indexes transitions (each one's new state and wake time) and then writes them, in one
+    /// round trip: the index commands run first, in a MULTI block of the index slot, then one
+    /// transition script per decision in its task's slot (each its own compare-and-set on
+    /// `version - 1`). Whether each transition was written.
+    async fn index_and_write(&self, decisions: &[Decision]) -> Result<Vec<bool>, StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("MULTI").ignore();
-        pipe.zadd(self.state_key(task.state), &task.id, task.created_at).ignore();
-        if TaskState::IN_FLIGHT.contains(&task.state) {
-            pipe.zadd(self.index_key("in_flight"), &task.id, task.created_at).ignore();
-        }
-        if task.version == 1 {
-            pipe.zadd(self.index_key("all"), &task.id, task.created_at).ignore();
-        }
-        if task.state.is_terminal() {
-            pipe.zadd(self.index_key("finished"), &task.id, task.updated_at).ignore();
-        }
-        if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, self.relay_grace) {
-            pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(&task.id).ignore();
+        for decision in decisions {
+            let task = &decision.task;
+            pipe.zadd(self.state_key(task.state), &task.id, task.created_at).ignore();
+            if TaskState::IN_FLIGHT.contains(&task.state) {
+                pipe.zadd(self.index_key("in_flight"), &task.id, task.created_at).ignore();
+            }
+            if task.version == 1 {
+                pipe.zadd(self.index_key("all"), &task.id, task.created_at).ignore();
+            }
+            if task.state.is_terminal() {
+                pipe.zadd(self.index_key("finished"), &task.id, task.updated_at).ignore();
+            }
+            if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, self.relay_grace) {
+                pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(&task.id).ignore();
+            }
         }
         pipe.cmd("EXEC").ignore();
-        let mut invocation = self.transition.key(self.task_key(&task.id));
-        invocation
-            .key(self.history_key(&task.id))
-            .key(self.outbox_key(&task.id))
-            .arg(expected)
-            .arg(task.version)
-            .arg(task.state.as_str())
-            .arg(encode(task))
-            .arg(encode(&decision.history));
-        for entry in &decision.outbox {
-            invocation.arg(&entry.id).arg(encode(entry));
+        let mut invocations = Vec::with_capacity(decisions.len());
+        for decision in decisions {
+            let task = &decision.task;
+            let mut invocation = self.transition.key(self.task_key(&task.id));
+            invocation
+                .key(self.history_key(&task.id))
+                .key(self.outbox_key(&task.id))
+                .arg(task.version - 1)
+                .arg(task.version)
+                .arg(task.state.as_str())
+                .arg(encode(task))
+                .arg(encode(&decision.history));
+            for entry in &decision.outbox {
+                invocation.arg(&entry.id).arg(encode(entry));
+            }
+            pipe.invoke_script(&invocation);
+            invocations.push(invocation);
         }
-        pipe.invoke_script(&invocation);
         let mut conn = self.conn.clone();
-        let written = match pipe.query_async::<(i64,)>(&mut conn).await {
-            // The server does not know the script yet (first use, or restarted): load it and send
-            // the whole pipeline again; its index commands are repeatable.
+        let written = match pipe.query_async::<Vec<i64>>(&mut conn).await {
+            // The server does not know the script yet (first use, or restarted), so none of the
+            // pipeline's scripts ran: load it and send the whole pipeline again (its index
+            // commands are repeatable).
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                invocation.load_async(&mut conn).await.map_err(redis_err("writing a transition"))?;
-                pipe.query_async::<(i64,)>(&mut conn).await
+                if let Some(invocation) = invocations.first() {
+                    invocation.load_async(&mut conn).await.map_err(redis_err("writing a transition"))?;
+                }
+                pipe.query_async::<Vec<i64>>(&mut conn).await
             }
             other => other,
         };
-        let (applied,) = written.map_err(redis_err("writing a transition"))?;
-        Ok(applied == 1)
+        let applied = written.map_err(redis_err("writing a transition"))?;
+        if applied.len() != decisions.len() {
+            return Err(StoreError::Redis {
+                operation: "writing a transition",
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "the transition pipeline answered with another number of replies",
+                )),
+            });
+        }
+        Ok(applied.into_iter().map(|a| a == 1).collect())
     }
 
-    /// Removes state entries `task` can never be in again.
-    async fn prune_states(&self, task: &Task) -> Result<(), StoreError> {
+    /// Prunes the index entries of each task its stored state has left behind, in one round
+    /// trip; a task that is gone leaves the entries `gone` names (its state and the due and
+    /// in-flight sets).
+    async fn prune_many(&self, tasks: &[&Task], gone: &[&Task]) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        for task in tasks {
+            for key in self.left_behind(task) {
+                pipe.zrem(key, &task.id).ignore();
+            }
+        }
+        for task in gone {
+            pipe.zrem(self.state_key(task.state), &task.id).ignore();
+            pipe.zrem(self.index_key("due"), &task.id).ignore();
+            pipe.zrem(self.index_key("in_flight"), &task.id).ignore();
+        }
+        if pipe.is_empty() {
+            return Ok(());
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
+    }
+
+    /// The index sets `task` can never be in again.
+    fn left_behind(&self, task: &Task) -> Vec<String> {
         let mut left: Vec<String> = TaskState::ALL
             .into_iter()
             .filter(|s| rank(*s) < rank(task.state) || (task.state.is_terminal() && *s != task.state))
@@ -324,14 +365,12 @@ impl RedisStore {
         if task.state.is_terminal() {
             left.push(self.index_key("in_flight"));
         }
-        if left.is_empty() {
-            return Ok(());
-        }
-        let mut pipe = redis::pipe();
-        for key in left {
-            pipe.zrem(key, &task.id).ignore();
-        }
-        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
+        left
+    }
+
+    /// Removes state entries `task` can never be in again.
+    async fn prune_states(&self, task: &Task) -> Result<(), StoreError> {
+        self.prune_many(&[task], &[]).await
     }
 
     /// Deletes every key and index entry of finished `task` (the order is the module's
@@ -426,7 +465,7 @@ impl TaskStore for RedisStore {
                 }
             }
         }
-        if self.index_and_write(decision, 0).await? {
+        if self.index_and_write(std::slice::from_ref(decision)).await?.first() == Some(&true) {
             return Ok(Created::New);
         }
         let existing = self.read_task(&task.id).await?.ok_or_else(|| StoreError::Corrupt {
@@ -438,25 +477,34 @@ impl TaskStore for RedisStore {
         Ok(Created::Existing(Box::new(existing)))
     }
 
-    async fn apply(&self, decision: &Decision) -> Result<Applied, StoreError> {
-        if self.index_and_write(decision, decision.task.version - 1).await? {
-            self.prune_states(&decision.task).await?;
-            return Ok(Applied::Yes);
+    async fn apply_many(&self, decisions: &[Decision]) -> Result<Vec<Applied>, StoreError> {
+        if decisions.is_empty() {
+            return Ok(Vec::new());
         }
-        if let Some(actual) = self.read_task(&decision.task.id).await? {
-            self.prune_states(&actual).await?;
-        } else {
-            let mut pipe = redis::pipe();
-            pipe.zrem(self.state_key(decision.task.state), &decision.task.id).ignore();
-            pipe.zrem(self.index_key("due"), &decision.task.id).ignore();
-            pipe.zrem(self.index_key("in_flight"), &decision.task.id).ignore();
-            pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))?;
-        }
-        Ok(Applied::Conflict)
+        let written = self.index_and_write(decisions).await?;
+        let lost: Vec<&str> =
+            decisions.iter().zip(&written).filter(|(_, w)| !**w).map(|(d, _)| d.task.id.as_str()).collect();
+        let actual = if lost.is_empty() { Vec::new() } else { self.get_many(&lost).await? };
+        let mut settled: Vec<&Task> =
+            decisions.iter().zip(&written).filter(|(_, w)| **w).map(|(d, _)| &d.task).collect();
+        settled.extend(actual.iter().flatten());
+        let lost_tasks = decisions.iter().zip(&written).filter(|(_, w)| !**w).map(|(d, _)| &d.task);
+        let gone: Vec<&Task> = lost_tasks.zip(&actual).filter(|(_, a)| a.is_none()).map(|(t, _)| t).collect();
+        self.prune_many(&settled, &gone).await?;
+        Ok(written.into_iter().map(|w| if w { Applied::Yes } else { Applied::Conflict }).collect())
     }
 
-    async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        self.read_task(id).await
+    async fn get_many(&self, ids: &[&str]) -> Result<Vec<Option<Task>>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hget(self.task_key(id), "task");
+        }
+        let json: Vec<Option<Vec<u8>>> =
+            pipe.query_async(&mut self.conn.clone()).await.map_err(redis_err("reading a task"))?;
+        ids.iter().zip(json).map(|(id, j)| j.map(|j| decode("task", id, &j)).transpose()).collect()
     }
 
     async fn find_by_idempotency_key(&self, key: &str) -> Result<Option<String>, StoreError> {
@@ -504,11 +552,13 @@ impl TaskStore for RedisStore {
             };
             let fetched = rows.len();
             offset += fetched;
-            for (id, at) in rows {
-                if cursor.is_some_and(|(c_at, c_id)| at == c_at && id.as_str() <= c_id) {
-                    continue;
-                }
-                let Some(task) = self.read_task(&id).await? else { continue };
+            let ids: Vec<&str> = rows
+                .iter()
+                .filter(|(id, at)| !cursor.is_some_and(|(c_at, c_id)| *at == c_at && id.as_str() <= c_id))
+                .map(|(id, _)| id.as_str())
+                .collect();
+            for task in self.get_many(&ids).await? {
+                let Some(task) = task else { continue };
                 if query.state.is_some_and(|s| s != task.state) {
                     continue;
                 }
@@ -537,11 +587,15 @@ impl TaskStore for RedisStore {
         entries.iter().map(|(_, json)| decode("outbox entry", id, json)).collect()
     }
 
-    async fn remove_outbox(&self, id: &str, entry_ids: &[String]) -> Result<(), StoreError> {
-        if entry_ids.is_empty() {
+    async fn remove_outbox_many(&self, relayed: &[(&str, &[String])]) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        for (id, entries) in relayed.iter().filter(|(_, entries)| !entries.is_empty()) {
+            pipe.hdel(self.outbox_key(id), *entries).ignore();
+        }
+        if pipe.is_empty() {
             return Ok(());
         }
-        self.conn.clone().hdel(self.outbox_key(id), entry_ids).await.map_err(redis_err("removing outbox entries"))
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("removing outbox entries"))
     }
 
     async fn claim_due(&self, now: u64, lease: Duration, max: usize) -> Result<Vec<String>, StoreError> {

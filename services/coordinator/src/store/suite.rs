@@ -22,6 +22,7 @@ macro_rules! store_suite {
         $crate::store_suite!(@cases $make;
             create_is_idempotent_by_id_and_key,
             apply_is_a_compare_and_set_on_the_version,
+            a_batch_applies_each_compare_and_set_on_its_own,
             history_keeps_every_transition_in_order,
             outbox_entries_stay_until_removed,
             lists_page_by_creation_and_filter_by_state,
@@ -105,6 +106,42 @@ pub async fn apply_is_a_compare_and_set_on_the_version(store: &impl TaskStore) {
     let ghost = next(&created("tsk_ghost", None, T0).task, Input::Start, T0);
     assert_eq!(store.apply(&ghost).await.unwrap(), Applied::Conflict);
     assert!(store.get("tsk_ghost").await.unwrap().is_none());
+}
+
+pub async fn a_batch_applies_each_compare_and_set_on_its_own(store: &impl TaskStore) {
+    let stale = create_new(store, "tsk_b_stale", T0).await;
+    let moved = start(store, &stale, T0 + 1).await;
+    let fresh = create_new(store, "tsk_b_fresh", T0 + 2).await;
+    let new = created("tsk_b_new", None, T0 + 3);
+    let taken = created("tsk_b_fresh", None, T0 + 4);
+    let batch = [
+        next(&stale, Input::Cancel { reason: None }, T0 + 5),
+        next(&fresh, Input::Start, T0 + 5),
+        new.clone(),
+        taken,
+        next(&created("tsk_b_ghost", None, T0).task, Input::Start, T0 + 5),
+    ];
+    let applied = store.apply_many(&batch).await.unwrap();
+    assert_eq!(applied, [Applied::Conflict, Applied::Yes, Applied::Yes, Applied::Conflict, Applied::Conflict]);
+    assert!(store.apply_many(&[]).await.unwrap().is_empty());
+
+    let ids = ["tsk_b_stale", "tsk_b_fresh", "tsk_b_new", "tsk_b_ghost"];
+    let stored = store.get_many(&ids).await.unwrap();
+    assert_eq!(stored[0].as_ref(), Some(&moved), "a lost compare-and-set writes nothing");
+    assert_eq!(stored[1].as_ref(), Some(&batch[1].task));
+    assert_eq!(stored[2].as_ref(), Some(&new.task), "a version-1 decision creates its task");
+    assert_eq!(stored[3], None);
+    assert_eq!(store.history("tsk_b_fresh").await.unwrap().len(), 2);
+    assert_eq!(listed(store, Some(TaskState::Downloading)).await, ["tsk_b_stale", "tsk_b_fresh"]);
+    assert_eq!(listed(store, Some(TaskState::Queued)).await, ["tsk_b_new"]);
+    assert_eq!(store.count_in_flight().await.unwrap(), 2);
+
+    let fresh_outbox: Vec<String> = store.outbox("tsk_b_fresh").await.unwrap().iter().map(|e| e.id.clone()).collect();
+    let new_outbox: Vec<String> = new.outbox.iter().map(|e| e.id.clone()).collect();
+    assert_eq!(fresh_outbox.len(), 2, "task.created and the download command");
+    store.remove_outbox_many(&[("tsk_b_fresh", &fresh_outbox[..1]), ("tsk_b_new", &new_outbox)]).await.unwrap();
+    assert_eq!(store.outbox("tsk_b_fresh").await.unwrap(), batch[1].outbox);
+    assert!(store.outbox("tsk_b_new").await.unwrap().is_empty());
 }
 
 pub async fn history_keeps_every_transition_in_order(store: &impl TaskStore) {
