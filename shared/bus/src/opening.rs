@@ -109,6 +109,10 @@ impl TaskQueue for CountedQueues {
         Box::pin(async move { opening.finish(self.inner.consume(queue, config).await) })
     }
 
+    async fn flush(&self) -> Result<(), BusError> {
+        self.inner.flush().await
+    }
+
     async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
         self.inner.backlog(queue).await
     }

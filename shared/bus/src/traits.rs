@@ -35,6 +35,12 @@ pub trait TaskQueue: Send + Sync {
         Ok(())
     }
 
+    /// Hands everything the client has buffered (settlements that are not confirmed, such as
+    /// NATS acks) to the broker; a service calls it before it exits.
+    async fn flush(&self) -> Result<(), BusError> {
+        Ok(())
+    }
+
     /// Opens a consumer on `queue`, shared by every replica that opens one.
     async fn consume(&self, queue: &str, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError>;
 

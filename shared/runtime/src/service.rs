@@ -205,9 +205,13 @@ impl Service {
         LoopConfig::from_settings(name, &self.settings.worker)
     }
 
-    /// Stops the HTTP server (after the service's own work has finished; connections still
-    /// open after a few seconds, such as event streams, are closed) and flushes traces.
+    /// Flushes the bus client, stops the HTTP server (after the service's own work has
+    /// finished; connections still open after a few seconds, such as event streams, are
+    /// closed) and flushes traces.
     pub async fn stop(mut self) -> Result<(), ServiceError> {
+        if let Err(e) = self.bus.queues.flush().await {
+            tracing::warn!(error = %e, "flushing the bus client; unflushed acks mean redeliveries");
+        }
         self.http_stop.trigger();
         let served = match tokio::time::timeout(HTTP_DRAIN, &mut self.http).await {
             Ok(served) => served,

@@ -1,6 +1,8 @@
 //! Settling one JetStream delivery.
 //!
-//! ack → `+ACK`, confirmed by the server; nack → `-NAK {"delay": ...}`; progress → `+WPI`
+//! ack → `+ACK`, not confirmed: the server's reply would cost a round trip and a message per
+//! delivery, and an ack that is lost only means the message is delivered again, which every
+//! handler absorbs (they are idempotent); nack → `-NAK {"delay": ...}`; progress → `+WPI`
 //! (restarts the ack deadline); dead-letter → the dead letter is written and confirmed, then
 //! `+TERM` (confirmed) stops redelivery and, on the work-queue stream, removes the message.
 
@@ -39,7 +41,7 @@ impl NatsAckHandle {
 #[async_trait]
 impl AckHandle for NatsAckHandle {
     async fn ack(&self) -> Result<(), BusError> {
-        self.acker.double_ack_with(AckKind::Ack).await.map_err(|err| self.settle_error("ack", err))
+        self.acker.ack_with(AckKind::Ack).await.map_err(|err| self.settle_error("ack", err))
     }
 
     async fn nack(&self, delay: Duration) -> Result<(), BusError> {

@@ -30,6 +30,15 @@ impl TaskQueue for NatsBus {
         self.shared.publish_pipelined(&subject, &messages, &[]).await
     }
 
+    async fn flush(&self) -> Result<(), BusError> {
+        self.shared.client.flush().await.map_err(|e| BusError::Settle {
+            action: "flush",
+            message: "every buffered settlement".into(),
+            source_name: "the NATS client".into(),
+            source: Box::new(e),
+        })
+    }
+
     async fn consume(&self, queue: &str, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError> {
         let (kind, subject) = self.shared.names.queue_subject(queue)?;
         let stream = match kind {
