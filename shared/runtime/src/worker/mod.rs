@@ -3,6 +3,8 @@
 //!
 //! - **Backpressure**: a [`Semaphore`] of `concurrency` permits; a delivery holds one from
 //!   fetch to settle, and the loop fetches only as many as there are free permits.
+//! - **Batches** ([`BatchWorker`]): a [`BatchHandler`] takes every fetched delivery at once
+//!   (the coordinator writes a batch's transitions in one store round trip).
 //! - **Modes** ([`Scheduling`]): *concurrent* handles deliveries as they come; *orderly* handles at
 //!   most one delivery per message key at a time, in fetch order per key, other keys in
 //!   parallel.
@@ -16,6 +18,7 @@
 //!
 //! [`telemetry::message_span`]: crate::telemetry::message_span
 
+mod batch;
 mod orderly;
 mod process;
 mod settle;
@@ -31,6 +34,8 @@ use async_trait::async_trait;
 use imagepipe_bus::{BusError, Consumer, Delivery};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+
+pub use batch::{BatchHandler, BatchWorker};
 
 use crate::backoff::ExponentialBackoff;
 use crate::config::WorkerConfig;

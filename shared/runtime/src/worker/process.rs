@@ -18,7 +18,7 @@ use crate::metrics::{self, labels};
 use crate::telemetry;
 
 /// How long an aborted handler may take to stop before its delivery is left unsettled.
-const ABORT_WAIT: Duration = Duration::from_secs(5);
+pub(super) const ABORT_WAIT: Duration = Duration::from_secs(5);
 
 /// Handles `fetched` with `handler` and settles it; its permit and in-flight place are
 /// released after settling.
@@ -79,7 +79,7 @@ async fn supervise<H: Handler>(
     (verdict, Arc::try_unwrap(delivery).ok())
 }
 
-fn verdict_of(joined: Result<Outcome, JoinError>) -> Verdict {
+pub(super) fn verdict_of(joined: Result<Outcome, JoinError>) -> Verdict {
     match joined {
         Ok(outcome) => Verdict::Handled(outcome),
         Err(error) if error.is_panic() => Verdict::Panicked(panic_message(error.into_panic())),
@@ -98,7 +98,7 @@ fn panic_message(payload: Box<dyn Any + Send>) -> String {
 }
 
 /// Aborts the handler task if its supervisor is dropped (shutdown past the grace period).
-struct AbortOnDrop<T>(JoinHandle<T>);
+pub(super) struct AbortOnDrop<T>(pub(super) JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
