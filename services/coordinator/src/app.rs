@@ -111,6 +111,7 @@ impl Coordinator {
         let engine = Engine::new(store, bus, clock, engine_config);
         let config = LoopsConfig {
             worker: LoopConfig::from_settings("coordinator", &settings.worker),
+            max_batch: loops::MAX_BATCH,
             consumer: settings.worker.consumer_config(),
             sweep_interval: c.sweep_interval,
             cap_recheck: Duration::from_millis(500),

@@ -1,5 +1,7 @@
-//! The coordinator's consumers: submissions, step results, dead letters. Each is a runtime
-//! worker [`Handler`]; decoding failures are rejected to the dead-letter queue with the reason.
+//! The coordinator's consumers: submissions, step results, dead letters. Submissions and step
+//! results are handled in batches ([`BatchHandler`]: one store round trip per batch, not per
+//! message), dead letters one by one ([`Handler`]); decoding failures are rejected to the
+//! dead-letter queue with the reason.
 
 use std::time::Duration;
 
@@ -7,11 +9,12 @@ use async_trait::async_trait;
 use imagepipe_bus::{BusError, Consumer, Delivery};
 use imagepipe_contracts::names::headers;
 use imagepipe_contracts::{StepResult, SubmitTask, decode};
-use imagepipe_runtime::worker::{Handler, Outcome};
+use imagepipe_runtime::telemetry;
+use imagepipe_runtime::worker::{BatchHandler, Handler, Outcome};
 use metrics::counter;
 use uuid::Uuid;
 
-use crate::engine::{Engine, EngineError, Origin, SubmitFailure};
+use crate::engine::{Engine, EngineError, Handled, Origin, Submission, SubmitFailure};
 use crate::machine::Input;
 use crate::metrics as m;
 use crate::retention::Expirer;
@@ -44,26 +47,52 @@ pub fn derived_task_id(delivery: &Delivery) -> String {
 }
 
 #[async_trait]
-impl Handler for SubmitHandler {
-    async fn handle(&self, delivery: &Delivery) -> Outcome {
-        let submit: SubmitTask = match decode(&delivery.message.payload) {
-            Ok(submit) => submit,
-            Err(e) => {
-                counter!(m::SUBMISSIONS_REJECTED, "origin" => "bus").increment(1);
-                return Outcome::reject(e);
+impl BatchHandler for SubmitHandler {
+    async fn handle_batch(&self, deliveries: &[Delivery]) -> Vec<Outcome> {
+        let mut outcomes: Vec<Option<Outcome>> = deliveries.iter().map(|_| None).collect();
+        let mut submissions = Vec::with_capacity(deliveries.len());
+        let mut decoded = Vec::with_capacity(deliveries.len());
+        for (i, delivery) in deliveries.iter().enumerate() {
+            match decode::<SubmitTask>(&delivery.message.payload) {
+                Ok(command) => {
+                    let span = telemetry::message_span(delivery);
+                    submissions.push(Submission { command, derived_id: derived_task_id(delivery), span });
+                    decoded.push(i);
+                }
+                Err(e) => {
+                    counter!(m::SUBMISSIONS_REJECTED, "origin" => "bus").increment(1);
+                    outcomes[i] = Some(Outcome::reject(e));
+                }
             }
-        };
-        match self.engine.submit(&submit, Origin::Bus, || derived_task_id(delivery)).await {
-            Ok(_) => {}
-            Err(SubmitFailure::Invalid(e)) => return Outcome::reject(format!("invalid submit command: {e}")),
-            Err(e @ SubmitFailure::Conflict { .. }) => return Outcome::reject(e),
-            Err(SubmitFailure::Store(e)) => return Outcome::retry(e),
         }
-        if let Err(e) = self.engine.start_queued().await {
+        let submitted = self.engine.submit_batch(&submissions, Origin::Bus).await;
+        for (i, submitted) in decoded.into_iter().zip(submitted) {
+            outcomes[i] = Some(match submitted {
+                Ok(_) => Outcome::Ack,
+                Err(SubmitFailure::Invalid(e)) => Outcome::reject(format!("invalid submit command: {e}")),
+                Err(e @ SubmitFailure::Conflict { .. }) => Outcome::reject(e),
+                Err(SubmitFailure::Store(e)) => Outcome::retry(e),
+            });
+        }
+        if outcomes.iter().any(|o| o == &Some(Outcome::Ack))
+            && let Err(e) = self.engine.start_queued().await
+        {
             tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
         }
-        Outcome::Ack
+        outcomes.into_iter().map(|o| o.expect("every delivery has an outcome")).collect()
     }
+}
+
+#[async_trait]
+impl Handler for SubmitHandler {
+    async fn handle(&self, delivery: &Delivery) -> Outcome {
+        one(self.handle_batch(std::slice::from_ref(delivery)).await)
+    }
+}
+
+/// The outcome of a batch of one.
+fn one(mut outcomes: Vec<Outcome>) -> Outcome {
+    outcomes.pop().unwrap_or_else(|| Outcome::retry("the batch handler gave no outcome"))
 }
 
 /// Handles `tasks.results`: applies each step result to its task.
@@ -79,25 +108,43 @@ impl ResultHandler {
 }
 
 #[async_trait]
+impl BatchHandler for ResultHandler {
+    async fn handle_batch(&self, deliveries: &[Delivery]) -> Vec<Outcome> {
+        let mut outcomes: Vec<Option<Outcome>> = deliveries.iter().map(|_| None).collect();
+        let (mut inputs, mut decoded) = (Vec::with_capacity(deliveries.len()), Vec::with_capacity(deliveries.len()));
+        for (i, delivery) in deliveries.iter().enumerate() {
+            match decode::<StepResult>(&delivery.message.payload) {
+                Ok(result) => {
+                    inputs.push((result.task_id.clone(), Input::Result(Box::new(result))));
+                    decoded.push(i);
+                }
+                Err(e) => outcomes[i] = Some(Outcome::reject(e)),
+            }
+        }
+        let mut finished = false;
+        for (i, handled) in decoded.into_iter().zip(self.engine.handle_batch(inputs).await) {
+            outcomes[i] = Some(match handled {
+                Ok(Handled::Applied(task)) => {
+                    finished |= task.state.is_terminal();
+                    Outcome::Ack
+                }
+                Ok(Handled::Ignored(_)) => Outcome::Ack,
+                Err(EngineError::UnknownTask(id)) => Outcome::reject(format!("step result for unknown task {id}")),
+                Err(EngineError::Illegal(illegal)) => Outcome::reject(illegal),
+                Err(e @ (EngineError::Store(_) | EngineError::Contention(_))) => Outcome::retry(e),
+            });
+        }
+        if finished && let Err(e) = self.engine.start_queued().await {
+            tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
+        }
+        outcomes.into_iter().map(|o| o.expect("every delivery has an outcome")).collect()
+    }
+}
+
+#[async_trait]
 impl Handler for ResultHandler {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
-        let result: StepResult = match decode(&delivery.message.payload) {
-            Ok(result) => result,
-            Err(e) => return Outcome::reject(e),
-        };
-        let id = result.task_id.clone();
-        match self.engine.handle(&id, Input::Result(Box::new(result))).await {
-            Ok(crate::engine::Handled::Applied(task)) if task.state.is_terminal() => {
-                if let Err(e) = self.engine.start_queued().await {
-                    tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
-                }
-                Outcome::Ack
-            }
-            Ok(_) => Outcome::Ack,
-            Err(EngineError::UnknownTask(id)) => Outcome::reject(format!("step result for unknown task {id}")),
-            Err(EngineError::Illegal(illegal)) => Outcome::reject(illegal),
-            Err(e @ (EngineError::Store(_) | EngineError::Contention(_))) => Outcome::retry(e),
-        }
+        one(self.handle_batch(std::slice::from_ref(delivery)).await)
     }
 }
 

@@ -13,7 +13,7 @@ use imagepipe_runtime::telemetry::{current_trace_id, inject_trace, join_trace};
 use metrics::{counter, gauge};
 use tracing::{Instrument, Span};
 
-use crate::machine::{self, Context, Ignored, IllegalTransition, Input, Policy, Verdict};
+use crate::machine::{self, Context, Decision, Ignored, IllegalTransition, Input, Policy, Verdict};
 use crate::metrics as m;
 use crate::store::{Applied, Created, DeadLetter, ListQuery, StoreError, TaskStore};
 use crate::task::{Destination, OutboxEntry, Task, TaskState};
@@ -43,9 +43,9 @@ impl Default for EngineConfig {
 /// Something that kept an input from being handled.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// The store failed; try again.
+    /// The store failed; try again. (Shared: one failed batch call fails each of its inputs.)
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(Arc<StoreError>),
     /// No task has this id.
     #[error("no task {0}")]
     UnknownTask(String),
@@ -55,6 +55,18 @@ pub enum EngineError {
     /// Other writers kept changing the task; try again.
     #[error("task {0} kept changing under {MAX_CONFLICTS} attempts to update it")]
     Contention(String),
+}
+
+impl From<StoreError> for EngineError {
+    fn from(error: StoreError) -> Self {
+        Self::Store(Arc::new(error))
+    }
+}
+
+/// What [`Engine::decide`] made of an input.
+enum Decided {
+    Apply(Decision),
+    Ignore(Ignored),
 }
 
 /// Why a submission was not accepted.
@@ -100,6 +112,17 @@ pub struct Submitted {
     pub created: bool,
 }
 
+/// One submission of a [`Engine::submit_batch`].
+#[derive(Debug)]
+pub struct Submission {
+    /// The command.
+    pub command: SubmitTask,
+    /// The id of the task when the command has no `taskId`.
+    pub derived_id: String,
+    /// The span the submission arrived in: the new task joins its trace.
+    pub span: Span,
+}
+
 /// What an input did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Handled {
@@ -134,13 +157,16 @@ pub struct Engine {
     bus: Bus,
     clock: Arc<dyn Clock>,
     config: Arc<EngineConfig>,
+    /// One [`Engine::start_queued`] pass at a time in this process: passes racing each other
+    /// would only lose compare-and-sets to each other.
+    starting: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Engine {
     /// An engine over `store`, sending on `bus`, telling time by `clock`.
     pub fn new(store: Arc<dyn TaskStore>, bus: Bus, clock: Arc<dyn Clock>, config: EngineConfig) -> Self {
         gauge!(m::IN_FLIGHT_CAP).set(config.max_in_flight as f64);
-        Self { store, bus, clock, config: Arc::new(config) }
+        Self { store, bus, clock, config: Arc::new(config), starting: Arc::default() }
     }
 
     /// The store.
@@ -202,53 +228,236 @@ impl Engine {
         }
     }
 
+    /// [`submit`](Self::submit) for a batch, one result per submission, in order: the new ids
+    /// are looked up in one store round trip, the new tasks written in one, their
+    /// `task.created` events relayed together. A submission with an idempotency key, or with
+    /// an id an earlier one of the batch has, takes the one-by-one path (after the others), as
+    /// does every one of a batch whose store call failed.
+    pub async fn submit_batch(
+        &self,
+        submissions: &[Submission],
+        origin: Origin,
+    ) -> Vec<Result<Submitted, SubmitFailure>> {
+        let mut results: Vec<Option<Result<Submitted, SubmitFailure>>> = submissions.iter().map(|_| None).collect();
+        let (mut fresh, mut one_by_one) = (Vec::new(), Vec::new());
+        let mut ids = std::collections::HashSet::new();
+        for (i, submission) in submissions.iter().enumerate() {
+            let command = &submission.command;
+            let id = command.task_id.clone().unwrap_or_else(|| submission.derived_id.clone());
+            match command.validate() {
+                Err(e) => {
+                    counter!(m::SUBMISSIONS_REJECTED, "origin" => origin.as_str()).increment(1);
+                    results[i] = Some(Err(e.into()));
+                }
+                Ok(_) if command.idempotency_key.is_some() || !ids.insert(id.clone()) => one_by_one.push(i),
+                Ok(source) => fresh.push((i, id, source)),
+            }
+        }
+        let lookup: Vec<&str> = fresh.iter().map(|(_, id, _)| id.as_str()).collect();
+        match self.store.get_many(&lookup).await {
+            Err(e) => {
+                tracing::warn!(error = %e, "submissions not looked up as a batch; one by one instead");
+                one_by_one.extend(fresh.iter().map(|(i, _, _)| *i));
+                fresh.clear();
+            }
+            Ok(existing) => {
+                let mut new = Vec::with_capacity(fresh.len());
+                for ((i, id, source), existing) in fresh.drain(..).zip(existing) {
+                    match existing {
+                        Some(task) if task.source != source => {
+                            counter!(m::SUBMISSIONS_REJECTED, "origin" => origin.as_str()).increment(1);
+                            results[i] = Some(Err(SubmitFailure::Conflict { existing: Box::new(task) }));
+                        }
+                        Some(task) => results[i] = Some(Ok(Submitted { task, created: false })),
+                        None => new.push((i, id, source)),
+                    }
+                }
+                fresh = new;
+            }
+        }
+        let now = self.clock.unix_ms();
+        let decisions: Vec<Decision> = fresh
+            .iter()
+            .map(|(i, id, source)| {
+                let submission = &submissions[*i];
+                let trace_id = submission.span.in_scope(current_trace_id).unwrap_or_else(TraceId::random);
+                machine::create(id.clone(), &submission.command, source.clone(), trace_id, now)
+            })
+            .collect();
+        match self.store.apply_many(&decisions).await {
+            Err(e) => {
+                tracing::warn!(error = %e, "submissions not written as a batch; one by one instead");
+                one_by_one.extend(fresh.iter().map(|(i, _, _)| *i));
+            }
+            Ok(applied) => {
+                let mut relays = Vec::new();
+                for (((i, _, _), decision), applied) in fresh.iter().zip(&decisions).zip(applied) {
+                    match applied {
+                        Applied::Yes => {
+                            counter!(m::TASKS_CREATED, "origin" => origin.as_str()).increment(1);
+                            let span = task_span(&decision.task, "transition", "create");
+                            span.in_scope(|| tracing::info!(task_id = %decision.task.id, trace_id = %decision.task.trace_id, "task created"));
+                            relays.push((decision.task.id.as_str(), decision.outbox.as_slice(), span));
+                            results[*i] = Some(Ok(Submitted { task: decision.task.clone(), created: true }));
+                        }
+                        // created meanwhile by someone else: the one-by-one path reads it
+                        Applied::Conflict => one_by_one.push(*i),
+                    }
+                }
+                self.publish_spanned(&relays).await;
+            }
+        }
+        one_by_one.sort_unstable();
+        for i in one_by_one {
+            let submission = &submissions[i];
+            let submitted = self.submit(&submission.command, origin, || submission.derived_id.clone());
+            results[i] = Some(submitted.instrument(submission.span.clone()).await);
+        }
+        results.into_iter().map(|r| r.expect("every submission has a result")).collect()
+    }
+
     /// Applies `input` to task `id`: decides, writes with compare-and-set (deciding again on
     /// a conflict), then relays the transition's outbox; all of it in a span of the task's trace.
     pub async fn handle(&self, id: &str, input: Input) -> Result<Handled, EngineError> {
-        let task = self.get(id).await?;
-        let span = task_span(&task, "transition", input.kind());
-        self.transition(id, task, input).instrument(span).await
+        let mut handled = self.handle_batch(vec![(id.to_owned(), input)]).await;
+        handled.pop().unwrap_or_else(|| Err(EngineError::UnknownTask(id.to_owned())))
+    }
+
+    /// Applies a batch of inputs `(task id, input)`, one result per input, in order. Inputs of
+    /// one task are applied in their order, one per round; each round reads its tasks in one
+    /// store round trip, decides each with [`machine::decide`], writes every transition in one
+    /// round trip (each its own compare-and-set), then relays every outbox
+    /// ([`publish_many`](Self::publish_many)). A transition that lost its compare-and-set is
+    /// read, decided and written again on its own.
+    pub async fn handle_batch(&self, inputs: Vec<(String, Input)>) -> Vec<Result<Handled, EngineError>> {
+        let mut rounds: Vec<Vec<usize>> = Vec::new();
+        let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (i, (id, _)) in inputs.iter().enumerate() {
+            let round = seen.entry(id.as_str()).or_default();
+            if rounds.len() == *round {
+                rounds.push(Vec::new());
+            }
+            rounds[*round].push(i);
+            *round += 1;
+        }
+        let mut results: Vec<Option<Result<Handled, EngineError>>> = inputs.iter().map(|_| None).collect();
+        for round in rounds {
+            let ids: Vec<&str> = round.iter().map(|&i| inputs[i].0.as_str()).collect();
+            let tasks = match self.store.get_many(&ids).await {
+                Ok(tasks) => tasks,
+                Err(e) => {
+                    let e = Arc::new(e);
+                    for &i in &round {
+                        results[i] = Some(Err(EngineError::Store(e.clone())));
+                    }
+                    continue;
+                }
+            };
+            let mut found = Vec::with_capacity(round.len());
+            for (&i, task) in round.iter().zip(tasks) {
+                match task {
+                    Some(task) => found.push((i, task)),
+                    None => results[i] = Some(Err(EngineError::UnknownTask(inputs[i].0.clone()))),
+                }
+            }
+            let items: Vec<(Task, &Input)> = found.iter().map(|(i, task)| (task.clone(), &inputs[*i].1)).collect();
+            for ((i, _), handled) in found.iter().zip(self.apply_round(items).await) {
+                results[*i] = Some(handled);
+            }
+        }
+        results.into_iter().map(|r| r.expect("every input belongs to one round")).collect()
+    }
+
+    /// Decides each `(task as read, input)` (of distinct tasks), writes the transitions in one
+    /// store call, relays their outboxes together, and handles the lost compare-and-sets one
+    /// by one. One result per item, in order.
+    async fn apply_round(&self, items: Vec<(Task, &Input)>) -> Vec<Result<Handled, EngineError>> {
+        let now = self.clock.unix_ms();
+        let mut results: Vec<Option<Result<Handled, EngineError>>> = items.iter().map(|_| None).collect();
+        let (mut decisions, mut decided) = (Vec::new(), Vec::new());
+        for (i, (task, input)) in items.iter().enumerate() {
+            let span = task_span(task, "transition", input.kind());
+            match span.in_scope(|| self.decide(task, input, now)) {
+                Ok(Decided::Apply(decision)) => {
+                    decisions.push(decision);
+                    decided.push((i, span));
+                }
+                Ok(Decided::Ignore(why)) => results[i] = Some(Ok(Handled::Ignored(why))),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let applied = match self.store.apply_many(&decisions).await {
+            Ok(applied) => applied,
+            Err(e) => {
+                let e = Arc::new(e);
+                for (i, _) in &decided {
+                    results[*i] = Some(Err(EngineError::Store(e.clone())));
+                }
+                return results.into_iter().map(|r| r.expect("every item has a result")).collect();
+            }
+        };
+        let mut written = Vec::new();
+        let mut lost = Vec::new();
+        for ((decision, (i, span)), applied) in decisions.into_iter().zip(decided).zip(applied) {
+            match applied {
+                Applied::Yes => {
+                    span.in_scope(|| transition_written(&decision));
+                    written.push((i, decision, span));
+                }
+                Applied::Conflict => {
+                    counter!(m::CONFLICTS).increment(1);
+                    lost.push((i, span));
+                }
+            }
+        }
+        let relays: Vec<(&str, &[OutboxEntry], Span)> =
+            written.iter().map(|(_, d, span)| (d.task.id.as_str(), d.outbox.as_slice(), span.clone())).collect();
+        self.publish_spanned(&relays).await;
+        for (i, decision, _) in written {
+            results[i] = Some(Ok(Handled::Applied(Box::new(decision.task))));
+        }
+        for (i, span) in lost {
+            let (task, input) = &items[i];
+            results[i] = Some(self.transition(&task.id, input).instrument(span).await);
+        }
+        results.into_iter().map(|r| r.expect("every item has a result")).collect()
+    }
+
+    /// The decision of `input` on `task` at `now`; an illegal input is an error (an ignored or
+    /// illegal input is counted and logged).
+    fn decide(&self, task: &Task, input: &Input, now: u64) -> Result<Decided, EngineError> {
+        let ctx = Context { now, seed: rand::random() };
+        match machine::decide(task, input, &ctx, &self.config.policy) {
+            Ok(Verdict::Apply(decision)) => Ok(Decided::Apply(*decision)),
+            Ok(Verdict::Ignore(why)) => {
+                counter!(m::IGNORED, "reason" => why.as_str()).increment(1);
+                tracing::debug!(task_id = %task.id, input = input.kind(), reason = why.as_str(), "input ignored");
+                Ok(Decided::Ignore(why))
+            }
+            Err(illegal) => {
+                counter!(m::ILLEGAL, "input" => illegal.input, "state" => illegal.state.as_str()).increment(1);
+                tracing::warn!(task_id = %task.id, error = %illegal, "illegal transition refused");
+                Err(illegal.into())
+            }
+        }
     }
 
     async fn get(&self, id: &str) -> Result<Task, EngineError> {
         self.store.get(id).await?.ok_or_else(|| EngineError::UnknownTask(id.to_owned()))
     }
 
-    /// Decides and writes `input` on `task` (task `id` as last read), reading it again after a
-    /// lost compare-and-set.
-    async fn transition(&self, id: &str, mut task: Task, input: Input) -> Result<Handled, EngineError> {
-        for attempt in 0..MAX_CONFLICTS {
-            if attempt > 0 {
-                task = self.get(id).await?;
-            }
-            let ctx = Context { now: self.clock.unix_ms(), seed: rand::random() };
-            let decision = match machine::decide(&task, &input, &ctx, &self.config.policy) {
-                Ok(Verdict::Apply(decision)) => decision,
-                Ok(Verdict::Ignore(why)) => {
-                    counter!(m::IGNORED, "reason" => why.as_str()).increment(1);
-                    tracing::debug!(task_id = id, input = input.kind(), reason = why.as_str(), "input ignored");
-                    return Ok(Handled::Ignored(why));
-                }
-                Err(illegal) => {
-                    counter!(m::ILLEGAL, "input" => illegal.input, "state" => illegal.state.as_str()).increment(1);
-                    tracing::warn!(task_id = id, error = %illegal, "illegal transition refused");
-                    return Err(illegal.into());
-                }
+    /// Reads task `id` again, decides `input` and writes it, until a compare-and-set holds
+    /// (at most [`MAX_CONFLICTS`] times); then relays the transition's outbox.
+    async fn transition(&self, id: &str, input: &Input) -> Result<Handled, EngineError> {
+        for _ in 0..MAX_CONFLICTS {
+            let task = self.get(id).await?;
+            let decision = match self.decide(&task, input, self.clock.unix_ms())? {
+                Decided::Apply(decision) => decision,
+                Decided::Ignore(why) => return Ok(Handled::Ignored(why)),
             };
             match self.store.apply(&decision).await? {
                 Applied::Yes => {
-                    let history = &decision.history;
-                    counter!(m::TRANSITIONS, "to" => decision.task.state.as_str(), "event" => format!("{:?}", history.event))
-                        .increment(1);
-                    tracing::info!(
-                        task_id = id,
-                        from = ?history.from,
-                        to = %history.to,
-                        event = ?history.event,
-                        step = ?history.step,
-                        attempt = ?history.attempt,
-                        "transition"
-                    );
+                    transition_written(&decision);
                     self.publish(id, &decision.outbox).await;
                     return Ok(Handled::Applied(Box::new(decision.task)));
                 }
@@ -264,14 +473,47 @@ impl Engine {
     /// An entry the bus can never carry (too large) is archived as a dead letter and removed
     /// instead of being retried forever, and the task fails with the reason.
     pub async fn publish(&self, id: &str, entries: &[OutboxEntry]) -> usize {
-        let mut settled = Vec::with_capacity(entries.len());
-        let mut sent = 0;
-        let mut undeliverable = None;
+        self.publish_spanned(&[(id, entries, Span::current())]).await
+    }
+
+    /// [`publish`](Self::publish) for several tasks at once, each in its own span: every task's
+    /// entries go out in order, the tasks side by side (so the bus pipelines them and their
+    /// confirmations are awaited together), and the relayed entries of all of them are removed
+    /// in one store call.
+    async fn publish_spanned(&self, relays: &[(&str, &[OutboxEntry], Span)]) -> usize {
+        if relays.iter().all(|(_, entries, _)| entries.is_empty()) {
+            return 0;
+        }
+        let relayed = futures::future::join_all(
+            relays.iter().map(|(id, entries, span)| self.relay_entries(id, entries).instrument(span.clone())),
+        )
+        .await;
+        let settled: Vec<(&str, &[String])> =
+            relays.iter().zip(&relayed).map(|((id, _, _), r)| (*id, r.settled.as_slice())).collect();
+        if let Err(e) = self.store.remove_outbox_many(&settled).await {
+            tracing::warn!(error = %e, tasks = settled.len(), "relayed outbox entries not removed; they will be sent again");
+        }
+        for ((id, _, span), relay) in relays.iter().zip(&relayed) {
+            if let Some(reason) = &relay.undeliverable {
+                let error = StepError::new(machine::MESSAGE_TOO_LARGE, reason.clone());
+                // The failure's own outbox is one small event, so this recursion ends there.
+                let failed = Box::pin(self.handle(id, Input::Undeliverable { error })).instrument(span.clone()).await;
+                if let Err(e) = failed {
+                    tracing::warn!(task_id = id, error = %e, "task with an undeliverable message not failed");
+                }
+            }
+        }
+        relayed.iter().map(|r| r.sent).sum()
+    }
+
+    /// Sends `entries` of task `id` in order, up to the first failure.
+    async fn relay_entries(&self, id: &str, entries: &[OutboxEntry]) -> Relay {
+        let mut relay = Relay { settled: Vec::with_capacity(entries.len()), sent: 0, undeliverable: None };
         for entry in entries {
             match self.send(id, entry).await {
                 Ok(()) => {
-                    settled.push(entry.id.clone());
-                    sent += 1;
+                    relay.settled.push(entry.id.clone());
+                    relay.sent += 1;
                 }
                 Err(e @ BusError::TooLarge { .. }) => {
                     counter!(m::OUTBOX_UNDELIVERABLE).increment(1);
@@ -280,8 +522,8 @@ impl Engine {
                         tracing::warn!(task_id = id, error = %store, "undeliverable outbox entry not archived; will retry");
                         break;
                     }
-                    settled.push(entry.id.clone());
-                    undeliverable.get_or_insert(e.to_string());
+                    relay.settled.push(entry.id.clone());
+                    relay.undeliverable.get_or_insert(e.to_string());
                 }
                 Err(e) => {
                     counter!(m::OUTBOX_ERRORS).increment(1);
@@ -290,17 +532,7 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = self.store.remove_outbox(id, &settled).await {
-            tracing::warn!(task_id = id, error = %e, "relayed outbox entries not removed; they will be sent again");
-        }
-        if let Some(reason) = undeliverable {
-            let error = StepError::new(machine::MESSAGE_TOO_LARGE, reason);
-            // The failure's own outbox is one small event, so this recursion ends there.
-            if let Err(e) = Box::pin(self.handle(id, Input::Undeliverable { error })).await {
-                tracing::warn!(task_id = id, error = %e, "task with an undeliverable message not failed");
-            }
-        }
-        sent
+        relay
     }
 
     /// The archive entry of an outbox entry the bus refused for good (the store cuts its body
@@ -392,13 +624,17 @@ impl Engine {
     }
 
     /// Starts the oldest queued tasks while there is room under the cap; returns how many.
+    /// One pass at a time per process; the listed tasks are started as one batch.
     pub async fn start_queued(&self) -> Result<usize, EngineError> {
+        let _one_pass = self.starting.lock().await;
         let in_flight = self.in_flight().await?;
         let Some(room) = self.config.max_in_flight.checked_sub(in_flight).filter(|r| *r > 0) else { return Ok(0) };
         let query = ListQuery { state: Some(TaskState::Queued), limit: room.min(256) as usize, cursor: None };
+        let queued = self.store.list(&query).await?.tasks;
+        let start = Input::Start;
         let mut started = 0;
-        for task in self.store.list(&query).await?.tasks {
-            if let Handled::Applied(_) = self.handle(&task.id, Input::Start).await? {
+        for handled in self.apply_round(queued.into_iter().map(|task| (task, &start)).collect()).await {
+            if let Handled::Applied(_) = handled? {
                 started += 1;
             }
         }
@@ -463,6 +699,32 @@ impl Engine {
             }
         }
     }
+}
+
+/// What relaying one task's outbox entries did.
+struct Relay {
+    /// Entries that need no relaying any more: sent, or archived as undeliverable.
+    settled: Vec<String>,
+    /// How many were sent.
+    sent: usize,
+    /// Why an entry can never be sent, when one cannot.
+    undeliverable: Option<String>,
+}
+
+/// Counts and logs a written transition (in the task's span).
+fn transition_written(decision: &Decision) {
+    let history = &decision.history;
+    counter!(m::TRANSITIONS, "to" => decision.task.state.as_str(), "event" => format!("{:?}", history.event))
+        .increment(1);
+    tracing::info!(
+        task_id = %decision.task.id,
+        from = ?history.from,
+        to = %history.to,
+        event = ?history.event,
+        step = ?history.step,
+        attempt = ?history.attempt,
+        "transition"
+    );
 }
 
 /// The span the coordinator works on `task` in (`kind` is `transition` or `wake`, `what` the
