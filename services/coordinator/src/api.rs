@@ -307,6 +307,7 @@ async fn events(
     let watch = state
         .hub
         .watch()
+        .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too_many_clients", e.to_string()))?;
     let stream = futures::stream::unfold((watch, selector, task_id), |(mut watch, selector, task_id)| async move {
         loop {

@@ -1,7 +1,9 @@
 //! Fans the event topics out to `GET /v1/events` clients (Server-Sent Events).
 //!
-//! Each coordinator process joins the event topics with its own subscriber group (so every
-//! replica sees every event) and broadcasts them in-process; each client filters its copy. At
+//! While at least one client watches, each coordinator process joins the event topics with its
+//! own subscriber group (so every replica sees every event) and broadcasts them in-process; each
+//! client filters its copy. With nobody watching it does not subscribe at all, so the broker
+//! does not deliver every event to a process that would drop it (`loops::feed_hub`). At
 //! most `http.max_sse_clients` clients watch at once, and every stream ends when the hub is
 //! closed on shutdown (so a watching client never holds a stopping coordinator up).
 //!
@@ -10,6 +12,7 @@
 //! owning the task. `GET /v1/tasks/{id}` still shows it to the API client.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use imagepipe_bus::Delivery;
@@ -17,7 +20,7 @@ use imagepipe_contracts::Event;
 use imagepipe_runtime::Shutdown;
 use imagepipe_runtime::worker::{Handler, Outcome};
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 
 /// One event as a client receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +35,10 @@ pub struct HubEvent {
     pub json: String,
 }
 
+/// How long a new client waits for the hub's subscription to be in place before its stream
+/// starts anyway (it then misses the events of the wait).
+pub const FEED_WAIT: Duration = Duration::from_secs(10);
+
 /// The in-process fan-out of events; cheap to clone.
 #[derive(Clone)]
 pub struct EventHub {
@@ -39,6 +46,11 @@ pub struct EventHub {
     clients: Arc<Semaphore>,
     max_clients: usize,
     closed: Shutdown,
+    /// How many clients watch now.
+    watchers: Arc<watch::Sender<usize>>,
+    /// Whether events reach the hub: true unless a feeder that subscribes on demand says it
+    /// is not subscribed yet.
+    fed: Arc<watch::Sender<bool>>,
 }
 
 /// Every watching slot is taken (`http.max_sse_clients`).
@@ -63,6 +75,16 @@ pub struct Watch {
     rx: broadcast::Receiver<Arc<HubEvent>>,
     closed: Shutdown,
     _slot: OwnedSemaphorePermit,
+    _watching: Watching,
+}
+
+/// One unit of [`EventHub::watchers`] while alive.
+struct Watching(Arc<watch::Sender<usize>>);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl Watch {
@@ -89,13 +111,38 @@ impl EventHub {
             clients: Arc::new(Semaphore::new(max_clients)),
             max_clients,
             closed: Shutdown::new(),
+            watchers: Arc::new(watch::channel(0).0),
+            fed: Arc::new(watch::channel(true).0),
         }
     }
 
-    /// Every event from now on, while a slot is free.
-    pub fn watch(&self) -> Result<Watch, TooManyClients> {
+    /// Every event from now on, while a slot is free. Waits (up to [`FEED_WAIT`]) until the
+    /// hub's subscription is in place when a feeder is only now subscribing for this client.
+    pub async fn watch(&self) -> Result<Watch, TooManyClients> {
         let slot = self.clients.clone().try_acquire_owned().map_err(|_| TooManyClients { max: self.max_clients })?;
-        Ok(Watch { rx: self.tx.subscribe(), closed: self.closed.clone(), _slot: slot })
+        self.watchers.send_modify(|n| *n += 1);
+        let watch = Watch {
+            rx: self.tx.subscribe(),
+            closed: self.closed.clone(),
+            _slot: slot,
+            _watching: Watching(self.watchers.clone()),
+        };
+        let mut fed = self.fed.subscribe();
+        if tokio::time::timeout(FEED_WAIT, fed.wait_for(|fed| *fed)).await.is_err() {
+            tracing::warn!("the event subscription is not in place yet; the stream starts without it");
+        }
+        Ok(watch)
+    }
+
+    /// How many clients watch, as it changes (for a feeder that subscribes on demand).
+    pub fn watchers(&self) -> watch::Receiver<usize> {
+        self.watchers.subscribe()
+    }
+
+    /// Tells new clients whether events reach the hub now (a feeder that subscribes on demand
+    /// sets it false until its subscription is in place).
+    pub fn set_fed(&self, fed: bool) {
+        self.fed.send_replace(fed);
     }
 
     /// Ends every stream, now and later: the coordinator is stopping.
@@ -114,13 +161,21 @@ impl EventHub {
 const CALLBACK_URL: &str = "callbackUrl";
 
 /// The worker handler feeding the hub from the coordinator's event subscription; it strips
-/// `payload.callbackUrl` on the way in.
-pub struct Fanout(pub EventHub);
+/// `payload.callbackUrl` on the way in, and skips events published before `since` (Unix ms): a
+/// subscriber group that resumes after nobody watched for a while replays what it missed, and
+/// a client asked for events from now on.
+pub struct Fanout {
+    /// The hub fed.
+    pub hub: EventHub,
+    /// Events older than this are not handed on.
+    pub since: u64,
+}
 
 #[async_trait]
 impl Handler for Fanout {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
         match Event::<serde_json::Value>::from_json(&delivery.message.payload) {
+            Ok(event) if event.timestamp < self.since => Outcome::Ack,
             Ok(event) => {
                 let published = &delivery.message.payload;
                 let json = if event.payload.get(CALLBACK_URL).is_some() {
@@ -133,7 +188,7 @@ impl Handler for Fanout {
                 } else {
                     String::from_utf8_lossy(published).into_owned()
                 };
-                self.0.send(HubEvent {
+                self.hub.send(HubEvent {
                     event_id: event.event_id.to_string(),
                     event_type: event.event_type.as_str().to_owned(),
                     task_id: event.task_id,

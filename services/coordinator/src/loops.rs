@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use futures::TryFutureExt;
 use imagepipe_blob::BlobConfigError;
-use imagepipe_bus::{BusError, ConsumerConfig, Selector, Subscription};
+use imagepipe_bus::{Bus, BusError, ConsumerConfig, Selector, Subscription};
 use imagepipe_contracts::names::{self, queues};
+use imagepipe_runtime::backoff::ExponentialBackoff;
+use imagepipe_runtime::clock::{Clock, SystemClock};
 use imagepipe_runtime::shutdown::Shutdown;
-use imagepipe_runtime::worker::{Handler, LoopConfig, Worker, WorkerError};
+use imagepipe_runtime::worker::{BatchWorker, Handler, LoopConfig, Worker, WorkerError};
 use tokio::task::JoinSet;
 
 use crate::consumers::{CappedConsumer, DeadLetterArchiver, ResultHandler, SubmitHandler};
@@ -22,11 +24,24 @@ use crate::store::StoreError;
 /// not become a label value: one new series per start would pile up without bound.
 pub const EVENTS_WORKER: &str = "coordinator-sse";
 
+/// How long the `/v1/events` subscription outlives its last client (a client that reconnects
+/// soon finds it in place).
+pub const FEED_LINGER: Duration = Duration::from_secs(30);
+
+/// Events published up to this long before the hub subscribed are still handed on: the
+/// publishers' clocks may run a little behind this process's.
+const FEED_CLOCK_SLACK_MS: u64 = 1_000;
+
+/// Most submissions, and most step results, the coordinator handles as one batch by default.
+pub const MAX_BATCH: usize = 128;
+
 /// How the coordinator's loops run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoopsConfig {
     /// Worker settings of every consumer (its name is set per consumer).
     pub worker: LoopConfig,
+    /// Most submissions, and most step results, handled as one batch.
+    pub max_batch: usize,
     /// Consumer settings of every queue.
     pub consumer: ConsumerConfig,
     /// How often the sweeper looks for due timers and unrelayed outbox entries.
@@ -35,7 +50,7 @@ pub struct LoopsConfig {
     pub cap_recheck: Duration,
     /// Subscriber groups whose dead letters are archived too (besides every task queue's).
     pub dlq_groups: Vec<String>,
-    /// This process's subscriber group for `/v1/events`.
+    /// This process's subscriber group for `/v1/events` (joined only while a client watches).
     pub events_group: String,
     /// The broker deletes `events_group` once this process has not pulled from it for this
     /// long (it stopped, or lost the broker): no group is left behind per start.
@@ -104,37 +119,34 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         .map(|q| names::dead_letter_queue(q))
         .chain(config.dlq_groups.iter().map(|g| names::dead_letter_queue_of_group(g)))
         .collect();
-    let subscription = Subscription::new(config.events_group.clone(), Selector::all())
-        .with_consumer(config.consumer.clone())
-        .expiring_when_idle(config.events_idle);
     let submit = bus.queues.consume(queues::SUBMIT, config.consumer.clone());
     let results = bus.queues.consume(queues::RESULTS, config.consumer.clone());
     let dlqs = futures::future::try_join_all(
         dlq_names.iter().map(|dlq| bus.queues.consume(dlq, config.consumer.clone()).map_err(|e| open(dlq.clone(), e))),
     );
-    let events = bus.events.subscribe(subscription);
-    let (submit, results, dlqs, events) = tokio::try_join!(
+    let (submit, results, dlqs) = tokio::try_join!(
         submit.map_err(|e| open(queues::SUBMIT.into(), e)),
         results.map_err(|e| open(queues::RESULTS.into(), e)),
         dlqs,
-        events.map_err(|e| open(format!("event group {}", config.events_group), e)),
     )?;
 
     let submit = CappedConsumer::new(submit, engine.clone(), config.cap_recheck);
-    spawn(
-        &mut loops,
-        Box::new(submit),
-        SubmitHandler::new(engine.clone()),
-        named(&config.worker, queues::SUBMIT),
-        &shutdown,
-    );
-    let results_worker = named(&config.worker, queues::RESULTS).orderly();
-    spawn(&mut loops, results, ResultHandler::new(engine.clone()), results_worker, &shutdown);
+    let batched = |name| LoopConfig { concurrency: config.max_batch, ..named(&config.worker, name) };
+    let (stop, handler) = (shutdown.clone(), SubmitHandler::new(engine.clone()));
+    let submit = BatchWorker::new(Box::new(submit), handler, batched(queues::SUBMIT));
+    loops.spawn(async move { Ok(submit.run(stop).await?) });
+    let (stop, handler) = (shutdown.clone(), ResultHandler::new(engine.clone()));
+    let results = BatchWorker::new(results, handler, batched(queues::RESULTS));
+    loops.spawn(async move { Ok(results.run(stop).await?) });
     for (dlq, consumer) in dlq_names.iter().zip(dlqs) {
         let archiver = DeadLetterArchiver::new(engine.clone(), expirer.clone());
         spawn(&mut loops, consumer, archiver, named(&config.worker, dlq), &shutdown);
     }
-    spawn(&mut loops, events, Fanout(hub), named(&config.worker, EVENTS_WORKER), &shutdown);
+    let subscription = Subscription::new(config.events_group.clone(), Selector::all())
+        .with_consumer(config.consumer.clone())
+        .expiring_when_idle(config.events_idle);
+    let feeder = named(&config.worker, EVENTS_WORKER);
+    loops.spawn(feed_hub(bus.clone(), hub, subscription, feeder, shutdown.clone()));
 
     tracing::info!("coordinator running");
     let mut outcome = Ok(());
@@ -151,6 +163,64 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         }
     }
     outcome
+}
+
+/// Feeds `hub` from the event topics while anyone watches: subscribes (as `subscription`'s
+/// group) when the first client arrives, and stops pulling once nobody has watched for
+/// [`FEED_LINGER`]; the broker then deletes the group after its idle time, or it is resumed
+/// when a client comes back first. A subscription that fails is retried while clients wait.
+async fn feed_hub(
+    bus: Bus,
+    hub: EventHub,
+    subscription: Subscription,
+    worker: LoopConfig,
+    shutdown: Shutdown,
+) -> Result<(), RunError> {
+    let mut watchers = hub.watchers();
+    hub.set_fed(false);
+    let mut failures = ExponentialBackoff::broker_reconnect().attempts();
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => return Ok(()),
+            watched = watchers.wait_for(|n| *n > 0) => if watched.is_err() { return Ok(()) },
+        }
+        let since = SystemClock.unix_ms().saturating_sub(FEED_CLOCK_SLACK_MS);
+        let consumer = match bus.events.subscribe(subscription.clone()).await {
+            Ok(consumer) => consumer,
+            Err(e) => {
+                let delay = failures.next_delay();
+                tracing::warn!(group = %subscription.group, error = %e, retry_in = ?delay, "event subscription failed; retrying");
+                if !shutdown.sleep(delay).await {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        failures.reset();
+        hub.set_fed(true);
+        let stop = shutdown.child();
+        let idle = tokio::spawn(stop_when_unwatched(hub.watchers(), stop.clone()));
+        let fed = Worker::new(consumer, Fanout { hub: hub.clone(), since }, worker.clone()).run(stop).await;
+        idle.abort();
+        hub.set_fed(false);
+        fed?;
+        if shutdown.is_triggered() {
+            return Ok(());
+        }
+    }
+}
+
+/// Triggers `stop` once nobody has watched for [`FEED_LINGER`].
+async fn stop_when_unwatched(mut watchers: tokio::sync::watch::Receiver<usize>, stop: Shutdown) {
+    loop {
+        if watchers.wait_for(|n| *n == 0).await.is_err() {
+            break;
+        }
+        if tokio::time::timeout(FEED_LINGER, watchers.wait_for(|n| *n > 0)).await.is_err() {
+            break;
+        }
+    }
+    stop.trigger();
 }
 
 fn named(worker: &LoopConfig, name: &str) -> LoopConfig {

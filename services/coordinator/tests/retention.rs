@@ -112,8 +112,8 @@ async fn finished_tasks_and_dead_letters_expire_in_redis() {
     expires_on(Arc::new(RedisStore::connect(REDIS, &prefix, GRACE).await.unwrap())).await;
 }
 
-/// The coordinator's `/v1/events` group on NATS 2.9 exists while it runs, and the server
-/// deletes it once the coordinator has stopped (here after a 1 s idle threshold).
+/// The coordinator's `/v1/events` group on NATS 2.9 exists while a client watches (not before),
+/// and the server deletes it once the coordinator has stopped (here after a 1 s idle threshold).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_coordinator_leaves_no_events_consumer_on_nats() {
     let url = std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
@@ -131,6 +131,7 @@ async fn a_stopped_coordinator_leaves_no_events_consumer_on_nats() {
     worker.fetch_wait = Duration::from_millis(200);
     let config = LoopsConfig {
         worker,
+        max_batch: loops::MAX_BATCH,
         consumer: consumer_config(),
         sweep_interval: Duration::from_secs(1),
         cap_recheck: Duration::from_millis(100),
@@ -141,7 +142,8 @@ async fn a_stopped_coordinator_leaves_no_events_consumer_on_nats() {
         expiry_interval: Duration::from_secs(60),
     };
     let shutdown = Shutdown::new();
-    let running = tokio::spawn(loops::run(engine, EventHub::new(16, 4), config, shutdown.clone()));
+    let hub = EventHub::new(16, 4);
+    let running = tokio::spawn(loops::run(engine, hub.clone(), config, shutdown.clone()));
 
     let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
     let events = js.get_stream(&streams[1]).await.unwrap();
@@ -156,12 +158,16 @@ async fn a_stopped_coordinator_leaves_no_events_consumer_on_nats() {
             }
         }
     };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(events.consumer_info(&group).await.is_err(), "no group while nobody watches");
+    let watching = hub.watch().await.unwrap();
     exists(true).await;
     let info = events.consumer_info(&group).await.unwrap();
     assert_eq!(info.config.inactive_threshold, Duration::from_secs(1));
 
     shutdown.trigger();
     tokio::time::timeout(Duration::from_secs(30), running).await.unwrap().unwrap().unwrap();
+    drop(watching);
     exists(false).await;
     for stream in streams {
         js.delete_stream(&stream).await.unwrap();
