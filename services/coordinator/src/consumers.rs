@@ -19,6 +19,7 @@ use crate::machine::Input;
 use crate::metrics as m;
 use crate::retention::Expirer;
 use crate::store::DeadLetter;
+use crate::task::TaskState;
 
 /// Namespace of task ids derived from bus submissions without a `taskId`.
 const SUBMIT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x3c1e_9b2a_5f04_4d7e_b8a1_6e2f_0d9c_7a51);
@@ -66,17 +67,19 @@ impl BatchHandler for SubmitHandler {
             }
         }
         let submitted = self.engine.submit_batch(&submissions, Origin::Bus).await;
+        let mut queued = false;
         for (i, submitted) in decoded.into_iter().zip(submitted) {
             outcomes[i] = Some(match submitted {
-                Ok(_) => Outcome::Ack,
+                Ok(submitted) => {
+                    queued |= submitted.created && submitted.task.state == TaskState::Queued;
+                    Outcome::Ack
+                }
                 Err(SubmitFailure::Invalid(e)) => Outcome::reject(format!("invalid submit command: {e}")),
                 Err(e @ SubmitFailure::Conflict { .. }) => Outcome::reject(e),
                 Err(SubmitFailure::Store(e)) => Outcome::retry(e),
             });
         }
-        if outcomes.iter().any(|o| o == &Some(Outcome::Ack))
-            && let Err(e) = self.engine.start_queued().await
-        {
+        if queued && let Err(e) = self.engine.start_queued().await {
             tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
         }
         outcomes.into_iter().map(|o| o.expect("every delivery has an outcome")).collect()

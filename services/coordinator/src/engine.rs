@@ -15,7 +15,7 @@ use tracing::{Instrument, Span};
 
 use crate::machine::{self, Context, Decision, Ignored, IllegalTransition, Input, Policy, Verdict};
 use crate::metrics as m;
-use crate::store::{Applied, Created, DeadLetter, ListQuery, StoreError, TaskStore};
+use crate::store::{Applied, Created, DeadLetter, ListQuery, Settled, StoreError, TaskStore};
 use crate::task::{Destination, OutboxEntry, Task, TaskState};
 
 /// How many times a transition is decided again after losing its compare-and-set.
@@ -160,13 +160,52 @@ pub struct Engine {
     /// One [`Engine::start_queued`] pass at a time in this process: passes racing each other
     /// would only lose compare-and-sets to each other.
     starting: Arc<tokio::sync::Mutex<()>>,
+    /// The tasks this process wrote last, so the next input is decided without reading.
+    recent: Arc<Recent>,
+}
+
+/// Tasks as this process last wrote them (unfinished ones, at most four times the in-flight
+/// cap): the next input of such a task is decided on this copy instead of a store read. A copy
+/// gone stale (another replica wrote the task since) loses its compare-and-set, and an input it
+/// would not apply is decided again on the stored task, so a stale copy costs a read, never a
+/// wrong transition.
+#[derive(Default)]
+struct Recent(std::sync::Mutex<std::collections::HashMap<String, Task>>);
+
+impl Recent {
+    fn get(&self, id: &str) -> Option<Task> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
+    }
+
+    fn put(&self, task: &Task, max_in_flight: u64) {
+        let mut tasks = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if task.state.is_terminal() {
+            tasks.remove(&task.id);
+            return;
+        }
+        if tasks.get(&task.id).is_some_and(|known| known.version >= task.version) {
+            return;
+        }
+        if tasks.len() as u64 >= max_in_flight.saturating_mul(4).max(64) {
+            tasks.clear();
+        }
+        tasks.insert(task.id.clone(), task.clone());
+    }
+}
+
+/// One input of an [`Engine::apply_round`], on its task.
+struct Item<'a> {
+    task: Task,
+    input: &'a Input,
+    /// Whether `task` is this process's copy ([`Recent`]) rather than read from the store.
+    recent: bool,
 }
 
 impl Engine {
     /// An engine over `store`, sending on `bus`, telling time by `clock`.
     pub fn new(store: Arc<dyn TaskStore>, bus: Bus, clock: Arc<dyn Clock>, config: EngineConfig) -> Self {
         gauge!(m::IN_FLIGHT_CAP).set(config.max_in_flight as f64);
-        Self { store, bus, clock, config: Arc::new(config), starting: Arc::default() }
+        Self { store, bus, clock, config: Arc::new(config), starting: Arc::default(), recent: Arc::default() }
     }
 
     /// The store.
@@ -229,8 +268,10 @@ impl Engine {
     }
 
     /// [`submit`](Self::submit) for a batch, one result per submission, in order: the new ids
-    /// are looked up in one store round trip, the new tasks written in one, their
-    /// `task.created` events relayed together. A submission with an idempotency key, or with
+    /// are looked up in one store round trip, the new tasks written in one and, when nothing
+    /// older is queued, started in one more as far as the cap has room; then their
+    /// `task.created` events and first commands are relayed together. A new task returned
+    /// still queued waits for [`start_queued`](Self::start_queued). A submission with an idempotency key, or with
     /// an id an earlier one of the batch has, takes the one-by-one path (after the others), as
     /// does every one of a batch whose store call failed.
     pub async fn submit_batch(
@@ -290,21 +331,39 @@ impl Engine {
                 one_by_one.extend(fresh.iter().map(|(i, _, _)| *i));
             }
             Ok(applied) => {
-                let mut relays = Vec::new();
-                for (((i, _, _), decision), applied) in fresh.iter().zip(&decisions).zip(applied) {
+                let mut created = Vec::new();
+                for (((i, _, _), decision), applied) in fresh.iter().zip(decisions).zip(applied) {
                     match applied {
                         Applied::Yes => {
                             counter!(m::TASKS_CREATED, "origin" => origin.as_str()).increment(1);
                             let span = task_span(&decision.task, "transition", "create");
-                            span.in_scope(|| tracing::info!(task_id = %decision.task.id, trace_id = %decision.task.trace_id, "task created"));
-                            relays.push((decision.task.id.as_str(), decision.outbox.as_slice(), span));
-                            results[*i] = Some(Ok(Submitted { task: decision.task.clone(), created: true }));
+                            let (id, trace_id) = (&decision.task.id, decision.task.trace_id);
+                            span.in_scope(|| tracing::info!(task_id = %id, %trace_id, "task created"));
+                            created.push((*i, decision, span));
                         }
                         // created meanwhile by someone else: the one-by-one path reads it
                         Applied::Conflict => one_by_one.push(*i),
                     }
                 }
-                self.publish_spanned(&relays).await;
+                let started = self.start_created(&created).await;
+                let outgoing: Vec<Outgoing<'_>> = created
+                    .iter()
+                    .zip(&started)
+                    .map(|((_, created, span), started)| {
+                        let out = Outgoing::new(&created.task.id, None).with(&created.outbox, span.clone());
+                        match started {
+                            Some((start, span)) => {
+                                Outgoing { state: Some(start.task.state), ..out }.with(&start.outbox, span.clone())
+                            }
+                            None => out,
+                        }
+                    })
+                    .collect();
+                self.relay_batch(&outgoing).await;
+                for ((i, created, _), started) in created.into_iter().zip(started) {
+                    let task = started.map_or(created.task, |(start, _)| start.task);
+                    results[i] = Some(Ok(Submitted { task, created: true }));
+                }
             }
         }
         one_by_one.sort_unstable();
@@ -314,6 +373,48 @@ impl Engine {
             results[i] = Some(submitted.instrument(submission.span.clone()).await);
         }
         results.into_iter().map(|r| r.expect("every submission has a result")).collect()
+    }
+
+    /// Starts just-created tasks (in order, as many as the cap has room for) without reading
+    /// them again, when no other task is queued: an older queued task starts first, through
+    /// [`start_queued`](Self::start_queued). The start decision and its span per task, `None`
+    /// where it was not started. Its outbox is left to relay, after the creation's.
+    async fn start_created(&self, created: &[(usize, Decision, Span)]) -> Vec<Option<(Decision, Span)>> {
+        let mut started: Vec<Option<(Decision, Span)>> = created.iter().map(|_| None).collect();
+        if created.is_empty() {
+            return started;
+        }
+        let _one_pass = self.starting.lock().await;
+        let (in_flight, queued) = tokio::join!(self.in_flight(), self.store.count_queued());
+        let (Ok(in_flight), Ok(queued)) = (in_flight, queued) else { return started };
+        if queued > created.len() as u64 {
+            return started;
+        }
+        let room = usize::try_from(self.config.max_in_flight.saturating_sub(in_flight)).unwrap_or(usize::MAX);
+        let now = self.clock.unix_ms();
+        let (mut decisions, mut which) = (Vec::new(), Vec::new());
+        for (k, (_, created, _)) in created.iter().enumerate().take(room) {
+            let span = task_span(&created.task, "transition", Input::Start.kind());
+            if let Ok(Decided::Apply(decision)) = span.in_scope(|| self.decide(&created.task, &Input::Start, now)) {
+                decisions.push(decision);
+                which.push((k, span));
+            }
+        }
+        match self.store.apply_many(&decisions).await {
+            Ok(applied) => {
+                for ((decision, (k, span)), applied) in decisions.into_iter().zip(which).zip(applied) {
+                    if applied == Applied::Yes {
+                        span.in_scope(|| transition_written(&decision));
+                        self.recent.put(&decision.task, self.config.max_in_flight);
+                        started[k] = Some((decision, span));
+                    } else {
+                        counter!(m::CONFLICTS).increment(1);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "new tasks not started; start_queued starts them"),
+        }
+        started
     }
 
     /// Applies `input` to task `id`: decides, writes with compare-and-set (deciding again on
@@ -342,27 +443,35 @@ impl Engine {
         }
         let mut results: Vec<Option<Result<Handled, EngineError>>> = inputs.iter().map(|_| None).collect();
         for round in rounds {
-            let ids: Vec<&str> = round.iter().map(|&i| inputs[i].0.as_str()).collect();
+            let mut found = Vec::with_capacity(round.len());
+            let mut unread = Vec::new();
+            for &i in &round {
+                match self.recent.get(&inputs[i].0) {
+                    Some(task) => found.push((i, task, true)),
+                    None => unread.push(i),
+                }
+            }
+            let ids: Vec<&str> = unread.iter().map(|&i| inputs[i].0.as_str()).collect();
             let tasks = match self.store.get_many(&ids).await {
                 Ok(tasks) => tasks,
                 Err(e) => {
                     let e = Arc::new(e);
-                    for &i in &round {
+                    for &i in &unread {
                         results[i] = Some(Err(EngineError::Store(e.clone())));
                     }
-                    continue;
+                    Vec::new()
                 }
             };
-            let mut found = Vec::with_capacity(round.len());
-            for (&i, task) in round.iter().zip(tasks) {
+            for (&i, task) in unread.iter().zip(tasks) {
                 match task {
-                    Some(task) => found.push((i, task)),
+                    Some(task) => found.push((i, task, false)),
                     None => results[i] = Some(Err(EngineError::UnknownTask(inputs[i].0.clone()))),
                 }
             }
-            let items: Vec<(Task, &Input)> = found.iter().map(|(i, task)| (task.clone(), &inputs[*i].1)).collect();
-            for ((i, _), handled) in found.iter().zip(self.apply_round(items).await) {
-                results[*i] = Some(handled);
+            let (indexes, items): (Vec<usize>, Vec<Item<'_>>) =
+                found.into_iter().map(|(i, task, recent)| (i, Item { task, input: &inputs[i].1, recent })).unzip();
+            for (i, handled) in indexes.into_iter().zip(self.apply_round(items).await) {
+                results[i] = Some(handled);
             }
         }
         results.into_iter().map(|r| r.expect("every input belongs to one round")).collect()
@@ -371,12 +480,26 @@ impl Engine {
     /// Decides each `(task as read, input)` (of distinct tasks), writes the transitions in one
     /// store call, relays their outboxes together, and handles the lost compare-and-sets one
     /// by one. One result per item, in order.
-    async fn apply_round(&self, items: Vec<(Task, &Input)>) -> Vec<Result<Handled, EngineError>> {
+    async fn apply_round(&self, items: Vec<Item<'_>>) -> Vec<Result<Handled, EngineError>> {
         let now = self.clock.unix_ms();
         let mut results: Vec<Option<Result<Handled, EngineError>>> = items.iter().map(|_| None).collect();
         let (mut decisions, mut decided) = (Vec::new(), Vec::new());
-        for (i, (task, input)) in items.iter().enumerate() {
+        let mut lost = Vec::new();
+        for (i, Item { task, input, recent }) in items.iter().enumerate() {
             let span = task_span(task, "transition", input.kind());
+            if *recent {
+                // Only a transition is checked by its compare-and-set: anything else is decided
+                // again on the stored task.
+                let ctx = Context { now, seed: rand::random() };
+                match machine::decide(task, input, &ctx, &self.config.policy) {
+                    Ok(Verdict::Apply(decision)) => {
+                        decisions.push(*decision);
+                        decided.push((i, span));
+                    }
+                    _ => lost.push((i, span)),
+                }
+                continue;
+            }
             match span.in_scope(|| self.decide(task, input, now)) {
                 Ok(Decided::Apply(decision)) => {
                     decisions.push(decision);
@@ -397,11 +520,11 @@ impl Engine {
             }
         };
         let mut written = Vec::new();
-        let mut lost = Vec::new();
         for ((decision, (i, span)), applied) in decisions.into_iter().zip(decided).zip(applied) {
             match applied {
                 Applied::Yes => {
                     span.in_scope(|| transition_written(&decision));
+                    self.recent.put(&decision.task, self.config.max_in_flight);
                     written.push((i, decision, span));
                 }
                 Applied::Conflict => {
@@ -410,14 +533,16 @@ impl Engine {
                 }
             }
         }
-        let relays: Vec<(&str, &[OutboxEntry], Span)> =
-            written.iter().map(|(_, d, span)| (d.task.id.as_str(), d.outbox.as_slice(), span.clone())).collect();
-        self.publish_spanned(&relays).await;
+        let outgoing: Vec<Outgoing<'_>> = written
+            .iter()
+            .map(|(_, d, span)| Outgoing::new(&d.task.id, Some(d.task.state)).with(&d.outbox, span.clone()))
+            .collect();
+        self.relay_batch(&outgoing).await;
         for (i, decision, _) in written {
             results[i] = Some(Ok(Handled::Applied(Box::new(decision.task))));
         }
         for (i, span) in lost {
-            let (task, input) = &items[i];
+            let Item { task, input, .. } = &items[i];
             results[i] = Some(self.transition(&task.id, input).instrument(span).await);
         }
         results.into_iter().map(|r| r.expect("every item has a result")).collect()
@@ -451,6 +576,7 @@ impl Engine {
     async fn transition(&self, id: &str, input: &Input) -> Result<Handled, EngineError> {
         for _ in 0..MAX_CONFLICTS {
             let task = self.get(id).await?;
+            self.recent.put(&task, self.config.max_in_flight);
             let decision = match self.decide(&task, input, self.clock.unix_ms())? {
                 Decided::Apply(decision) => decision,
                 Decided::Ignore(why) => return Ok(Handled::Ignored(why)),
@@ -458,6 +584,7 @@ impl Engine {
             match self.store.apply(&decision).await? {
                 Applied::Yes => {
                     transition_written(&decision);
+                    self.recent.put(&decision.task, self.config.max_in_flight);
                     self.publish(id, &decision.outbox).await;
                     return Ok(Handled::Applied(Box::new(decision.task)));
                 }
@@ -473,42 +600,53 @@ impl Engine {
     /// An entry the bus can never carry (too large) is archived as a dead letter and removed
     /// instead of being retried forever, and the task fails with the reason.
     pub async fn publish(&self, id: &str, entries: &[OutboxEntry]) -> usize {
-        self.publish_spanned(&[(id, entries, Span::current())]).await
+        self.relay_batch(&[Outgoing::new(id, None).with(entries, Span::current())]).await
     }
 
-    /// [`publish`](Self::publish) for several tasks at once, each in its own span: every task's
-    /// entries go out in order, the tasks side by side (so the bus pipelines them and their
-    /// confirmations are awaited together), and the relayed entries of all of them are removed
-    /// in one store call.
-    async fn publish_spanned(&self, relays: &[(&str, &[OutboxEntry], Span)]) -> usize {
-        if relays.iter().all(|(_, entries, _)| entries.is_empty()) {
+    /// [`publish`](Self::publish) for several tasks at once: every task's entries go out in
+    /// order (each segment in its own span), the tasks side by side (so the bus pipelines them
+    /// and their confirmations are awaited together); then one [`TaskStore::settle`] removes
+    /// the relayed entries of all of them and settles the states they were written in.
+    async fn relay_batch(&self, outgoing: &[Outgoing<'_>]) -> usize {
+        if outgoing.iter().all(|o| o.state.is_none() && o.segments.iter().all(|(entries, _)| entries.is_empty())) {
             return 0;
         }
-        let relayed = futures::future::join_all(
-            relays.iter().map(|(id, entries, span)| self.relay_entries(id, entries).instrument(span.clone())),
-        )
+        let relayed = futures::future::join_all(outgoing.iter().map(|o| async move {
+            let mut relay = Relay::default();
+            for (entries, span) in &o.segments {
+                let more = self.relay_entries(o.task, entries, &mut relay).instrument(span.clone()).await;
+                if !more {
+                    break;
+                }
+            }
+            relay
+        }))
         .await;
-        let settled: Vec<(&str, &[String])> =
-            relays.iter().zip(&relayed).map(|((id, _, _), r)| (*id, r.settled.as_slice())).collect();
-        if let Err(e) = self.store.remove_outbox_many(&settled).await {
+        let settled: Vec<Settled<'_>> = outgoing
+            .iter()
+            .zip(&relayed)
+            .map(|(o, r)| Settled { task: o.task, relayed: &r.settled, state: o.state })
+            .collect();
+        if let Err(e) = self.store.settle(&settled).await {
             tracing::warn!(error = %e, tasks = settled.len(), "relayed outbox entries not removed; they will be sent again");
         }
-        for ((id, _, span), relay) in relays.iter().zip(&relayed) {
+        for (o, relay) in outgoing.iter().zip(&relayed) {
             if let Some(reason) = &relay.undeliverable {
                 let error = StepError::new(machine::MESSAGE_TOO_LARGE, reason.clone());
+                let span = o.segments.last().map_or_else(Span::current, |(_, span)| span.clone());
                 // The failure's own outbox is one small event, so this recursion ends there.
-                let failed = Box::pin(self.handle(id, Input::Undeliverable { error })).instrument(span.clone()).await;
+                let failed = Box::pin(self.handle(o.task, Input::Undeliverable { error })).instrument(span).await;
                 if let Err(e) = failed {
-                    tracing::warn!(task_id = id, error = %e, "task with an undeliverable message not failed");
+                    tracing::warn!(task_id = o.task, error = %e, "task with an undeliverable message not failed");
                 }
             }
         }
         relayed.iter().map(|r| r.sent).sum()
     }
 
-    /// Sends `entries` of task `id` in order, up to the first failure.
-    async fn relay_entries(&self, id: &str, entries: &[OutboxEntry]) -> Relay {
-        let mut relay = Relay { settled: Vec::with_capacity(entries.len()), sent: 0, undeliverable: None };
+    /// Sends `entries` of task `id` in order into `relay`, up to the first failure; whether all
+    /// of them were settled (so that later entries of the task may follow).
+    async fn relay_entries(&self, id: &str, entries: &[OutboxEntry], relay: &mut Relay) -> bool {
         for entry in entries {
             match self.send(id, entry).await {
                 Ok(()) => {
@@ -520,7 +658,7 @@ impl Engine {
                     tracing::error!(task_id = id, entry = %entry.id, error = %e, "outbox message can never be sent; dead-lettered");
                     if let Err(store) = self.store.put_dead_letter(&self.undeliverable_letter(id, entry, &e)).await {
                         tracing::warn!(task_id = id, error = %store, "undeliverable outbox entry not archived; will retry");
-                        break;
+                        return false;
                     }
                     relay.settled.push(entry.id.clone());
                     relay.undeliverable.get_or_insert(e.to_string());
@@ -528,11 +666,11 @@ impl Engine {
                 Err(e) => {
                     counter!(m::OUTBOX_ERRORS).increment(1);
                     tracing::warn!(task_id = id, entry = %entry.id, error = %e, "outbox publish failed; will retry");
-                    break;
+                    return false;
                 }
             }
         }
-        relay
+        true
     }
 
     /// The archive entry of an outbox entry the bus refused for good (the store cuts its body
@@ -633,7 +771,8 @@ impl Engine {
         let queued = self.store.list(&query).await?.tasks;
         let start = Input::Start;
         let mut started = 0;
-        for handled in self.apply_round(queued.into_iter().map(|task| (task, &start)).collect()).await {
+        let items = queued.into_iter().map(|task| Item { task, input: &start, recent: false }).collect();
+        for handled in self.apply_round(items).await {
             if let Handled::Applied(_) = handled? {
                 started += 1;
             }
@@ -701,7 +840,28 @@ impl Engine {
     }
 }
 
+/// One task's part of a [`Engine::relay_batch`].
+struct Outgoing<'a> {
+    task: &'a str,
+    /// Its entries in order, each run of them relayed in its span.
+    segments: Vec<(&'a [OutboxEntry], Span)>,
+    /// The state its transition wrote, to settle ([`Settled::state`]).
+    state: Option<TaskState>,
+}
+
+impl<'a> Outgoing<'a> {
+    fn new(task: &'a str, state: Option<TaskState>) -> Self {
+        Self { task, segments: Vec::new(), state }
+    }
+
+    fn with(mut self, entries: &'a [OutboxEntry], span: Span) -> Self {
+        self.segments.push((entries, span));
+        self
+    }
+}
+
 /// What relaying one task's outbox entries did.
+#[derive(Default)]
 struct Relay {
     /// Entries that need no relaying any more: sent, or archived as undeliverable.
     settled: Vec<String>,

@@ -15,7 +15,7 @@ use imagepipe_runtime::error_chain;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 
 use super::{
-    Applied, Created, DeadLetter, DeadLetterPage, ListQuery, StoreError, TaskPage, TaskStore, decode, encode,
+    Applied, Created, DeadLetter, DeadLetterPage, ListQuery, Settled, StoreError, TaskPage, TaskStore, decode, encode,
     make_cursor, parse_cursor, wake_at,
 };
 use crate::machine::Decision;
@@ -411,6 +411,17 @@ impl TaskStore for EmbeddedStore {
         .await
     }
 
+    async fn count_queued(&self) -> Result<u64, StoreError> {
+        self.run("counting tasks", move |db, _| {
+            let txn = db.begin_read().map_err(|e| err("counting tasks", e))?;
+            let table = txn.open_table(BY_STATE).map_err(|e| err("counting tasks", e))?;
+            let queued = TaskState::Queued.as_str();
+            let (lo, hi) = (format!("{queued}{SEP}"), format!("{queued}{SEP_END}"));
+            Ok(table.range(lo.as_str()..hi.as_str()).map_err(|e| err("counting tasks", e))?.count() as u64)
+        })
+        .await
+    }
+
     async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError> {
         let id = id.to_owned();
         self.run("reading the outbox", move |db, _| {
@@ -425,9 +436,9 @@ impl TaskStore for EmbeddedStore {
         .await
     }
 
-    async fn remove_outbox_many(&self, relayed: &[(&str, &[String])]) -> Result<(), StoreError> {
-        let keys: Vec<String> =
-            relayed.iter().flat_map(|(id, entries)| entries.iter().map(move |e| key2(id, e))).collect();
+    /// A transition moves a task's state entry itself, so only the outbox is left to do.
+    async fn settle(&self, settled: &[Settled<'_>]) -> Result<(), StoreError> {
+        let keys: Vec<String> = settled.iter().flat_map(|s| s.relayed.iter().map(move |e| key2(s.task, e))).collect();
         if keys.is_empty() {
             return Ok(());
         }

@@ -84,6 +84,17 @@ pub enum Applied {
     Conflict,
 }
 
+/// What [`TaskStore::settle`] does for one task.
+#[derive(Debug, Clone, Copy)]
+pub struct Settled<'a> {
+    /// The task.
+    pub task: &'a str,
+    /// Its outbox entries that need no relaying any more.
+    pub relayed: &'a [String],
+    /// The state its last transition wrote, when it is to be settled in the indexes.
+    pub state: Option<TaskState>,
+}
+
 /// Which tasks a page lists.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListQuery {
@@ -184,10 +195,16 @@ pub trait TaskStore: Send + Sync + 'static {
     /// idempotency key, is taken; then returns the task that has it.
     async fn create(&self, decision: &Decision) -> Result<Created, StoreError>;
 
-    /// Writes `decision` if the stored task is still at version `decision.task.version - 1`.
+    /// Writes `decision` if the stored task is still at version `decision.task.version - 1`,
+    /// and then settles its index entries ([`settle`](Self::settle)).
     async fn apply(&self, decision: &Decision) -> Result<Applied, StoreError> {
         let applied = self.apply_many(std::slice::from_ref(decision)).await?;
-        Ok(applied.into_iter().next().unwrap_or(Applied::Conflict))
+        let applied = applied.into_iter().next().unwrap_or(Applied::Conflict);
+        if applied == Applied::Yes {
+            let task = &decision.task;
+            self.settle(&[Settled { task: &task.id, relayed: &[], state: Some(task.state) }]).await?;
+        }
+        Ok(applied)
     }
 
     /// Writes each of `decisions` (of distinct tasks) whose task is still at version
@@ -195,7 +212,16 @@ pub trait TaskStore: Send + Sync + 'static {
     /// [`crate::machine::create`] without an idempotency key creates its task): each one a
     /// compare-and-set of its own, all of them in one round trip (Redis) or one write
     /// transaction (embedded: one commit for the batch). One [`Applied`] per decision, in order.
+    ///
+    /// A written task may stay listed under the state it left (readers skip such entries) and
+    /// counted in flight until [`settle`](Self::settle) names its new state; the caller settles
+    /// after relaying the outbox, in the same round trip as the outbox removal.
     async fn apply_many(&self, decisions: &[Decision]) -> Result<Vec<Applied>, StoreError>;
+
+    /// After a batch was relayed, in one round trip (one write transaction): removes each
+    /// task's relayed outbox entries and, where its new `state` is given, the index entries of
+    /// the states it has left for good.
+    async fn settle(&self, settled: &[Settled<'_>]) -> Result<(), StoreError>;
 
     /// The task `id`.
     async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
@@ -217,17 +243,17 @@ pub trait TaskStore: Send + Sync + 'static {
     /// How many tasks are started and unfinished (downloading, extracting or analyzing).
     async fn count_in_flight(&self) -> Result<u64, StoreError>;
 
+    /// How many tasks are queued, at most: an entry may outlive its task's start until the
+    /// start is settled.
+    async fn count_queued(&self) -> Result<u64, StoreError>;
+
     /// The outbox entries of task `id` not yet relayed, in order.
     async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError>;
 
     /// Removes relayed outbox entries of task `id`.
     async fn remove_outbox(&self, id: &str, entry_ids: &[String]) -> Result<(), StoreError> {
-        self.remove_outbox_many(&[(id, entry_ids)]).await
+        self.settle(&[Settled { task: id, relayed: entry_ids, state: None }]).await
     }
-
-    /// Removes relayed outbox entries of several tasks (task id, entry ids) in one round trip
-    /// (one write transaction).
-    async fn remove_outbox_many(&self, relayed: &[(&str, &[String])]) -> Result<(), StoreError>;
 
     /// Up to `max` tasks whose wake time is at or before `now`, each leased to this caller
     /// until `now + lease`; a lease that runs out makes the task due again.

@@ -52,7 +52,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 
 use super::{
-    Applied, Created, DeadLetter, DeadLetterPage, ListQuery, StoreError, TaskPage, TaskStore, decode, encode,
+    Applied, Created, DeadLetter, DeadLetterPage, ListQuery, Settled, StoreError, TaskPage, TaskStore, decode, encode,
     make_cursor, parse_cursor, rank, wake_at,
 };
 use crate::machine::Decision;
@@ -334,16 +334,12 @@ impl RedisStore {
         Ok(applied.into_iter().map(|a| a == 1).collect())
     }
 
-    /// Prunes the index entries of each task its stored state has left behind, in one round
-    /// trip; a task that is gone leaves the entries `gone` names (its state and the due and
-    /// in-flight sets).
-    async fn prune_many(&self, tasks: &[&Task], gone: &[&Task]) -> Result<(), StoreError> {
+    /// Prunes the index entries of each task `(id, state)` its state has left behind, in one
+    /// round trip; a task that is gone leaves the entries `gone` names (its state and the due
+    /// and in-flight sets).
+    async fn prune_many(&self, tasks: &[(&str, TaskState)], gone: &[&Task]) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
-        for task in tasks {
-            for key in self.left_behind(task) {
-                pipe.zrem(key, &task.id).ignore();
-            }
-        }
+        self.queue_prunes(&mut pipe, tasks);
         for task in gone {
             pipe.zrem(self.state_key(task.state), &task.id).ignore();
             pipe.zrem(self.index_key("due"), &task.id).ignore();
@@ -355,22 +351,26 @@ impl RedisStore {
         pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
     }
 
-    /// The index sets `task` can never be in again.
-    fn left_behind(&self, task: &Task) -> Vec<String> {
-        let mut left: Vec<String> = TaskState::ALL
-            .into_iter()
-            .filter(|s| rank(*s) < rank(task.state) || (task.state.is_terminal() && *s != task.state))
-            .map(|s| self.state_key(s))
-            .collect();
-        if task.state.is_terminal() {
-            left.push(self.index_key("in_flight"));
+    /// Adds to `pipe` the removal of each task `(id, state)` from the index sets its state
+    /// can never be in again.
+    fn queue_prunes(&self, pipe: &mut redis::Pipeline, tasks: &[(&str, TaskState)]) {
+        for (id, state) in tasks {
+            let left = TaskState::ALL
+                .into_iter()
+                .filter(|s| rank(*s) < rank(*state) || (state.is_terminal() && s != state))
+                .map(|s| self.state_key(s));
+            for key in left {
+                pipe.zrem(key, *id).ignore();
+            }
+            if state.is_terminal() {
+                pipe.zrem(self.index_key("in_flight"), *id).ignore();
+            }
         }
-        left
     }
 
     /// Removes state entries `task` can never be in again.
     async fn prune_states(&self, task: &Task) -> Result<(), StoreError> {
-        self.prune_many(&[task], &[]).await
+        self.prune_many(&[(&task.id, task.state)], &[]).await
     }
 
     /// Deletes every key and index entry of finished `task` (the order is the module's
@@ -484,13 +484,13 @@ impl TaskStore for RedisStore {
         let written = self.index_and_write(decisions).await?;
         let lost: Vec<&str> =
             decisions.iter().zip(&written).filter(|(_, w)| !**w).map(|(d, _)| d.task.id.as_str()).collect();
-        let actual = if lost.is_empty() { Vec::new() } else { self.get_many(&lost).await? };
-        let mut settled: Vec<&Task> =
-            decisions.iter().zip(&written).filter(|(_, w)| **w).map(|(d, _)| &d.task).collect();
-        settled.extend(actual.iter().flatten());
-        let lost_tasks = decisions.iter().zip(&written).filter(|(_, w)| !**w).map(|(d, _)| &d.task);
-        let gone: Vec<&Task> = lost_tasks.zip(&actual).filter(|(_, a)| a.is_none()).map(|(t, _)| t).collect();
-        self.prune_many(&settled, &gone).await?;
+        if !lost.is_empty() {
+            let actual = self.get_many(&lost).await?;
+            let lost_tasks = decisions.iter().zip(&written).filter(|(_, w)| !**w).map(|(d, _)| &d.task);
+            let gone: Vec<&Task> = lost_tasks.zip(&actual).filter(|(_, a)| a.is_none()).map(|(t, _)| t).collect();
+            let stored: Vec<(&str, TaskState)> = actual.iter().flatten().map(|t| (t.id.as_str(), t.state)).collect();
+            self.prune_many(&stored, &gone).await?;
+        }
         Ok(written.into_iter().map(|w| if w { Applied::Yes } else { Applied::Conflict }).collect())
     }
 
@@ -580,6 +580,10 @@ impl TaskStore for RedisStore {
         self.conn.clone().zcard(self.index_key("in_flight")).await.map_err(redis_err("counting tasks"))
     }
 
+    async fn count_queued(&self) -> Result<u64, StoreError> {
+        self.conn.clone().zcard(self.state_key(TaskState::Queued)).await.map_err(redis_err("counting tasks"))
+    }
+
     async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError> {
         let mut entries: Vec<(String, Vec<u8>)> =
             self.conn.clone().hgetall(self.outbox_key(id)).await.map_err(redis_err("reading the outbox"))?;
@@ -587,15 +591,17 @@ impl TaskStore for RedisStore {
         entries.iter().map(|(_, json)| decode("outbox entry", id, json)).collect()
     }
 
-    async fn remove_outbox_many(&self, relayed: &[(&str, &[String])]) -> Result<(), StoreError> {
+    async fn settle(&self, settled: &[Settled<'_>]) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
-        for (id, entries) in relayed.iter().filter(|(_, entries)| !entries.is_empty()) {
-            pipe.hdel(self.outbox_key(id), *entries).ignore();
+        for s in settled.iter().filter(|s| !s.relayed.is_empty()) {
+            pipe.hdel(self.outbox_key(s.task), s.relayed).ignore();
         }
+        let states: Vec<(&str, TaskState)> = settled.iter().filter_map(|s| Some((s.task, s.state?))).collect();
+        self.queue_prunes(&mut pipe, &states);
         if pipe.is_empty() {
             return Ok(());
         }
-        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("removing outbox entries"))
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("settling relayed tasks"))
     }
 
     async fn claim_due(&self, now: u64, lease: Duration, max: usize) -> Result<Vec<String>, StoreError> {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use imagepipe_contracts::{StepOutcome, StepResult, SubmitTask, TraceId};
 
-use super::{Applied, Created, DeadLetter, ListQuery, StoreError, TaskStore};
+use super::{Applied, Created, DeadLetter, ListQuery, Settled, StoreError, TaskStore};
 use crate::machine::{self, Context, Decision, Input, Policy, Verdict};
 use crate::task::{Task, TaskState, TimerKind};
 
@@ -139,7 +139,13 @@ pub async fn a_batch_applies_each_compare_and_set_on_its_own(store: &impl TaskSt
     let fresh_outbox: Vec<String> = store.outbox("tsk_b_fresh").await.unwrap().iter().map(|e| e.id.clone()).collect();
     let new_outbox: Vec<String> = new.outbox.iter().map(|e| e.id.clone()).collect();
     assert_eq!(fresh_outbox.len(), 2, "task.created and the download command");
-    store.remove_outbox_many(&[("tsk_b_fresh", &fresh_outbox[..1]), ("tsk_b_new", &new_outbox)]).await.unwrap();
+    let settled = [
+        Settled { task: "tsk_b_fresh", relayed: &fresh_outbox[..1], state: Some(TaskState::Downloading) },
+        Settled { task: "tsk_b_new", relayed: &new_outbox, state: None },
+    ];
+    store.settle(&settled).await.unwrap();
+    assert_eq!(listed(store, Some(TaskState::Queued)).await, ["tsk_b_new"]);
+    assert_eq!(store.count_queued().await.unwrap(), 1, "the started task's queued entry is settled");
     assert_eq!(store.outbox("tsk_b_fresh").await.unwrap(), batch[1].outbox);
     assert!(store.outbox("tsk_b_new").await.unwrap().is_empty());
 }
