@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use imagepipe_bus::{BusError, Consumer, Delivery};
 use imagepipe_contracts::names::headers;
 use imagepipe_contracts::{StepResult, SubmitTask, decode};
-use imagepipe_runtime::telemetry;
 use imagepipe_runtime::worker::{BatchHandler, Handler, Outcome};
 use metrics::counter;
+use tracing::Span;
 use uuid::Uuid;
 
 use crate::engine::{Engine, EngineError, Handled, Origin, Submission, SubmitFailure};
@@ -49,14 +49,14 @@ pub fn derived_task_id(delivery: &Delivery) -> String {
 
 #[async_trait]
 impl BatchHandler for SubmitHandler {
-    async fn handle_batch(&self, deliveries: &[Delivery]) -> Vec<Outcome> {
+    async fn handle_batch(&self, deliveries: &[Delivery], spans: &[Span]) -> Vec<Outcome> {
         let mut outcomes: Vec<Option<Outcome>> = deliveries.iter().map(|_| None).collect();
         let mut submissions = Vec::with_capacity(deliveries.len());
         let mut decoded = Vec::with_capacity(deliveries.len());
-        for (i, delivery) in deliveries.iter().enumerate() {
+        for (i, (delivery, span)) in deliveries.iter().zip(spans).enumerate() {
             match decode::<SubmitTask>(&delivery.message.payload) {
                 Ok(command) => {
-                    let span = telemetry::message_span(delivery);
+                    let span = span.clone();
                     submissions.push(Submission { command, derived_id: derived_task_id(delivery), span });
                     decoded.push(i);
                 }
@@ -89,7 +89,7 @@ impl BatchHandler for SubmitHandler {
 #[async_trait]
 impl Handler for SubmitHandler {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
-        one(self.handle_batch(std::slice::from_ref(delivery)).await)
+        one(self.handle_batch(std::slice::from_ref(delivery), &[Span::current()]).await)
     }
 }
 
@@ -112,13 +112,13 @@ impl ResultHandler {
 
 #[async_trait]
 impl BatchHandler for ResultHandler {
-    async fn handle_batch(&self, deliveries: &[Delivery]) -> Vec<Outcome> {
+    async fn handle_batch(&self, deliveries: &[Delivery], spans: &[Span]) -> Vec<Outcome> {
         let mut outcomes: Vec<Option<Outcome>> = deliveries.iter().map(|_| None).collect();
         let (mut inputs, mut decoded) = (Vec::with_capacity(deliveries.len()), Vec::with_capacity(deliveries.len()));
-        for (i, delivery) in deliveries.iter().enumerate() {
+        for (i, (delivery, span)) in deliveries.iter().zip(spans).enumerate() {
             match decode::<StepResult>(&delivery.message.payload) {
                 Ok(result) => {
-                    inputs.push((result.task_id.clone(), Input::Result(Box::new(result))));
+                    inputs.push((result.task_id.clone(), Input::Result(Box::new(result)), span.clone()));
                     decoded.push(i);
                 }
                 Err(e) => outcomes[i] = Some(Outcome::reject(e)),
@@ -147,7 +147,7 @@ impl BatchHandler for ResultHandler {
 #[async_trait]
 impl Handler for ResultHandler {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
-        one(self.handle_batch(std::slice::from_ref(delivery)).await)
+        one(self.handle_batch(std::slice::from_ref(delivery), &[Span::current()]).await)
     }
 }
 

@@ -199,6 +199,14 @@ struct Item<'a> {
     input: &'a Input,
     /// Whether `task` is this process's copy ([`Recent`]) rather than read from the store.
     recent: bool,
+    /// The span the input arrived in.
+    parent: &'a Span,
+}
+
+impl<'a> Item<'a> {
+    fn new(task: Task, input: &'a Input, parent: &'a Span, recent: bool) -> Self {
+        Self { task, input, recent, parent }
+    }
 }
 
 impl Engine {
@@ -336,7 +344,8 @@ impl Engine {
                     match applied {
                         Applied::Yes => {
                             counter!(m::TASKS_CREATED, "origin" => origin.as_str()).increment(1);
-                            let span = task_span(&decision.task, "transition", "create");
+                            let span =
+                                submissions[*i].span.in_scope(|| task_span(&decision.task, "transition", "create"));
                             let (id, trace_id) = (&decision.task.id, decision.task.trace_id);
                             span.in_scope(|| tracing::info!(task_id = %id, %trace_id, "task created"));
                             created.push((*i, decision, span));
@@ -393,8 +402,8 @@ impl Engine {
         let room = usize::try_from(self.config.max_in_flight.saturating_sub(in_flight)).unwrap_or(usize::MAX);
         let now = self.clock.unix_ms();
         let (mut decisions, mut which) = (Vec::new(), Vec::new());
-        for (k, (_, created, _)) in created.iter().enumerate().take(room) {
-            let span = task_span(&created.task, "transition", Input::Start.kind());
+        for (k, (_, created, parent)) in created.iter().enumerate().take(room) {
+            let span = parent.in_scope(|| task_span(&created.task, "transition", Input::Start.kind()));
             if let Ok(Decided::Apply(decision)) = span.in_scope(|| self.decide(&created.task, &Input::Start, now)) {
                 decisions.push(decision);
                 which.push((k, span));
@@ -420,7 +429,7 @@ impl Engine {
     /// Applies `input` to task `id`: decides, writes with compare-and-set (deciding again on
     /// a conflict), then relays the transition's outbox; all of it in a span of the task's trace.
     pub async fn handle(&self, id: &str, input: Input) -> Result<Handled, EngineError> {
-        let mut handled = self.handle_batch(vec![(id.to_owned(), input)]).await;
+        let mut handled = self.handle_batch(vec![(id.to_owned(), input, Span::current())]).await;
         handled.pop().unwrap_or_else(|| Err(EngineError::UnknownTask(id.to_owned())))
     }
 
@@ -430,10 +439,13 @@ impl Engine {
     /// round trip (each its own compare-and-set), then relays every outbox
     /// ([`publish_many`](Self::publish_many)). A transition that lost its compare-and-set is
     /// read, decided and written again on its own.
-    pub async fn handle_batch(&self, inputs: Vec<(String, Input)>) -> Vec<Result<Handled, EngineError>> {
+    ///
+    /// Each input comes with the span it arrived in (a message's): the task's work on it is
+    /// a child of that span.
+    pub async fn handle_batch(&self, inputs: Vec<(String, Input, Span)>) -> Vec<Result<Handled, EngineError>> {
         let mut rounds: Vec<Vec<usize>> = Vec::new();
         let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-        for (i, (id, _)) in inputs.iter().enumerate() {
+        for (i, (id, _, _)) in inputs.iter().enumerate() {
             let round = seen.entry(id.as_str()).or_default();
             if rounds.len() == *round {
                 rounds.push(Vec::new());
@@ -468,8 +480,10 @@ impl Engine {
                     None => results[i] = Some(Err(EngineError::UnknownTask(inputs[i].0.clone()))),
                 }
             }
-            let (indexes, items): (Vec<usize>, Vec<Item<'_>>) =
-                found.into_iter().map(|(i, task, recent)| (i, Item { task, input: &inputs[i].1, recent })).unzip();
+            let (indexes, items): (Vec<usize>, Vec<Item<'_>>) = found
+                .into_iter()
+                .map(|(i, task, recent)| (i, Item::new(task, &inputs[i].1, &inputs[i].2, recent)))
+                .unzip();
             for (i, handled) in indexes.into_iter().zip(self.apply_round(items).await) {
                 results[i] = Some(handled);
             }
@@ -485,8 +499,8 @@ impl Engine {
         let mut results: Vec<Option<Result<Handled, EngineError>>> = items.iter().map(|_| None).collect();
         let (mut decisions, mut decided) = (Vec::new(), Vec::new());
         let mut lost = Vec::new();
-        for (i, Item { task, input, recent }) in items.iter().enumerate() {
-            let span = task_span(task, "transition", input.kind());
+        for (i, Item { task, input, recent, parent }) in items.iter().enumerate() {
+            let span = parent.in_scope(|| task_span(task, "transition", input.kind()));
             if *recent {
                 // Only a transition is checked by its compare-and-set: anything else is decided
                 // again on the stored task.
@@ -771,7 +785,8 @@ impl Engine {
         let queued = self.store.list(&query).await?.tasks;
         let start = Input::Start;
         let mut started = 0;
-        let items = queued.into_iter().map(|task| Item { task, input: &start, recent: false }).collect();
+        let current = Span::current();
+        let items = queued.into_iter().map(|task| Item::new(task, &start, &current, false)).collect();
         for handled in self.apply_round(items).await {
             if let Handled::Applied(_) = handled? {
                 started += 1;

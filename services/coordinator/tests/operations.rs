@@ -137,6 +137,9 @@ async fn every_metric_is_described_the_backlog_is_gauged_and_no_label_is_a_per_p
     let checked = async {
         let ready = testing::get_until(addr, "/readyz", None, |a| a.status == 200).await;
         assert_eq!(ready.status, 200, "{ready:?}");
+        // The event fan-out subscribes while a client watches; its answer comes once it has.
+        let watching = reqwest::get(format!("http://{addr}/v1/events")).await.unwrap();
+        assert_eq!(watching.status(), 200);
         let submit = r#"{"taskId":"tsk_metrics_1","url":"https://example.com/cat.jpg"}"#;
         service.bus.queues.send(queues::SUBMIT, Message::new(submit).with_key("tsk_metrics_1")).await.unwrap();
 
@@ -167,6 +170,7 @@ async fn every_metric_is_described_the_backlog_is_gauged_and_no_label_is_a_per_p
                 assert!(!holds_a_uuid(value), "unbounded label value {value:?} in {line}");
             }
         }
+        drop(watching);
         service.shutdown.trigger();
     };
     let (served, ()) = tokio::join!(imagepipe_coordinator::serve(&service), checked);

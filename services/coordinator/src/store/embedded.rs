@@ -12,7 +12,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::error_chain;
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction,
+};
 
 use super::{
     Applied, Created, DeadLetter, DeadLetterPage, ListQuery, Settled, StoreError, TaskPage, TaskStore, decode, encode,
@@ -436,20 +438,25 @@ impl TaskStore for EmbeddedStore {
         .await
     }
 
-    /// A transition moves a task's state entry itself, so only the outbox is left to do.
+    /// A transition moves a task's state entry itself, so only the outbox is left to do. The
+    /// removal is committed without waiting for the disk (the next transition's commit makes it
+    /// durable): lost in a crash, the entries are only relayed again, which receivers absorb
+    /// (message ids are deterministic), and one fsync per relay is saved.
     async fn settle(&self, settled: &[Settled<'_>]) -> Result<(), StoreError> {
         let keys: Vec<String> = settled.iter().flat_map(|s| s.relayed.iter().map(move |e| key2(s.task, e))).collect();
         if keys.is_empty() {
             return Ok(());
         }
         self.run("removing outbox entries", move |db, _| {
-            write(db, "removing outbox entries", |txn| {
+            let mut txn = db.begin_write().map_err(|e| err("removing outbox entries", e))?;
+            txn.set_durability(Durability::None).map_err(|e| err("removing outbox entries", e))?;
+            {
                 let mut table = txn.open_table(OUTBOX).map_err(|e| err("removing outbox entries", e))?;
                 for key in &keys {
                     table.remove(key.as_str()).map_err(|e| err("removing outbox entries", e))?;
                 }
-                Ok(())
-            })
+            }
+            txn.commit().map_err(|e| err("removing outbox entries", e))
         })
         .await
     }

@@ -29,9 +29,10 @@ use crate::telemetry;
 #[async_trait]
 pub trait BatchHandler: Send + Sync + 'static {
     /// Handles `deliveries` (in fetch order) and says how to settle each: one outcome per
-    /// delivery, in the same order. The worker settles them; the handler must not. Handlers are
-    /// idempotent: the same message may arrive more than once.
-    async fn handle_batch(&self, deliveries: &[Delivery]) -> Vec<Outcome>;
+    /// delivery, in the same order. `spans` holds each delivery's message span (in its
+    /// sender's trace): the work done for a delivery belongs in it. The worker settles them;
+    /// the handler must not. Handlers are idempotent: the same message may arrive more than once.
+    async fn handle_batch(&self, deliveries: &[Delivery], spans: &[tracing::Span]) -> Vec<Outcome>;
 }
 
 /// Consumes one queue with one [`BatchHandler`], a batch at a time.
@@ -104,7 +105,7 @@ async fn handle<H: BatchHandler>(handler: Arc<H>, deliveries: Vec<Delivery>, con
     let _in_flight: Vec<InFlight> = deliveries.iter().map(|_| InFlight::enter(&config.name)).collect();
     let spans: Vec<tracing::Span> = deliveries.iter().map(telemetry::message_span).collect();
     let started = Instant::now();
-    let (verdicts, deliveries) = supervise(handler, deliveries, &config).await;
+    let (verdicts, deliveries) = supervise(handler, deliveries, spans.clone(), &config).await;
     let elapsed = started.elapsed().as_secs_f64();
     let Some(deliveries) = deliveries else {
         tracing::error!(worker = %config.name, "the abandoned batch handler did not stop; leaving its messages unsettled");
@@ -123,13 +124,14 @@ async fn handle<H: BatchHandler>(handler: Arc<H>, deliveries: Vec<Delivery>, con
 async fn supervise<H: BatchHandler>(
     handler: Arc<H>,
     deliveries: Vec<Delivery>,
+    spans: Vec<tracing::Span>,
     config: &LoopConfig,
 ) -> (Vec<Verdict>, Option<Vec<Delivery>>) {
     let n = deliveries.len();
     let deliveries = Arc::new(deliveries);
     let mut task = AbortOnDrop(tokio::spawn({
         let deliveries = deliveries.clone();
-        async move { handler.handle_batch(&deliveries).await }.in_current_span()
+        async move { handler.handle_batch(&deliveries, &spans).await }.in_current_span()
     }));
     let period = config.progress_interval();
     let mut progress = tokio::time::interval_at(Instant::now() + period, period);
