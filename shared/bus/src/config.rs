@@ -284,7 +284,8 @@ pub struct KafkaConfig {
     /// How long a send may take before it fails (`message.timeout.ms`), retries included.
     #[serde(with = "humantime_serde")]
     pub send_timeout: Duration,
-    /// How long the producer waits to batch messages (`linger.ms`).
+    /// How long the producer waits to batch messages (`linger.ms`); `0s` sends at once (messages
+    /// queued while earlier requests are in flight are still batched together).
     #[serde(with = "humantime_serde")]
     pub linger: Duration,
     /// Consumer group session timeout: a member silent this long is dropped from its group.
@@ -295,6 +296,9 @@ pub struct KafkaConfig {
     #[serde(with = "humantime_serde")]
     pub heartbeat_interval: Duration,
     /// Longest time the broker holds a fetch when no message is there (`fetch.wait.max.ms`).
+    /// Tansu holds an empty fetch this long even when a message arrives meanwhile, so on Tansu
+    /// this is also how long a waiting consumer may take to see a new message (half of it on
+    /// average); shorter costs one fetch request per wait per consumer group member.
     #[serde(with = "humantime_serde")]
     pub fetch_wait_max: Duration,
     /// How long `consume`/`subscribe` waits for the group's first partition assignment.

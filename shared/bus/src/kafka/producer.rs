@@ -112,7 +112,8 @@ impl Producer {
         c.set("enable.idempotence", "true")
             .set("allow.auto.create.topics", "false")
             .set("acks", "all")
-            .set("linger.ms", ms(config.linger))
+            // 0 is allowed here (send at once), unlike the other durations.
+            .set("linger.ms", config.linger.as_millis().to_string())
             .set("message.timeout.ms", ms(config.send_timeout))
             .set("statistics.interval.ms", ms(config.health_interval));
         let inner = c.create_with_context(ProducerContext { health: health.clone() }).map_err(|err| {
