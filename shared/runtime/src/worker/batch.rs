@@ -20,7 +20,7 @@ use ::metrics::{counter, histogram};
 
 use super::process::{ABORT_WAIT, AbortOnDrop, verdict_of};
 use super::settle::{Verdict, settle};
-use super::{InFlight, LoopConfig, Outcome, WorkerError, error_chain};
+use super::{InFlight, LoopConfig, Outcome, WorkerError, fetch_failed};
 use crate::metrics::{self, labels};
 use crate::shutdown::Shutdown;
 use crate::telemetry;
@@ -85,11 +85,7 @@ impl<H: BatchHandler> BatchWorker<H> {
                 }
                 Err(BusError::Closed) => break Err(WorkerError::Closed { name: config.name.clone() }),
                 Err(error) => {
-                    let delay = fetch_failures.next_delay();
-                    counter!(metrics::FETCH_ERRORS, labels::SOURCE => config.name.clone()).increment(1);
-                    tracing::warn!(worker = %config.name, error = %error_chain(&error), retry_in = ?delay,
-                        failures = fetch_failures.failures(), "fetch failed; retrying");
-                    if !shutdown.sleep(delay).await {
+                    if !fetch_failed(config, &mut fetch_failures, &error, &shutdown).await {
                         break Ok(());
                     }
                 }

@@ -256,14 +256,8 @@ impl<H: Handler> Worker<H> {
                 }
                 Err(BusError::Closed) => break Err(WorkerError::Closed { name: config.name.clone() }),
                 Err(error) => {
-                    let delay = fetch_failures.next_delay();
-                    counter!(metrics::FETCH_ERRORS, labels::SOURCE => config.name.clone()).increment(1);
-                    tracing::warn!(worker = %config.name, error = %error_chain(&error), retry_in = ?delay,
-                        failures = fetch_failures.failures(), "fetch failed; retrying");
-                    tokio::select! {
-                        biased;
-                        () = shutdown.wait() => break Ok(()),
-                        () = tokio::time::sleep(delay) => {}
+                    if !fetch_failed(config, &mut fetch_failures, &error, &shutdown).await {
+                        break Ok(());
                     }
                 }
             }
@@ -273,6 +267,21 @@ impl<H: Handler> Worker<H> {
         tracing::info!(worker = %config.name, "worker stopped");
         result
     }
+}
+
+/// Counts and logs a failed fetch, then waits the backoff's next delay before the worker
+/// fetches again; false if `shutdown` fired meanwhile.
+async fn fetch_failed(
+    config: &LoopConfig,
+    failures: &mut crate::backoff::Attempts,
+    error: &BusError,
+    shutdown: &Shutdown,
+) -> bool {
+    let delay = failures.next_delay();
+    counter!(metrics::FETCH_ERRORS, labels::SOURCE => config.name.clone()).increment(1);
+    tracing::warn!(worker = %config.name, error = %error_chain(error), retry_in = ?delay,
+        failures = failures.failures(), "fetch failed; retrying");
+    shutdown.sleep(delay).await
 }
 
 /// A fetched delivery and the room it takes: a permit, and a place in the in-flight gauge,
