@@ -65,7 +65,7 @@ impl From<StoreError> for EngineError {
 
 /// What [`Engine::decide`] made of an input.
 enum Decided {
-    Apply(Decision),
+    Apply(Box<Decision>),
     Ignore(Ignored),
 }
 
@@ -405,7 +405,7 @@ impl Engine {
         for (k, (_, created, parent)) in created.iter().enumerate().take(room) {
             let span = parent.in_scope(|| task_span(&created.task, "transition", Input::Start.kind()));
             if let Ok(Decided::Apply(decision)) = span.in_scope(|| self.decide(&created.task, &Input::Start, now)) {
-                decisions.push(decision);
+                decisions.push(*decision);
                 which.push((k, span));
             }
         }
@@ -516,7 +516,7 @@ impl Engine {
             }
             match span.in_scope(|| self.decide(task, input, now)) {
                 Ok(Decided::Apply(decision)) => {
-                    decisions.push(decision);
+                    decisions.push(*decision);
                     decided.push((i, span));
                 }
                 Ok(Decided::Ignore(why)) => results[i] = Some(Ok(Handled::Ignored(why))),
@@ -567,7 +567,7 @@ impl Engine {
     fn decide(&self, task: &Task, input: &Input, now: u64) -> Result<Decided, EngineError> {
         let ctx = Context { now, seed: rand::random() };
         match machine::decide(task, input, &ctx, &self.config.policy) {
-            Ok(Verdict::Apply(decision)) => Ok(Decided::Apply(*decision)),
+            Ok(Verdict::Apply(decision)) => Ok(Decided::Apply(decision)),
             Ok(Verdict::Ignore(why)) => {
                 counter!(m::IGNORED, "reason" => why.as_str()).increment(1);
                 tracing::debug!(task_id = %task.id, input = input.kind(), reason = why.as_str(), "input ignored");
@@ -592,7 +592,7 @@ impl Engine {
             let task = self.get(id).await?;
             self.recent.put(&task, self.config.max_in_flight);
             let decision = match self.decide(&task, input, self.clock.unix_ms())? {
-                Decided::Apply(decision) => decision,
+                Decided::Apply(decision) => *decision,
                 Decided::Ignore(why) => return Ok(Handled::Ignored(why)),
             };
             match self.store.apply(&decision).await? {
