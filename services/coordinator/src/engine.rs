@@ -279,9 +279,9 @@ impl Engine {
     /// are looked up in one store round trip, the new tasks written in one and, when nothing
     /// older is queued, started in one more as far as the cap has room; then their
     /// `task.created` events and first commands are relayed together. A new task returned
-    /// still queued waits for [`start_queued`](Self::start_queued). A submission with an idempotency key, or with
-    /// an id an earlier one of the batch has, takes the one-by-one path (after the others), as
-    /// does every one of a batch whose store call failed.
+    /// still queued waits for [`start_queued`](Self::start_queued). A submission with an
+    /// idempotency key, or with an id an earlier one of the batch has, takes the one-by-one path
+    /// (after the others), as does every one of a batch whose store call failed.
     pub async fn submit_batch(
         &self,
         submissions: &[Submission],
@@ -413,8 +413,7 @@ impl Engine {
             Ok(applied) => {
                 for ((decision, (k, span)), applied) in decisions.into_iter().zip(which).zip(applied) {
                     if applied == Applied::Yes {
-                        span.in_scope(|| transition_written(&decision));
-                        self.recent.put(&decision.task, self.config.max_in_flight);
+                        span.in_scope(|| self.written(&decision));
                         started[k] = Some((decision, span));
                     } else {
                         counter!(m::CONFLICTS).increment(1);
@@ -437,7 +436,7 @@ impl Engine {
     /// one task are applied in their order, one per round; each round reads its tasks in one
     /// store round trip, decides each with [`machine::decide`], writes every transition in one
     /// round trip (each its own compare-and-set), then relays every outbox
-    /// ([`publish_many`](Self::publish_many)). A transition that lost its compare-and-set is
+    /// ([`relay_batch`](Self::relay_batch)). A transition that lost its compare-and-set is
     /// read, decided and written again on its own.
     ///
     /// Each input comes with the span it arrived in (a message's): the task's work on it is
@@ -504,8 +503,7 @@ impl Engine {
             if *recent {
                 // Only a transition is checked by its compare-and-set: anything else is decided
                 // again on the stored task.
-                let ctx = Context { now, seed: rand::random() };
-                match machine::decide(task, input, &ctx, &self.config.policy) {
+                match self.verdict(task, input, now) {
                     Ok(Verdict::Apply(decision)) => {
                         decisions.push(*decision);
                         decided.push((i, span));
@@ -537,8 +535,7 @@ impl Engine {
         for ((decision, (i, span)), applied) in decisions.into_iter().zip(decided).zip(applied) {
             match applied {
                 Applied::Yes => {
-                    span.in_scope(|| transition_written(&decision));
-                    self.recent.put(&decision.task, self.config.max_in_flight);
+                    span.in_scope(|| self.written(&decision));
                     written.push((i, decision, span));
                 }
                 Applied::Conflict => {
@@ -562,11 +559,28 @@ impl Engine {
         results.into_iter().map(|r| r.expect("every item has a result")).collect()
     }
 
+    /// After a transition was written: counts and logs it (in the task's span) and keeps the
+    /// task as written for its next input ([`Recent`]).
+    fn written(&self, decision: &Decision) {
+        let history = &decision.history;
+        counter!(m::TRANSITIONS, "to" => decision.task.state.as_str(), "event" => format!("{:?}", history.event))
+            .increment(1);
+        tracing::info!(
+            task_id = %decision.task.id,
+            from = ?history.from,
+            to = %history.to,
+            event = ?history.event,
+            step = ?history.step,
+            attempt = ?history.attempt,
+            "transition"
+        );
+        self.recent.put(&decision.task, self.config.max_in_flight);
+    }
+
     /// The decision of `input` on `task` at `now`; an illegal input is an error (an ignored or
     /// illegal input is counted and logged).
     fn decide(&self, task: &Task, input: &Input, now: u64) -> Result<Decided, EngineError> {
-        let ctx = Context { now, seed: rand::random() };
-        match machine::decide(task, input, &ctx, &self.config.policy) {
+        match self.verdict(task, input, now) {
             Ok(Verdict::Apply(decision)) => Ok(Decided::Apply(decision)),
             Ok(Verdict::Ignore(why)) => {
                 counter!(m::IGNORED, "reason" => why.as_str()).increment(1);
@@ -579,6 +593,11 @@ impl Engine {
                 Err(illegal.into())
             }
         }
+    }
+
+    /// [`machine::decide`] under this engine's policy, with a fresh jitter seed.
+    fn verdict(&self, task: &Task, input: &Input, now: u64) -> Result<Verdict, IllegalTransition> {
+        machine::decide(task, input, &Context { now, seed: rand::random() }, &self.config.policy)
     }
 
     async fn get(&self, id: &str) -> Result<Task, EngineError> {
@@ -597,8 +616,7 @@ impl Engine {
             };
             match self.store.apply(&decision).await? {
                 Applied::Yes => {
-                    transition_written(&decision);
-                    self.recent.put(&decision.task, self.config.max_in_flight);
+                    self.written(&decision);
                     self.publish(id, &decision.outbox).await;
                     return Ok(Handled::Applied(Box::new(decision.task)));
                 }
@@ -884,22 +902,6 @@ struct Relay {
     sent: usize,
     /// Why an entry can never be sent, when one cannot.
     undeliverable: Option<String>,
-}
-
-/// Counts and logs a written transition (in the task's span).
-fn transition_written(decision: &Decision) {
-    let history = &decision.history;
-    counter!(m::TRANSITIONS, "to" => decision.task.state.as_str(), "event" => format!("{:?}", history.event))
-        .increment(1);
-    tracing::info!(
-        task_id = %decision.task.id,
-        from = ?history.from,
-        to = %history.to,
-        event = ?history.event,
-        step = ?history.step,
-        attempt = ?history.attempt,
-        "transition"
-    );
 }
 
 /// The span the coordinator works on `task` in (`kind` is `transition` or `wake`, `what` the

@@ -260,12 +260,6 @@ impl RedisStore {
         format!("{p}:{{{p}:dlq}}:{name}", p = self.prefix)
     }
 
-    async fn read_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        let json: Option<Vec<u8>> =
-            self.conn.clone().hget(self.task_key(id), "task").await.map_err(redis_err("reading a task"))?;
-        json.map(|j| decode("task", id, &j)).transpose()
-    }
-
     /// Indexes transitions (each one's new state and wake time) and then writes them, in one
     /// round trip: the index commands run first, in a MULTI block of the index slot, then one
     /// transition script per decision in its task's slot (each its own compare-and-set on
@@ -368,11 +362,6 @@ impl RedisStore {
         }
     }
 
-    /// Removes state entries `task` can never be in again.
-    async fn prune_states(&self, task: &Task) -> Result<(), StoreError> {
-        self.prune_many(&[(&task.id, task.state)], &[]).await
-    }
-
     /// Deletes every key and index entry of finished `task` (the order is the module's
     /// "Expiry"), except its finished entry; whether this call deleted its keys.
     async fn forget_task(&self, task: &Task) -> Result<bool, StoreError> {
@@ -454,7 +443,7 @@ impl TaskStore for RedisStore {
                 let owner: Option<String> =
                     conn.get(self.idem_key(key)).await.map_err(redis_err("reading an idempotency key"))?;
                 if let Some(owner) = owner.filter(|o| *o != task.id) {
-                    if let Some(existing) = self.read_task(&owner).await? {
+                    if let Some(existing) = self.get(&owner).await? {
                         return Ok(Created::Existing(Box::new(existing)));
                     }
                     // the owner's creator died before writing it: this submit takes the key over
@@ -468,12 +457,12 @@ impl TaskStore for RedisStore {
         if self.index_and_write(std::slice::from_ref(decision)).await?.first() == Some(&true) {
             return Ok(Created::New);
         }
-        let existing = self.read_task(&task.id).await?.ok_or_else(|| StoreError::Corrupt {
+        let existing = self.get(&task.id).await?.ok_or_else(|| StoreError::Corrupt {
             what: "task",
             id: task.id.clone(),
             message: "has a version but no record".into(),
         })?;
-        self.prune_states(&existing).await?;
+        self.prune_many(&[(&existing.id, existing.state)], &[]).await?;
         Ok(Created::Existing(Box::new(existing)))
     }
 
@@ -618,7 +607,7 @@ impl TaskStore for RedisStore {
     }
 
     async fn release(&self, id: &str, now: u64) -> Result<(), StoreError> {
-        let task = self.read_task(id).await?;
+        let task = self.get(id).await?;
         let outbox_len: usize =
             self.conn.clone().hlen(self.outbox_key(id)).await.map_err(redis_err("releasing a task"))?;
         let mut pipe = redis::pipe();
@@ -644,7 +633,7 @@ impl TaskStore for RedisStore {
             .map_err(redis_err("expiring"))?;
         let (mut expired, mut settled, mut late) = (0, Vec::new(), Vec::new());
         for id in ids {
-            match self.read_task(&id).await {
+            match self.get(&id).await {
                 Ok(Some(task)) if task.state.is_terminal() && task.updated_at <= before => {
                     expired += usize::from(self.forget_task(&task).await?);
                     settled.push(id);

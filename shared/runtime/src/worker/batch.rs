@@ -67,6 +67,7 @@ impl<H: BatchHandler> BatchWorker<H> {
                 Ok(deliveries) if deliveries.is_empty() => fetch_failures.reset(),
                 Ok(deliveries) => {
                     fetch_failures.reset();
+                    let held = deliveries.len() as u64;
                     let batch = handle(self.handler.clone(), deliveries, config.clone());
                     tokio::pin!(batch);
                     let grace_over = async {
@@ -78,7 +79,7 @@ impl<H: BatchHandler> BatchWorker<H> {
                         () = grace_over => {
                             tracing::warn!(worker = %config.name,
                                 "shutdown grace period over; leaving the batch's messages for redelivery");
-                            counter!(metrics::MESSAGES_ABANDONED, labels::SOURCE => config.name.clone()).increment(1);
+                            counter!(metrics::MESSAGES_ABANDONED, labels::SOURCE => config.name.clone()).increment(held);
                             break Ok(());
                         }
                     }
