@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one: installs and starts what the tests
 # need (Redis, NATS 2.9 with JetStream, a current NATS, a Kafka-compatible broker and what
-# building librdkafka needs), then runs every test of the workspace
+# building librdkafka needs, the image libraries and the HEIC/AVIF encoders of
+# scripts/image-libs.sh), then runs every test of the workspace
 # with every backend compiled in, and schemathesis against the coordinator's OpenAPI document
 # (scripts/schemathesis.sh). `.ci/run` calls exactly this.
 set -euo pipefail
@@ -9,6 +10,9 @@ cd "$(dirname "$0")/.."
 
 source scripts/redis.sh
 ensure_redis
+source scripts/image-libs.sh
+ensure_image_libs
+ensure_image_tools
 if [[ -f scripts/nats.sh ]]; then
   source scripts/nats.sh
   ensure_nats
