@@ -3,6 +3,7 @@
 //! thumbnail to the blob store, publishes `image.metadata_extracted` and reports the step.
 //!
 //! - [`decode`]: format detection and decoding under limits (pixel bombs fail before allocating).
+//! - [`heif`]: HEIC and AVIF through libheif, under the same limits, upright.
 //! - [`exif`], [`frames`], [`colors`], [`phash`], [`thumbnail`]: one fact each.
 //! - [`extract`]: all of them from an image's bytes, pure CPU work.
 //! - [`handler`]: the step's [`StepHandler`](imagepipe_runtime::step::StepHandler): blob
@@ -16,6 +17,7 @@ pub mod exif;
 pub mod extract;
 pub mod frames;
 pub mod handler;
+pub mod heif;
 pub mod phash;
 pub mod thumbnail;
 

@@ -1,0 +1,436 @@
+//! HEIC/HEIF and AVIF ("phone formats") through libheif: format sniffing by magic bytes, the
+//! primary image's header read and checked against the limits before any pixel is decoded, and
+//! decoding to 8-bit RGB(A) with the file's transformations applied.
+//!
+//! **Orientation.** In HEIF the `irot`/`imir` (and `clap`) properties are authoritative: libheif
+//! applies them while decoding, so the pixels [`decode`] returns are upright and [`HeifHeader`]'s
+//! `width`/`height` are the displayed ones. An EXIF Orientation tag inside the file must NOT be
+//! applied again (encoders such as avifenc keep the camera's tag after turning it into `irot`,
+//! and applying both would turn the image twice): [`HeifHeader::upright`] says so to the caller.
+//!
+//! **Limits.** libheif is told the longest edge the configuration allows before it parses the
+//! file, so no image item larger than that (primary, thumbnail, alpha, grid) gets anything
+//! allocated; the primary image's displayed size is then checked against `max_pixels`,
+//! `max_width` and `max_height`, and the bytes decoding will hold against `max_alloc_bytes`,
+//! before any pixel is decoded.
+//!
+//! **Failures.** Every libheif error maps onto [`ExtractError`] with libheif's message: a security
+//! limit is [`ExtractError::DecoderLimit`] (`pixel_limit`), anything else about the file is
+//! [`ExtractError::Decode`] (`decode_failed`) with format `heic` or `avif`.
+
+mod ffi;
+
+use image::{DynamicImage, ImageBuffer};
+use imagepipe_runtime::config::MetadataConfig;
+
+use crate::error::ExtractError;
+use ffi::{HeifContext, HeifError, HeifHandle, ProfileType};
+
+/// Which HEIF flavour a file is, by its brands (or, for the generic `mif1`/`msf1`, by its
+/// primary image's coding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HeifKind {
+    /// HEVC-coded HEIF (what phones write).
+    Heic,
+    /// AV1-coded HEIF.
+    Avif,
+}
+
+impl HeifKind {
+    /// The wire name: `heic` or `avif`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Heic => "heic",
+            Self::Avif => "avif",
+        }
+    }
+}
+
+/// The colour profile a HEIF image carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColorProfile {
+    /// An embedded ICC profile (`colr` of type `rICC` or `prof`).
+    Icc,
+    /// An `nclx` colour description (primaries, transfer, matrix by number; no ICC bytes).
+    Nclx,
+}
+
+/// What a HEIF file says about its primary image, read without decoding pixels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeifHeader {
+    /// The flavour.
+    pub kind: HeifKind,
+    /// Width as displayed (after `clap`, `irot`, `imir`): the width [`decode`] returns.
+    pub width: u32,
+    /// Height as displayed.
+    pub height: u32,
+    /// Width as stored (the `ispe` property, before the transformations).
+    pub stored_width: u32,
+    /// Height as stored.
+    pub stored_height: u32,
+    /// An alpha image is attached to the primary image ([`decode`] returns RGBA).
+    pub has_alpha: bool,
+    /// Bits per sample as coded (8, 10, 12); decoding always yields 8.
+    pub bit_depth: u8,
+    /// The colour profile, if any.
+    pub color_profile: Option<ColorProfile>,
+    /// The primary image's EXIF block: the TIFF structure, without the HEIF offset prefix.
+    pub exif: Option<Vec<u8>>,
+    /// Top-level images in the file (a burst or a collection has several; thumbnails, alpha and
+    /// depth maps are not counted).
+    pub image_count: u32,
+    /// Always `true`: the decoded pixels are upright, the EXIF orientation must not be applied.
+    pub upright: bool,
+    /// Bytes of the decoded 8-bit RGB(A) image.
+    pub pixel_bytes: u64,
+    /// Bytes libheif holds beside [`pixel_bytes`](Self::pixel_bytes) at the peak of decoding
+    /// ([`decoder_scratch`]).
+    pub scratch_bytes: u64,
+}
+
+impl HeifHeader {
+    /// Bytes decoding holds at its peak: reserve these in the memory budget.
+    pub fn peak_bytes(&self) -> u64 {
+        self.pixel_bytes.saturating_add(self.scratch_bytes)
+    }
+}
+
+/// The HEIF flavour of `bytes` by their magic: an ISO-BMFF `ftyp` box whose major or compatible
+/// brands name HEIC or AVIF, or the generic `mif1`/`msf1` brands with an HEVC or AV1 primary
+/// image. `None` for anything else, MP4 and QuickTime movies included.
+pub fn sniff(bytes: &[u8]) -> Option<HeifKind> {
+    const HEIC: [&[u8; 4]; 8] = [b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs"];
+    const AVIF: [&[u8; 4]; 2] = [b"avif", b"avis"];
+    const GENERIC: [&[u8; 4]; 2] = [b"mif1", b"msf1"];
+    let (kind, body) = boxes(bytes).next()?;
+    if &kind != b"ftyp" || body.len() < 8 {
+        return None;
+    }
+    // The major brand first, then the compatible brands in their order.
+    let brands = std::iter::once(&body[0..4]).chain(body[8..].chunks_exact(4));
+    let mut generic = false;
+    for brand in brands {
+        if HEIC.iter().any(|b| &b[..] == brand) {
+            return Some(HeifKind::Heic);
+        }
+        if AVIF.iter().any(|b| &b[..] == brand) {
+            return Some(HeifKind::Avif);
+        }
+        generic |= GENERIC.iter().any(|b| &b[..] == brand);
+    }
+    if generic { primary_coding(bytes) } else { None }
+}
+
+/// Reads the primary image's header and checks it against `settings`' limits, as [`decode`]
+/// does before it decodes anything.
+pub fn header(bytes: &[u8], settings: &MetadataConfig) -> Result<HeifHeader, ExtractError> {
+    let kind = sniff(bytes).ok_or(ExtractError::UnsupportedFormat)?;
+    let context = read(bytes, kind, settings)?;
+    let primary = context.primary().map_err(|e| failed(kind, e))?;
+    header_of(kind, &context, &primary, settings)
+}
+
+/// Decodes the primary image of `bytes` within `settings`' limits to 8-bit RGB, or RGBA when it
+/// has alpha, upright (see the module's notes on orientation), with its header.
+pub fn decode(bytes: &[u8], settings: &MetadataConfig) -> Result<(DynamicImage, HeifHeader), ExtractError> {
+    let kind = sniff(bytes).ok_or(ExtractError::UnsupportedFormat)?;
+    let context = read(bytes, kind, settings)?;
+    let primary = context.primary().map_err(|e| failed(kind, e))?;
+    let header = header_of(kind, &context, &primary, settings)?;
+    let decoded = primary.decode_interleaved(header.has_alpha).map_err(|e| failed(kind, e))?;
+    let decode_error = |reason: String| ExtractError::Decode { format: kind.name(), reason };
+
+    let (width, height) = decoded.size();
+    if (width, height) != (header.width.into(), header.height.into()) {
+        return Err(decode_error(format!(
+            "decoded {width}×{height}, but the file says {}×{}",
+            header.width, header.height
+        )));
+    }
+    let bits = decoded.bits_per_sample();
+    if bits != 8 {
+        return Err(decode_error(format!("libheif decoded {bits}-bit samples instead of 8-bit")));
+    }
+    let channels = if header.has_alpha { 4 } else { 3 };
+    let row = header.width as usize * channels;
+    let rows = header.height as usize;
+    let (plane, stride) =
+        decoded.plane(row, rows).ok_or_else(|| decode_error("libheif returned no interleaved plane".into()))?;
+    let mut pixels = Vec::with_capacity(row * rows);
+    for y in 0..rows {
+        pixels.extend_from_slice(&plane[y * stride..y * stride + row]);
+    }
+    drop(decoded);
+    let image = if header.has_alpha {
+        ImageBuffer::from_raw(header.width, header.height, pixels).map(DynamicImage::ImageRgba8)
+    } else {
+        ImageBuffer::from_raw(header.width, header.height, pixels).map(DynamicImage::ImageRgb8)
+    };
+    let image = image.ok_or_else(|| decode_error("the decoded plane does not match its size".into()))?;
+    Ok((image, header))
+}
+
+/// Bytes libheif holds beside the decoded 8-bit image while it decodes `pixels` of `bit_depth`
+/// (with an alpha plane when `alpha`): the coded planes (counted as 4:4:4, the worst case) twice
+/// while the codec's picture is copied out, or the planes beside libheif's RGB image (at the
+/// coded depth) while it converts them. libheif's 8-bit RGB image beside our interleaved copy,
+/// and a rotation's second RGB image, are smaller than either.
+pub fn decoder_scratch(pixels: u64, bit_depth: u8, alpha: bool) -> u64 {
+    let sample = if bit_depth > 8 { 2 } else { 1 };
+    let channels = if alpha { 4 } else { 3 };
+    let planes = pixels.saturating_mul(channels * sample);
+    let rgb_wide = pixels.saturating_mul(channels * sample);
+    planes.saturating_mul(2).max(planes.saturating_add(rgb_wide))
+}
+
+/// A context that parsed `bytes` with libheif's image size limit at the configured edges.
+fn read<'a>(bytes: &'a [u8], kind: HeifKind, settings: &MetadataConfig) -> Result<HeifContext<'a>, ExtractError> {
+    // libheif refuses an edge at or above its limit.
+    let max_edge = settings.max_width.max(settings.max_height).saturating_add(1);
+    HeifContext::read(bytes, max_edge).map_err(|e| failed(kind, e))
+}
+
+fn header_of(
+    kind: HeifKind,
+    context: &HeifContext<'_>,
+    primary: &HeifHandle<'_>,
+    settings: &MetadataConfig,
+) -> Result<HeifHeader, ExtractError> {
+    let format = kind.name();
+    let dimension = |v: i64| u32::try_from(v).unwrap_or(0);
+    let (width, height) = primary.size();
+    let (width, height) = (dimension(width), dimension(height));
+    if width == 0 || height == 0 {
+        return Err(ExtractError::Empty { format, width, height });
+    }
+    if width > settings.max_width || height > settings.max_height {
+        return Err(ExtractError::DecoderLimit {
+            format,
+            limit: format!("{width}×{height} is over the maximum of {}×{}", settings.max_width, settings.max_height),
+        });
+    }
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels > settings.max_pixels {
+        return Err(ExtractError::TooManyPixels { width, height, max_pixels: settings.max_pixels });
+    }
+    let (stored_width, stored_height) = primary.stored_size();
+    let has_alpha = primary.has_alpha();
+    let (luma, chroma) = primary.bits_per_pixel();
+    let bit_depth = u8::try_from(luma.max(chroma)).ok().filter(|&b| b > 0).unwrap_or(8);
+    let pixel_bytes = pixels * if has_alpha { 4 } else { 3 };
+    let scratch_bytes = decoder_scratch(pixels, bit_depth, has_alpha);
+    let peak = pixel_bytes.saturating_add(scratch_bytes);
+    if peak > settings.max_alloc_bytes {
+        return Err(ExtractError::DecoderLimit {
+            format,
+            limit: format!("decoding needs {peak} bytes, over the maximum of {}", settings.max_alloc_bytes),
+        });
+    }
+    let exif = match primary.metadata(c"Exif") {
+        Ok(blocks) => blocks.iter().find_map(|block| exif_tiff(block)),
+        Err(error) => {
+            tracing::warn!(format, error = %error.message, "unreadable EXIF block; reported as absent");
+            None
+        }
+    };
+    Ok(HeifHeader {
+        kind,
+        width,
+        height,
+        stored_width: dimension(stored_width),
+        stored_height: dimension(stored_height),
+        has_alpha,
+        bit_depth,
+        color_profile: primary.profile().map(|p| match p {
+            ProfileType::Icc => ColorProfile::Icc,
+            ProfileType::Nclx => ColorProfile::Nclx,
+        }),
+        exif,
+        image_count: context.top_level_images().max(1),
+        upright: true,
+        pixel_bytes,
+        scratch_bytes,
+    })
+}
+
+/// The TIFF structure of a HEIF `Exif` item: the item starts with a 32-bit big-endian offset
+/// from the end of that field to the TIFF header (usually 0, or 6 to skip an `Exif\0\0` marker).
+/// Writers that forget to count their `Exif\0\0` marker are forgiven; anything else that does not
+/// lead to a TIFF header is ignored.
+pub fn exif_tiff(item: &[u8]) -> Option<Vec<u8>> {
+    const MARKER: &[u8] = b"Exif\0\0";
+    let is_tiff = |b: &[u8]| b.starts_with(b"II*\0") || b.starts_with(b"MM\0*");
+    let offset = u32::from_be_bytes(item.get(..4)?.try_into().ok()?);
+    let rest = item.get(4..)?;
+    let mut tiff = rest.get(usize::try_from(offset).ok()?..)?;
+    if tiff.starts_with(MARKER) {
+        tiff = &tiff[MARKER.len()..];
+    }
+    if is_tiff(tiff) {
+        return Some(tiff.to_vec());
+    }
+    tracing::warn!(offset, len = item.len(), "HEIF EXIF item does not lead to a TIFF header; reported as absent");
+    None
+}
+
+fn failed(kind: HeifKind, error: HeifError) -> ExtractError {
+    if error.is_security_limit() {
+        ExtractError::DecoderLimit { format: kind.name(), limit: error.message }
+    } else {
+        ExtractError::Decode { format: kind.name(), reason: error.message }
+    }
+}
+
+/// The top-level boxes of an ISO-BMFF file: (type, body). Stops at the first malformed box.
+fn boxes(bytes: &[u8]) -> impl Iterator<Item = ([u8; 4], &[u8])> {
+    let mut rest = bytes;
+    std::iter::from_fn(move || {
+        let size = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
+        let kind: [u8; 4] = rest.get(4..8)?.try_into().ok()?;
+        let (header, size) = match size {
+            0 => (8, rest.len()), // to the end of the file
+            1 => (16, usize::try_from(u64::from_be_bytes(rest.get(8..16)?.try_into().ok()?)).ok()?),
+            n => (8, n as usize),
+        };
+        if size < header || size > rest.len() {
+            // A truncated last box still shows its beginning (enough for `ftyp` and `meta`).
+            let body = rest.get(header..)?;
+            rest = &[];
+            return Some((kind, body));
+        }
+        let body = &rest[header..size];
+        rest = &rest[size..];
+        Some((kind, body))
+    })
+}
+
+/// For the generic brands: `Heic` or `Avif` by the coding of the primary item (`hvc1`, `av01`),
+/// or of any coded item when the primary is derived (a `grid`).
+fn primary_coding(bytes: &[u8]) -> Option<HeifKind> {
+    let (_, meta) = boxes(bytes).find(|(kind, _)| kind == b"meta")?;
+    let children = meta.get(4..)?; // version and flags
+    let mut primary = None;
+    let mut items: Vec<(u32, [u8; 4])> = Vec::new();
+    for (kind, body) in boxes(children) {
+        match &kind {
+            b"pitm" => {
+                primary = match body.first()? {
+                    0 => body.get(4..6).map(|b| u32::from(u16::from_be_bytes([b[0], b[1]]))),
+                    _ => body.get(4..8).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])),
+                }
+            }
+            b"iinf" => {
+                let skip = if *body.first()? == 0 { 6 } else { 8 };
+                for (kind, infe) in boxes(body.get(skip..)?) {
+                    if &kind != b"infe" {
+                        continue;
+                    }
+                    // infe version 2 (16-bit id) or 3 (32-bit id), then the protection index.
+                    let item = match infe.first()? {
+                        2 => infe.get(4..6).map(|b| u32::from(u16::from_be_bytes([b[0], b[1]]))).zip(infe.get(8..12)),
+                        3 => infe.get(4..8).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])).zip(infe.get(10..14)),
+                        _ => None,
+                    };
+                    if let Some((id, kind)) = item {
+                        items.push((id, kind.try_into().ok()?));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let coding = |kind: &[u8; 4]| match kind {
+        b"hvc1" => Some(HeifKind::Heic),
+        b"av01" => Some(HeifKind::Avif),
+        _ => None,
+    };
+    let primary = items.iter().find(|(id, _)| Some(*id) == primary).and_then(|(_, kind)| coding(kind));
+    primary.or_else(|| items.iter().find_map(|(_, kind)| coding(kind)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ftyp(major: &[u8; 4], compatible: &[&[u8; 4]]) -> Vec<u8> {
+        let mut body = major.to_vec();
+        body.extend_from_slice(&0u32.to_be_bytes());
+        for brand in compatible {
+            body.extend_from_slice(&brand[..]);
+        }
+        boxed(b"ftyp", &body)
+    }
+
+    fn boxed(kind: &[u8; 4], body: &[u8]) -> Vec<u8> {
+        let mut b = u32::try_from(body.len() + 8).unwrap().to_be_bytes().to_vec();
+        b.extend_from_slice(kind);
+        b.extend_from_slice(body);
+        b
+    }
+
+    /// A `meta` box with a primary item `primary` and items of the given types (ids from 1).
+    fn meta(primary: u16, items: &[&[u8; 4]]) -> Vec<u8> {
+        let pitm = boxed(b"pitm", &[&[0, 0, 0, 0][..], &primary.to_be_bytes()].concat());
+        let mut iinf = vec![0, 0, 0, 0];
+        iinf.extend_from_slice(&u16::try_from(items.len()).unwrap().to_be_bytes());
+        for (i, kind) in items.iter().enumerate() {
+            let id = u16::try_from(i + 1).unwrap();
+            let body = [&[2, 0, 0, 0][..], &id.to_be_bytes(), &[0, 0], &kind[..], b"\0"].concat();
+            iinf.extend(boxed(b"infe", &body));
+        }
+        boxed(b"meta", &[&[0, 0, 0, 0][..], &pitm, &boxed(b"iinf", &iinf)].concat())
+    }
+
+    #[test]
+    fn brands_name_the_flavour() {
+        assert_eq!(sniff(&ftyp(b"heic", &[b"mif1", b"heic"])), Some(HeifKind::Heic));
+        assert_eq!(sniff(&ftyp(b"mif1", &[b"heix"])), Some(HeifKind::Heic));
+        assert_eq!(sniff(&ftyp(b"avif", &[b"avif", b"mif1", b"miaf"])), Some(HeifKind::Avif));
+        assert_eq!(sniff(&ftyp(b"avis", &[b"msf1"])), Some(HeifKind::Avif));
+        assert_eq!(HeifKind::Heic.name(), "heic");
+        assert_eq!(HeifKind::Avif.name(), "avif");
+    }
+
+    #[test]
+    fn movies_are_not_heif() {
+        assert_eq!(sniff(&ftyp(b"isom", &[b"isom", b"iso2", b"avc1", b"mp41"])), None);
+        assert_eq!(sniff(&ftyp(b"qt  ", &[b"qt  "])), None);
+        assert_eq!(sniff(&ftyp(b"mp42", &[b"mp42", b"isom"])), None);
+        assert_eq!(sniff(b"\xFF\xD8\xFF\xE0 not a box"), None);
+        assert_eq!(sniff(b""), None);
+        assert_eq!(sniff(&boxed(b"ftyp", b"hei")), None, "too short for a major brand");
+    }
+
+    #[test]
+    fn generic_brands_look_at_the_primary_item() {
+        let file = |items: &[&[u8; 4]], primary| [ftyp(b"mif1", &[b"mif1", b"miaf"]), meta(primary, items)].concat();
+        assert_eq!(sniff(&file(&[b"Exif", b"hvc1"], 2)), Some(HeifKind::Heic));
+        assert_eq!(sniff(&file(&[b"av01"], 1)), Some(HeifKind::Avif));
+        assert_eq!(sniff(&file(&[b"grid", b"av01", b"av01"], 1)), Some(HeifKind::Avif), "a grid of AV1 tiles");
+        assert_eq!(sniff(&file(&[b"jpeg"], 1)), None, "JPEG-coded HEIF is not decoded");
+        assert_eq!(sniff(&ftyp(b"mif1", &[])), None, "no meta box");
+    }
+
+    #[test]
+    fn the_exif_offset_is_honoured() {
+        let tiff = b"MM\0*\0\0\0\x08rest".to_vec();
+        let item = |offset: u32, prefix: &[u8]| [&offset.to_be_bytes()[..], prefix, &tiff].concat();
+        assert_eq!(exif_tiff(&item(0, b"")), Some(tiff.clone()));
+        assert_eq!(exif_tiff(&item(6, b"Exif\0\0")), Some(tiff.clone()));
+        assert_eq!(exif_tiff(&item(0, b"Exif\0\0")), Some(tiff.clone()), "an uncounted marker is forgiven");
+        assert_eq!(exif_tiff(&item(3, b"abc")), Some(tiff.clone()));
+        assert_eq!(exif_tiff(&item(2, b"abc")), None, "an offset that misses the header");
+        assert_eq!(exif_tiff(&item(4000, b"")), None, "an offset past the end");
+        assert_eq!(exif_tiff(&[0, 0]), None);
+        let little = [&[0, 0, 0, 0][..], b"II*\0\x08\0\0\0"].concat();
+        assert_eq!(exif_tiff(&little), Some(b"II*\0\x08\0\0\0".to_vec()));
+    }
+
+    #[test]
+    fn scratch_covers_the_planes_and_the_wide_rgb() {
+        assert_eq!(decoder_scratch(100, 8, false), 600);
+        assert_eq!(decoder_scratch(100, 10, false), 1200);
+        assert_eq!(decoder_scratch(100, 8, true), 800);
+        assert_eq!(decoder_scratch(u64::MAX, 12, true), u64::MAX);
+    }
+}
