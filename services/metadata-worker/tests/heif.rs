@@ -1,0 +1,439 @@
+//! HEIC and AVIF through `heif`: fixtures made at test time by the real encoders, `heif-enc`
+//! (libheif-examples) and `avifenc` (libavif-bin), which `scripts/image-libs.sh` installs.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use image::{DynamicImage, GenericImageView, RgbImage, imageops};
+use imagepipe_metadata_worker::error::codes;
+use imagepipe_metadata_worker::heif::{self, ColorProfile, HeifKind};
+use imagepipe_metadata_worker::{ExtractError, exif as exif_fields};
+use imagepipe_runtime::config::MetadataConfig;
+use support::*;
+
+/// Runs `tool` with `args` in a fresh directory holding `input` as `input_name`, and returns the
+/// bytes it wrote to `output_name`.
+fn encode(tool: &str, input_name: &str, input: &[u8], args: &[&str], output_name: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(dir.path().join(input_name), input).expect("writing the encoder's input");
+    let output = match Command::new(tool).current_dir(dir.path()).args(args).output() {
+        Ok(output) => output,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
+            "`{tool}` is not installed: run `source scripts/image-libs.sh && ensure_image_tools` \
+             (Debian: libheif-examples for heif-enc, libavif-bin for avifenc)"
+        ),
+        Err(error) => panic!("running {tool}: {error}"),
+    };
+    assert!(
+        output.status.success(),
+        "{tool} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    read(&dir.path().join(output_name))
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// A HEIC of a JPEG, by heif-enc (x265) at quality 90.
+fn heic_of_jpeg(jpeg: &[u8]) -> Vec<u8> {
+    encode("heif-enc", "in.jpg", jpeg, &["-q", "90", "-o", "out.heic", "in.jpg"], "out.heic")
+}
+
+/// An AVIF of a JPEG or PNG (`ext`), by avifenc (aom) at its fastest speed, quantizer 8-16 of 63,
+/// and `extra` options.
+fn avif_of(ext: &str, input: &[u8], extra: &[&str]) -> Vec<u8> {
+    let name = format!("in.{ext}");
+    let mut args = vec!["-s", "10", "--min", "8", "--max", "16"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[&name, "out.avif"]);
+    encode("avifenc", &name, input, &args, "out.avif")
+}
+
+fn settings() -> MetadataConfig {
+    MetadataConfig::default()
+}
+
+fn decode(bytes: &[u8]) -> (DynamicImage, heif::HeifHeader) {
+    heif::decode(bytes, &settings()).unwrap_or_else(|e| panic!("the fixture decodes: {e}"))
+}
+
+fn failure(bytes: &[u8], settings: &MetadataConfig) -> ExtractError {
+    let header = heif::header(bytes, settings).err();
+    let error = match heif::decode(bytes, settings) {
+        Ok((image, header)) => panic!("the fixture must fail, but decoded {:?}: {header:?}", image.dimensions()),
+        Err(error) => error,
+    };
+    if let Some(header) = header {
+        assert_eq!(header.code(), error.code(), "header and decode fail alike");
+    }
+    error
+}
+
+/// Mean absolute difference per sample of two RGB images of the same size.
+fn mean_difference(a: &RgbImage, b: &RgbImage) -> f64 {
+    assert_eq!(a.dimensions(), b.dimensions());
+    let sum: u64 = a.as_raw().iter().zip(b.as_raw()).map(|(&x, &y)| u64::from(x.abs_diff(y))).sum();
+    sum as f64 / a.as_raw().len() as f64
+}
+
+fn exif_of(header: &heif::HeifHeader) -> imagepipe_contracts::step::Exif {
+    let raw = header.exif.clone().expect("the HEIF carries an EXIF block");
+    exif_fields::parse(raw).expect("the EXIF block parses").expect("the EXIF block has fields")
+}
+
+#[test]
+fn a_heic_decodes_to_its_size_and_colours() {
+    let source = scene(320, 240);
+    let heic = heic_of_jpeg(&jpeg(&source, None, None));
+    assert_eq!(heif::sniff(&heic), Some(HeifKind::Heic));
+
+    let (image, header) = decode(&heic);
+    assert_eq!((image.width(), image.height()), (320, 240));
+    assert!(matches!(image, DynamicImage::ImageRgb8(_)), "8-bit RGB without alpha");
+    assert_eq!((header.kind, header.width, header.height), (HeifKind::Heic, 320, 240));
+    assert_eq!((header.stored_width, header.stored_height), (320, 240));
+    assert_eq!((header.has_alpha, header.bit_depth, header.image_count), (false, 8, 1));
+    assert!(header.upright);
+    assert_eq!(header.exif, None);
+    assert_eq!(header.pixel_bytes, 320 * 240 * 3);
+    assert!(header.peak_bytes() > header.pixel_bytes);
+    let difference = mean_difference(&image.to_rgb8(), &source);
+    assert!(difference < 6.0, "the HEIC looks like its source: mean difference {difference}");
+    // The disc is yellow, the background blue.
+    let disc = image.get_pixel(96, 96);
+    assert!(disc[0] > 200 && disc[1] > 180 && disc[2] < 100, "{disc:?}");
+    assert_eq!(heif::header(&heic, &settings()).expect("the header reads"), header);
+}
+
+#[test]
+fn an_avif_decodes_to_its_size_and_colours_with_alpha() {
+    let source = scene(200, 100);
+    let avif = avif_of("jpg", &jpeg(&source, None, None), &[]);
+    assert_eq!(heif::sniff(&avif), Some(HeifKind::Avif));
+    let (image, header) = decode(&avif);
+    assert_eq!((header.kind, image.width(), image.height()), (HeifKind::Avif, 200, 100));
+    assert_eq!(header.color_profile, Some(ColorProfile::Nclx), "avifenc writes an nclx colour description");
+    let difference = mean_difference(&image.to_rgb8(), &source);
+    assert!(difference < 6.0, "the AVIF looks like its source: mean difference {difference}");
+
+    // Red on the left half, transparent on the right.
+    let avif = avif_of("png", &png_with_alpha(64, 32), &[]);
+    let (image, header) = decode(&avif);
+    assert!(header.has_alpha);
+    let DynamicImage::ImageRgba8(rgba) = image else { panic!("RGBA for an image with alpha") };
+    let (left, right) = (rgba.get_pixel(8, 16), rgba.get_pixel(56, 16));
+    assert!(left[3] > 250 && left[0] > 190 && left[1] < 60, "{left:?}");
+    assert!(right[3] < 5, "{right:?}");
+}
+
+#[test]
+fn a_ten_bit_avif_decodes_to_eight_bits() {
+    let source = scene(96, 64);
+    let avif = avif_of("jpg", &jpeg(&source, None, None), &["-d", "10"]);
+    let (image, header) = decode(&avif);
+    assert_eq!(header.bit_depth, 10);
+    assert!(matches!(image, DynamicImage::ImageRgb8(_)));
+    let difference = mean_difference(&image.to_rgb8(), &source);
+    assert!(difference < 6.0, "mean difference {difference}");
+}
+
+/// heif-enc 1.15 copies the JPEG's EXIF block verbatim (its 4-byte offset prefix is 0) and keeps
+/// the stored pixels as they are: it writes no `irot`/`imir` for an EXIF orientation, so such a
+/// HEIC shows as stored, and its EXIF still says 6.
+#[test]
+fn a_heic_carries_the_exif_of_its_jpeg() {
+    let source = scene(64, 32);
+    let heic = heic_of_jpeg(&jpeg(&source, Some(camera_exif(6)), None));
+    let (image, header) = decode(&heic);
+    let exif = exif_of(&header);
+    assert_eq!(exif.make.as_deref(), Some("Imagepipe Optics"));
+    assert_eq!(exif.model.as_deref(), Some("IP-1 Mark II"));
+    assert_eq!(exif.orientation, Some(6));
+    assert!(exif.gps_latitude.is_some());
+    assert_eq!((image.width(), image.height()), (64, 32), "heif-enc 1.15 writes no irot");
+    assert!(header.upright, "the EXIF orientation is not to be applied to HEIF pixels");
+}
+
+/// avifenc turns the JPEG's EXIF orientation into `irot`/`imir` and keeps the EXIF block as it
+/// was (still saying 6): the decoded pixels are upright, and applying the EXIF orientation again
+/// would turn them twice.
+#[test]
+fn an_avif_with_an_exif_orientation_comes_out_upright() {
+    let source = scene(64, 32);
+    let avif = avif_of("jpg", &jpeg(&source, Some(camera_exif(6)), None), &[]);
+    let (image, header) = decode(&avif);
+    assert_eq!((header.width, header.height), (32, 64), "displayed size, turned by irot");
+    assert_eq!((header.stored_width, header.stored_height), (64, 32));
+    assert_eq!(exif_of(&header).orientation, Some(6), "avifenc keeps the EXIF tag");
+    assert!(header.upright);
+    let upright = imageops::rotate90(&source);
+    let difference = mean_difference(&image.to_rgb8(), &upright);
+    assert!(difference < 8.0, "turned 90° clockwise as orientation 6 says: mean difference {difference}");
+}
+
+#[test]
+fn irot_and_imir_of_avifenc_are_applied() {
+    let source = scene(64, 32);
+    let input = jpeg(&source, None, None);
+    // irot 1: 90° anticlockwise.
+    let (image, _) = decode(&avif_of("jpg", &input, &["--irot", "1"]));
+    let difference = mean_difference(&image.to_rgb8(), &imageops::rotate270(&source));
+    assert!(difference < 8.0, "mean difference {difference}");
+    // imir 1: mirrored left to right (libavif 0.11's axis 1).
+    let (image, _) = decode(&avif_of("jpg", &input, &["--imir", "1"]));
+    let difference = mean_difference(&image.to_rgb8(), &imageops::flip_horizontal(&source));
+    assert!(difference < 8.0, "mean difference {difference}");
+}
+
+/// heif-enc 1.15 cannot write `irot`, so the HEIC case is its output with an `irot` property
+/// added to the primary image (see [`with_irot`]): the same transform path as AVIF, on HEVC.
+#[test]
+fn a_heic_with_irot_comes_out_upright() {
+    let source = scene(64, 32);
+    let heic = with_irot(&heic_of_jpeg(&jpeg(&source, None, None)), 3);
+    let (image, header) = decode(&heic);
+    assert_eq!((header.width, header.height, header.stored_width, header.stored_height), (32, 64, 64, 32));
+    // irot 3: 270° anticlockwise, i.e. 90° clockwise.
+    let difference = mean_difference(&image.to_rgb8(), &imageops::rotate90(&source));
+    assert!(difference < 8.0, "mean difference {difference}");
+}
+
+/// What the container and the decoder can notice fails as `decode_failed`: a truncated file, a
+/// broken box, broken parameter sets (`hvcC`), a broken NAL unit length. HEVC slice data has no
+/// checksum and libde265 conceals errors in it, so bytes flipped inside it decode to a damaged
+/// image of the declared size; every flip anywhere in the file is one or the other, never a
+/// panic or a crash.
+#[test]
+fn a_corrupt_heic_is_decode_failed() {
+    let heic = heic_of_jpeg(&jpeg(&scene(320, 240), None, None));
+    let flipped = |range: std::ops::Range<usize>| {
+        let mut bytes = heic.clone();
+        bytes[range].iter_mut().for_each(|b| *b = !*b);
+        bytes
+    };
+    let decode_failed = |bytes: &[u8], what: &str| {
+        let error = failure(bytes, &settings());
+        assert_eq!(error.code(), codes::DECODE_FAILED, "{what}: {error}");
+        assert!(matches!(error, ExtractError::Decode { format: "heic", .. }), "{what}: {error:?}");
+    };
+    for cut in [heic.len() / 2, heic.len() - 100, 200, 40] {
+        decode_failed(&heic[..cut], &format!("cut at {cut}"));
+    }
+    let hvcc = heic.windows(4).position(|w| w == b"hvcC").expect("heif-enc writes an hvcC property") - 4;
+    let hvcc_end = hvcc + u32::from_be_bytes(heic[hvcc..hvcc + 4].try_into().unwrap()) as usize;
+    decode_failed(&flipped(hvcc + 8 + 23..hvcc_end), "flipped parameter sets");
+    let mdat = heic.windows(4).position(|w| w == b"mdat").expect("heif-enc writes an mdat box") + 4;
+    decode_failed(&flipped(mdat..mdat + 4), "flipped NAL unit length");
+    decode_failed(&flipped(100..140), "flipped boxes in meta");
+
+    // The middle of the slice data: concealed by the decoder.
+    let middle = heic.len() / 2;
+    let (image, header) = decode(&flipped(middle..middle + 64));
+    assert_eq!((image.width(), image.height(), header.width), (320, 240, 320));
+    // Anywhere: an error or an image of the declared size.
+    for at in (0..heic.len() - 16).step_by(48) {
+        match heif::decode(&flipped(at..at + 16), &settings()) {
+            Ok((image, header)) => assert_eq!((image.width(), image.height()), (header.width, header.height)),
+            Err(error) => assert!(
+                [codes::DECODE_FAILED, codes::UNSUPPORTED_FORMAT, codes::PIXEL_LIMIT].contains(&error.code()),
+                "flipped at {at}: {error}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_heic_over_the_pixel_limit_fails_before_decoding() {
+    let heic = heic_of_jpeg(&jpeg(&scene(64, 32), None, None));
+    let tight = MetadataConfig { max_pixels: 2_000, ..settings() };
+    let error = failure(&heic, &tight);
+    assert!(matches!(error, ExtractError::TooManyPixels { width: 64, height: 32, .. }), "{error:?}");
+    assert_eq!(error.code(), codes::PIXEL_LIMIT);
+
+    // The coded image zeroed: still `pixel_limit`, so nothing was decoded.
+    let mdat = heic.windows(4).position(|w| w == b"mdat").expect("heif-enc writes an mdat box");
+    let mut hollow = heic.clone();
+    hollow[mdat + 4..].fill(0);
+    assert_eq!(failure(&hollow, &tight).code(), codes::PIXEL_LIMIT);
+    assert_eq!(failure(&hollow, &settings()).code(), codes::DECODE_FAILED);
+
+    // A file claiming 70000×70000, over the longest edge allowed (65535): refused by libheif's
+    // own size limit while it parses the file.
+    let bomb = with_ispe(&heic, 70_000, 70_000);
+    let error = failure(&bomb, &settings());
+    assert!(
+        matches!(&error, ExtractError::DecoderLimit { format: "heic", limit } if limit.contains("70000")),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), codes::PIXEL_LIMIT);
+    // Within libheif's limit, over the pixel count.
+    let error = failure(&with_ispe(&heic, 20_000, 20_000), &settings());
+    assert!(matches!(error, ExtractError::TooManyPixels { width: 20_000, height: 20_000, .. }), "{error:?}");
+    // Over the configured width alone.
+    let narrow = MetadataConfig { max_width: 50, ..settings() };
+    assert_eq!(failure(&heic, &narrow).code(), codes::PIXEL_LIMIT);
+    // Decoding would need more than max_alloc_bytes.
+    let stingy = MetadataConfig { max_alloc_bytes: 10_000, ..settings() };
+    assert_eq!(failure(&heic, &stingy).code(), codes::PIXEL_LIMIT);
+}
+
+#[test]
+fn sniffing_real_files() {
+    let jpeg = jpeg(&scene(32, 32), None, None);
+    assert_eq!(heif::sniff(&heic_of_jpeg(&jpeg)), Some(HeifKind::Heic));
+    assert_eq!(heif::sniff(&avif_of("jpg", &jpeg, &[])), Some(HeifKind::Avif));
+    assert_eq!(heif::sniff(&jpeg), None);
+    let error = heif::decode(&jpeg, &settings()).unwrap_err();
+    assert_eq!(error.code(), codes::UNSUPPORTED_FORMAT);
+    // An MP4 and a QuickTime movie start with ftyp boxes too.
+    let mp4 = [&[0, 0, 0, 0x20][..], b"ftypisom\0\0\x02\0isomiso2avc1mp41"].concat();
+    let mov = [&[0, 0, 0, 0x14][..], b"ftypqt  \0\0\x02\0qt  "].concat();
+    assert_eq!(heif::sniff(&mp4), None);
+    assert_eq!(heif::sniff(&mov), None);
+}
+
+// --- ISO-BMFF surgery on heif-enc's output ---
+
+/// A box of `bytes`: (start, end, body start).
+#[derive(Clone, Copy, Debug)]
+struct BoxAt {
+    start: usize,
+    end: usize,
+    body: usize,
+}
+
+/// The child boxes of `bytes[from..to]` by type (plain 32-bit sizes, as heif-enc writes).
+fn children(bytes: &[u8], from: usize, to: usize) -> Vec<([u8; 4], BoxAt)> {
+    let mut found = Vec::new();
+    let mut pos = from;
+    while pos + 8 <= to {
+        let size = u32::from_be_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+        assert!(size >= 8 && pos + size <= to, "a plain box at {pos}");
+        found.push((bytes[pos + 4..pos + 8].try_into().unwrap(), BoxAt { start: pos, end: pos + size, body: pos + 8 }));
+        pos += size;
+    }
+    found
+}
+
+fn child(boxes: &[([u8; 4], BoxAt)], kind: &[u8; 4]) -> BoxAt {
+    boxes.iter().find(|(k, _)| k == kind).unwrap_or_else(|| panic!("no {} box", String::from_utf8_lossy(kind))).1
+}
+
+fn add_to_size(bytes: &mut [u8], at: BoxAt, delta: usize) {
+    let size = u32::from_be_bytes(bytes[at.start..at.start + 4].try_into().unwrap()) + delta as u32;
+    bytes[at.start..at.start + 4].copy_from_slice(&size.to_be_bytes());
+}
+
+/// `heic` with an `irot` property of `angle` × 90° anticlockwise added to its primary image:
+/// the property appended to `ipco`, associated in `ipma`, the sizes of `ipco`, `ipma`, `iprp`
+/// and `meta` grown, and the file offsets in `iloc` moved past the inserted bytes.
+fn with_irot(heic: &[u8], angle: u8) -> Vec<u8> {
+    let mut bytes = heic.to_vec();
+    let top = children(&bytes, 0, bytes.len());
+    let meta = child(&top, b"meta");
+    let inside = children(&bytes, meta.body + 4, meta.end);
+    let pitm = child(&inside, b"pitm");
+    assert_eq!(bytes[pitm.body], 0, "pitm version 0");
+    let primary = u16::from_be_bytes([bytes[pitm.body + 4], bytes[pitm.body + 5]]);
+    let iprp = child(&inside, b"iprp");
+    let props = children(&bytes, iprp.body, iprp.end);
+    let (ipco, ipma) = (child(&props, b"ipco"), child(&props, b"ipma"));
+    assert!(ipco.end <= ipma.start, "ipco before ipma");
+    let irot_index = children(&bytes, ipco.body, ipco.end).len() + 1;
+    assert!(irot_index < 128);
+
+    // The primary image's ipma entry: version 0 (16-bit ids), flags 0 (8-bit associations).
+    assert_eq!(&bytes[ipma.body..ipma.body + 4], &[0, 0, 0, 0], "ipma version 0, flags 0");
+    let entries = u32::from_be_bytes(bytes[ipma.body + 4..ipma.body + 8].try_into().unwrap());
+    let mut pos = ipma.body + 8;
+    let mut insert_association = None;
+    for _ in 0..entries {
+        let item = u16::from_be_bytes([bytes[pos], bytes[pos + 1]]);
+        let count = usize::from(bytes[pos + 2]);
+        if item == primary {
+            bytes[pos + 2] += 1;
+            insert_association = Some(pos + 3 + count);
+        }
+        pos += 3 + count;
+    }
+    let insert_association = insert_association.expect("the primary image has properties");
+    let irot = [&[0, 0, 0, 9][..], b"irot", &[angle]].concat();
+    let delta = irot.len() + 1;
+
+    // iloc: every file offset past the insertion moves by `delta`.
+    let iloc = child(&inside, b"iloc");
+    let version = bytes[iloc.body];
+    assert!(version < 2, "iloc version 0 or 1");
+    let sizes = [bytes[iloc.body + 4] >> 4, bytes[iloc.body + 4] & 15, bytes[iloc.body + 5] >> 4];
+    let (offset_size, length_size, base_size) = (sizes[0] as usize, sizes[1] as usize, sizes[2] as usize);
+    let index_size = if version == 1 { (bytes[iloc.body + 5] & 15) as usize } else { 0 };
+    let items = u16::from_be_bytes([bytes[iloc.body + 6], bytes[iloc.body + 7]]);
+    let mut pos = iloc.body + 8;
+    let shift = |bytes: &mut [u8], at: usize, size: usize| {
+        if size == 0 {
+            return;
+        }
+        let mut value = 0u64;
+        for &b in &bytes[at..at + size] {
+            value = value << 8 | u64::from(b);
+        }
+        if value as usize >= ipco.end {
+            value += delta as u64;
+            for i in (0..size).rev() {
+                bytes[at + i] = value as u8;
+                value >>= 8;
+            }
+        }
+    };
+    for _ in 0..items {
+        pos += 2; // item id
+        let method = if version == 1 {
+            pos += 2;
+            bytes[pos - 1] & 15
+        } else {
+            0
+        };
+        pos += 2; // data reference index
+        let base = pos;
+        pos += base_size;
+        let extents = u16::from_be_bytes([bytes[pos], bytes[pos + 1]]);
+        pos += 2;
+        if method == 0 {
+            shift(&mut bytes, base, base_size);
+        }
+        for _ in 0..extents {
+            pos += index_size;
+            if method == 0 && base_size == 0 {
+                shift(&mut bytes, pos, offset_size);
+            }
+            pos += offset_size + length_size;
+        }
+    }
+
+    for (at, grow) in [(ipma, 1), (ipco, irot.len()), (iprp, delta), (meta, delta)] {
+        add_to_size(&mut bytes, at, grow);
+    }
+    bytes.insert(insert_association, 0x80 | irot_index as u8); // essential
+    bytes.splice(ipco.end..ipco.end, irot);
+    bytes
+}
+
+/// `heic` with every `ispe` property claiming `width`×`height`.
+fn with_ispe(heic: &[u8], width: u32, height: u32) -> Vec<u8> {
+    let mut bytes = heic.to_vec();
+    let mut found = false;
+    for at in 4..bytes.len() - 16 {
+        if &bytes[at..at + 4] == b"ispe" {
+            bytes[at + 8..at + 12].copy_from_slice(&width.to_be_bytes());
+            bytes[at + 12..at + 16].copy_from_slice(&height.to_be_bytes());
+            found = true;
+        }
+    }
+    assert!(found, "heif-enc writes an ispe property");
+    bytes
+}
