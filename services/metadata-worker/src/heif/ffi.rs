@@ -6,7 +6,8 @@
 //! Written by hand instead of taking `libheif-rs`/`libheif-sys` from crates.io: their current
 //! releases need libheif 1.17 or newer (Debian 12 has 1.15), the releases that still build
 //! against 1.15 need libclang (bindgen) at build time and do not expose the image size limit.
-//! The C ABI of these functions has not changed since libheif 1.4; `build.rs` checks ≥ 1.15.
+//! Every function here exists in libheif 1.15 (`heif_init` since 1.13) and keeps its C ABI in
+//! later 1.x releases; `build.rs` checks for ≥ 1.15.
 
 #![allow(unsafe_code)]
 
