@@ -4,8 +4,9 @@
 //! unsafe leaves this file.
 //!
 //! Written by hand instead of taking `libheif-rs`/`libheif-sys` from crates.io: their current
-//! releases need libheif 1.17 or newer (Debian 12 has 1.15), the releases that still build
-//! against 1.15 need libclang (bindgen) at build time and do not expose the image size limit.
+//! releases (libheif-rs 3, libheif-sys 5) need libheif 1.17 or newer (Debian 12 has 1.15); the
+//! older ones (libheif-rs 1.0, libheif-sys 2) run bindgen (libclang) at build time by default and
+//! do not expose the image size limit.
 //! Every function here exists in libheif 1.15 (`heif_init` since 1.13) and keeps its C ABI in
 //! later 1.x releases; `build.rs` checks for ≥ 1.15.
 
