@@ -1,5 +1,5 @@
-//! The analyze step's [`StepHandler`]: read the image from the blob store and analyse it on
-//! the blocking pool.
+//! The analyze step's [`StepHandler`]: read the metadata step's preview (or, for a command
+//! without one, the original) from the blob store and analyse it on the blocking pool.
 
 use std::sync::Arc;
 
@@ -30,7 +30,8 @@ impl StepHandler for AiHandler {
     type Command = AnalyzeCommand;
 
     async fn process(&self, command: &AnalyzeCommand) -> Result<AnalysisOutput, StepFailure> {
-        let bytes = read_blob(self.blobs.as_ref(), &command.blob_key).await?;
+        let key = command.preview_key.as_deref().unwrap_or(&command.blob_key);
+        let bytes = read_blob(self.blobs.as_ref(), key).await?;
         self.classifier.analyze(bytes).await.map_err(|error| {
             ::metrics::counter!(metrics::IMAGES_FAILED, metrics::CODE => error.code()).increment(1);
             if error.is_retryable() {

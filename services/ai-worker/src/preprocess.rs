@@ -1,12 +1,17 @@
 //! From image bytes to the model's input: decode under a pixel limit (EXIF orientation applied),
 //! RGB, centre crop of 87.5 % of the short side, resize to 224×224, `(x − 127) / 128`, NCHW
 //! float32 `[1, 3, 224, 224]`.
+//!
+//! The bytes are normally the metadata step's upright preview (1440 px JPEG); a JPEG is decoded
+//! by libjpeg-turbo at the smallest DCT scale that keeps [`DECODE_SHORT_SIDE`] pixels on its
+//! short side, so even an original 12 MP photo is never held at full size here.
 
 use std::io::Cursor;
 
 use image::imageops::{self, FilterType};
 use image::metadata::Orientation;
 use image::{DynamicImage, ExtendedColorType, ImageDecoder, ImageFormat, ImageReader, Limits, RgbImage};
+use imagepipe_codec::jpeg;
 use tract_onnx::prelude::tract_ndarray::Array4;
 
 use crate::error::AnalyzeError;
@@ -22,15 +27,36 @@ pub const SCALE: f32 = 128.0;
 /// Crops larger than this many times the input are first box-reduced to twice the input, so a
 /// large photo does not pay for a bicubic filter over every pixel.
 const PRE_REDUCE_FACTOR: u32 = 4;
+/// Least short side a JPEG is decoded at (when it has that many): about twice the centre crop
+/// the model needs, so the final resize still has pixels to average.
+pub const DECODE_SHORT_SIDE: u32 = 512;
 
 /// Decodes `bytes` (format detected from the magic bytes) with at most `max_pixels` pixels,
 /// applying the EXIF orientation.
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<DynamicImage, AnalyzeError> {
-    let (mut decoder, _) = open(bytes, max_pixels)?;
+    let (mut decoder, format) = open(bytes, max_pixels)?;
     let orientation = decoder.orientation().map_err(decode_error)?;
-    let mut image = DynamicImage::from_decoder(decoder).map_err(decode_error)?;
+    let mut image = match jpeg_scale(format, bytes, decoder.dimensions()) {
+        Some(num) => {
+            drop(decoder);
+            jpeg::decode_scaled(bytes, num).map_err(AnalyzeError::Decode)?
+        }
+        None => DynamicImage::from_decoder(decoder).map_err(decode_error)?,
+    };
     image.apply_orientation(orientation);
     Ok(image)
+}
+
+/// The scale `num`/8 libjpeg-turbo decodes a `width`×`height` JPEG at (see
+/// [`DECODE_SHORT_SIDE`]); `None` for other formats and for JPEGs it leaves to the `image`
+/// crate (CMYK).
+fn jpeg_scale(format: ImageFormat, bytes: &[u8], (width, height): (u32, u32)) -> Option<u32> {
+    if format != ImageFormat::Jpeg || !jpeg::decodes(bytes) {
+        return None;
+    }
+    let (long, short) = (u64::from(width.max(height)), u64::from(width.min(height)).max(1));
+    let need = (u64::from(DECODE_SHORT_SIDE) * long).div_ceil(short);
+    Some(jpeg::scale_for(width, height, u32::try_from(need).unwrap_or(u32::MAX)))
 }
 
 /// Bytes of the buffers [`preprocess`] holds at once at its peak for the image in `bytes`, from
@@ -39,10 +65,23 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<DynamicImage, AnalyzeErro
 /// centre crop. Fails as [`decode`] would on a header it refuses.
 pub fn memory_needed(bytes: &[u8], max_pixels: u64) -> Result<u64, AnalyzeError> {
     let (mut decoder, format) = open(bytes, max_pixels)?;
-    let (width, height) = decoder.dimensions();
+    let (width, height) = match jpeg_scale(format, bytes, decoder.dimensions()) {
+        Some(num) => {
+            let (width, height) = decoder.dimensions();
+            (jpeg::scaled(width, num), jpeg::scaled(height, num))
+        }
+        None => decoder.dimensions(),
+    };
     let pixels = u64::from(width) * u64::from(height);
-    let decoded = decoder.total_bytes();
-    let scratch = decoder_scratch(format, decoder.original_color_type(), pixels);
+    let full = decoder.dimensions();
+    let decoded = pixels * u64::from(decoder.color_type().bytes_per_pixel());
+    // A progressive JPEG's coefficients are held at full size, whatever the output scale.
+    let progressive = format != ImageFormat::Jpeg || jpeg::layout(bytes).progressive;
+    let scratch = if progressive {
+        decoder_scratch(format, decoder.original_color_type(), u64::from(full.0) * u64::from(full.1))
+    } else {
+        0
+    };
     let quarter_turn = matches!(
         decoder.orientation().map_err(decode_error)?,
         Orientation::Rotate90 | Orientation::Rotate270 | Orientation::Rotate90FlipH | Orientation::Rotate270FlipH
@@ -73,10 +112,10 @@ fn open(bytes: &[u8], max_pixels: u64) -> Result<(impl ImageDecoder + '_, ImageF
     Ok((decoder, format))
 }
 
-/// Bytes the `image` crate's decoder of `format` holds beside its output while it decodes
-/// `pixels` stored as `stored`: TIFF reads the whole image in its stored layout first; WebP and
-/// GIF decode through an RGBA frame; a JPEG, taken as progressive (the costlier kind), keeps two
-/// bytes per sample of DCT coefficients. PNG and BMP decode a few rows at a time.
+/// Bytes the decoder of `format` holds beside its output while it decodes `pixels` stored as
+/// `stored`: TIFF reads the whole image in its stored layout first; WebP and GIF decode through
+/// an RGBA frame; a progressive JPEG keeps two bytes per sample of DCT coefficients (a baseline
+/// one is not asked: it decodes a few rows at a time, as PNG and BMP do).
 fn decoder_scratch(format: ImageFormat, stored: ExtendedColorType, pixels: u64) -> u64 {
     let per_pixel_bits = match format {
         ImageFormat::Tiff => u64::from(stored.bits_per_pixel()),
@@ -244,10 +283,22 @@ mod tests {
         let orientation_6 =
             vec![b'M', b'M', 0, 42, 0, 0, 0, 8, 0, 1, 0x01, 0x12, 0, 3, 0, 0, 0, 1, 0, 6, 0, 0, 0, 0, 0, 0];
         assert_eq!(memory_needed(&png(Some(orientation_6)), 10_000).unwrap(), 2 * decoded);
-        // A JPEG is taken as progressive: two bytes of coefficients per sample.
+        // A baseline JPEG decodes a few rows at a time: its RGB copy and crop are the companions.
         let jpeg = encode(&DynamicImage::ImageRgb8(RgbImage::new(100, 50)), ImageFormat::Jpeg);
-        assert_eq!(memory_needed(&jpeg, 10_000).unwrap(), 100 * 50 * 3 + 100 * 50 * 6);
+        assert_eq!(memory_needed(&jpeg, 10_000).unwrap(), 100 * 50 * 3 + converted);
         assert!(matches!(memory_needed(&jpeg, 4_999), Err(AnalyzeError::TooManyPixels { .. })));
+    }
+
+    #[test]
+    fn a_large_jpeg_is_decoded_at_a_reduced_scale_keeping_the_short_side() {
+        // 4000×3000: at 2/8 the short side is 750 ≥ 512, at 1/8 it would be 375.
+        let image = DynamicImage::ImageRgb8(RgbImage::from_fn(4000, 3000, |x, _| Rgb([(x / 16) as u8, 90, 30])));
+        let jpeg = encode(&image, ImageFormat::Jpeg);
+        let decoded = decode(&jpeg, 100_000_000).unwrap();
+        assert_eq!((decoded.width(), decoded.height()), (1000, 750));
+        assert!(memory_needed(&jpeg, 100_000_000).unwrap() < 4000 * 3000 * 3, "the full size is never held");
+        let input = preprocess(&jpeg, 100_000_000).unwrap();
+        assert_eq!(input.shape(), &[1, 3, 224, 224]);
     }
 
     #[test]

@@ -24,6 +24,7 @@ fn command(task_id: &str, blob_key: &str) -> Message {
         task_id: task_id.into(),
         attempt: 1,
         blob_key: blob_key.into(),
+        preview_key: None,
         labels: [("album".to_owned(), "pets".to_owned())].into(),
     };
     Message::new(serde_json::to_vec(&command).unwrap()).with_key(task_id)

@@ -441,7 +441,8 @@ impl Transition {
                 if step == Step::Metadata {
                     self.command(step, attempt, &MetadataCommand { task_id, attempt, blob_key, labels });
                 } else {
-                    self.command(step, attempt, &AnalyzeCommand { task_id, attempt, blob_key, labels });
+                    let preview_key = self.task.outputs.metadata.as_ref().and_then(|m| m.preview_key.clone());
+                    self.command(step, attempt, &AnalyzeCommand { task_id, attempt, blob_key, preview_key, labels });
                 }
             }
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use futures::StreamExt;
-use imagepipe_blob::LocalBlobStore;
+use imagepipe_blob::{BlobStore, LocalBlobStore};
 use imagepipe_contracts::names::queues;
 use imagepipe_coordinator::api;
 use imagepipe_coordinator::engine::Engine;
@@ -25,6 +25,7 @@ struct Server {
     engine: Engine,
     hub: EventHub,
     bus: imagepipe_bus::Bus,
+    blobs: Arc<LocalBlobStore>,
     client: reqwest::Client,
     _dir: tempfile::TempDir,
 }
@@ -39,13 +40,13 @@ async fn serve(max_in_flight: u64, token: Option<&str>) -> Server {
     let blobs = Arc::new(LocalBlobStore::new(dir.path().join("blobs")));
     // Served through the runtime's HTTP edge, as every service serves its routes.
     let routes = ApiRoutes::new(token.map(|t| t.to_owned().into()));
-    routes.add(api::router(engine.clone(), hub.clone(), blobs, 1024 * 1024));
+    routes.add(api::router(engine.clone(), hub.clone(), blobs.clone(), 1024 * 1024));
     let metrics = imagepipe_runtime::metrics::install().unwrap();
     let server = HealthServer::new(Readiness::new(), metrics).api(routes);
     let bound = server.bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let base = format!("http://{}", bound.local_addr());
     tokio::spawn(bound.serve(Shutdown::new()));
-    Server { base, engine, hub, bus, client: reqwest::Client::new(), _dir: dir }
+    Server { base, engine, hub, bus, blobs, client: reqwest::Client::new(), _dir: dir }
 }
 
 impl Server {
@@ -367,7 +368,21 @@ async fn blobs_are_uploaded_and_read_back_through_the_coordinator() {
     let read = s.client.get(format!("{}{location}", s.base)).send().await.unwrap();
     assert_eq!(read.status(), StatusCode::OK);
     assert_eq!(read.headers()["content-type"], "image/png");
+    assert_eq!(read.headers()["x-content-type-options"], "nosniff");
+    assert!(read.headers()["cache-control"].to_str().unwrap().contains("immutable"), "content-addressed");
     assert_eq!(read.bytes().await.unwrap().as_ref(), png.as_slice());
+
+    // Derivatives are served as what they are, whatever extension a client expects.
+    for (bytes, content_type) in [
+        (&b"RIFF\x1a\0\0\0WEBPVP8L\x0d\0\0\0\x2f\0\0\0\x10\x07\x10\x11\x11\x88\x88\xfe\x07\0"[..], "image/webp"),
+        (&b"\0\0\0\x18ftypheic\0\0\0\0mif1heic"[..], "image/heic"),
+        (&b"\xff\xd8\xff\xe0\0\x10JFIF\0"[..], "image/jpeg"),
+    ] {
+        let key = imagepipe_blob::BlobKey::of(bytes);
+        s.blobs.put(bytes::Bytes::copy_from_slice(bytes)).await.unwrap();
+        let read = s.client.get(format!("{}/v1/blobs/{key}", s.base)).send().await.unwrap();
+        assert_eq!(read.headers()["content-type"], content_type);
+    }
 
     let empty = s.client.post(format!("{}/v1/blobs", s.base)).send().await.unwrap();
     assert_eq!(empty.status(), StatusCode::BAD_REQUEST);

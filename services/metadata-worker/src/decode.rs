@@ -2,22 +2,42 @@
 //! `max_height` and `max_alloc_bytes` before any pixel buffer is allocated, so a pixel bomb
 //! (a tiny file claiming huge dimensions) fails fast. [`header`] stops there and says how many
 //! bytes decoding will hold, for the memory budget.
+//!
+//! Shrink-on-load: [`decode`] is told the long edge the caller needs. A JPEG is decoded by
+//! libjpeg-turbo at the smallest DCT scale (M/8) that still covers it, so a 12 MP photo needed
+//! at 1440 px is decoded straight to 1512×1134; other formats decode at full size and the
+//! caller downscales at once. The container's facts (dimensions, EXIF, ICC) are always the
+//! original's.
 
 use std::io::Cursor;
 
 use image::{ColorType, DynamicImage, ExtendedColorType, ImageDecoder, ImageError, ImageFormat, ImageReader, Limits};
+use imagepipe_codec::jpeg;
 use imagepipe_runtime::config::MetadataConfig;
 
 use crate::error::ExtractError;
+use crate::frames;
+use crate::heif::{self, ColorProfile, HeifHeader};
 
 /// A decoded image (the first frame of an animation) and what its container says about it.
 pub struct Decoded {
-    /// The pixels.
+    /// The pixels; a JPEG's may be scaled down (see the module docs).
     pub image: DynamicImage,
-    /// The container format.
-    pub format: ImageFormat,
-    /// Its wire name ([`format_name`]).
+    /// Width of the stored image, in pixels.
+    pub width: u32,
+    /// Height of the stored image, in pixels.
+    pub height: u32,
+    /// The colour type the stored image decodes to at full size.
+    pub color: ColorType,
+    /// Bits per channel as stored (10 for a 10-bit HEIC, whose pixels decode to 8).
+    pub bit_depth: u8,
+    /// The container format's wire name ([`format_name`], or `heic` / `avif`).
     pub format_name: &'static str,
+    /// Frames of an animation (images of a HEIF collection); 1 for still images.
+    pub frame_count: u32,
+    /// The pixels are already upright (HEIF applies its own rotation and mirroring; its EXIF
+    /// orientation must not be applied again).
+    pub upright: bool,
     /// Whether an ICC profile is embedded.
     pub has_icc_profile: bool,
     /// The raw EXIF block (a TIFF structure), if any.
@@ -65,9 +85,7 @@ pub fn bit_depth(color: ColorType) -> u8 {
 /// it will hold in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
-    /// The container format.
-    pub format: ImageFormat,
-    /// Its wire name ([`format_name`]).
+    /// The container format's wire name ([`format_name`], or `heic` / `avif`).
     pub format_name: &'static str,
     /// Width in pixels.
     pub width: u32,
@@ -79,18 +97,73 @@ pub struct Header {
     pub pixel_bytes: u64,
     /// Bytes the decoder holds beside the decoded pixels while it decodes ([`decoder_scratch`]).
     pub scratch_bytes: u64,
+    /// libjpeg-turbo decodes it at a reduced scale ([`jpeg::decodes`]).
+    pub shrinks: bool,
+}
+
+impl Header {
+    /// What a HEIC's or AVIF's header says, in these terms: the pixels decode to 8-bit RGB(A).
+    fn of_heif(h: &HeifHeader) -> Self {
+        Self {
+            format_name: h.kind.name(),
+            width: h.stored_width,
+            height: h.stored_height,
+            color: if h.has_alpha { ColorType::Rgba8 } else { ColorType::Rgb8 },
+            pixel_bytes: h.pixel_bytes,
+            scratch_bytes: h.scratch_bytes,
+            shrinks: false,
+        }
+    }
+
+    /// Dimensions [`decode`] returns the pixels in when the caller needs a long edge of `need`.
+    pub fn decoded_dimensions(&self, need: u32) -> (u32, u32) {
+        if !self.shrinks {
+            return (self.width, self.height);
+        }
+        let num = jpeg::scale_for(self.width, self.height, need);
+        (jpeg::scaled(self.width, num), jpeg::scaled(self.height, num))
+    }
+
+    /// Bytes of the pixels [`decode`] returns for `need` (see [`Header::decoded_dimensions`]).
+    pub fn decoded_bytes(&self, need: u32) -> u64 {
+        if !self.shrinks {
+            return self.pixel_bytes;
+        }
+        let (width, height) = self.decoded_dimensions(need);
+        u64::from(width) * u64::from(height) * u64::from(self.color.bytes_per_pixel())
+    }
 }
 
 /// Reads the header of `bytes` and checks it against `settings`' limits, as [`decode`] does
 /// before it allocates anything.
 pub fn header(bytes: &[u8], settings: &MetadataConfig) -> Result<Header, ExtractError> {
-    open(bytes, settings).map(|(_, header)| header)
+    if heif::sniff(bytes).is_some() {
+        return heif::header(bytes, settings).map(|h| Header::of_heif(&h));
+    }
+    open(bytes, settings).map(|(_, header, _)| header)
 }
 
-/// Detects the format by magic bytes and decodes `bytes` within `settings`' limits.
-pub fn decode(bytes: &[u8], settings: &MetadataConfig) -> Result<Decoded, ExtractError> {
-    let (mut decoder, header) = open(bytes, settings)?;
-    let (format, name) = (header.format, header.format_name);
+/// Detects the format by magic bytes and decodes `bytes` within `settings`' limits, a JPEG at
+/// the smallest scale whose long edge still covers `need` pixels.
+pub fn decode(bytes: &[u8], settings: &MetadataConfig, need: u32) -> Result<Decoded, ExtractError> {
+    if heif::sniff(bytes).is_some() {
+        let (image, h) = heif::decode(bytes, settings)?;
+        let color = Header::of_heif(&h).color;
+        return Ok(Decoded {
+            image,
+            width: h.stored_width,
+            height: h.stored_height,
+            color,
+            bit_depth: h.bit_depth,
+            format_name: h.kind.name(),
+            frame_count: h.image_count.max(1),
+            upright: h.upright,
+            has_icc_profile: h.color_profile == Some(ColorProfile::Icc),
+            exif: h.exif,
+        });
+    }
+    let (mut decoder, header, format) = open(bytes, settings)?;
+    let name = header.format_name;
     let has_icc_profile = match decoder.icc_profile() {
         Ok(profile) => profile.is_some_and(|p| !p.is_empty()),
         Err(error) => {
@@ -108,22 +181,45 @@ pub fn decode(bytes: &[u8], settings: &MetadataConfig) -> Result<Decoded, Extrac
     // TIFF keeps its EXIF pointer in the file's own first IFD: the file is the EXIF block.
     let exif = exif.or_else(|| (format == ImageFormat::Tiff).then(|| bytes.to_vec()));
 
-    let image = DynamicImage::from_decoder(decoder).map_err(|error| classify(name, error))?;
+    let image = if header.shrinks {
+        drop(decoder);
+        let num = jpeg::scale_for(header.width, header.height, need);
+        jpeg::decode_scaled(bytes, num).map_err(|reason| ExtractError::Decode { format: name, reason })?
+    } else {
+        DynamicImage::from_decoder(decoder).map_err(|error| classify(name, error))?
+    };
     if image.width() == 0 || image.height() == 0 {
         return Err(ExtractError::Empty { format: name, width: image.width(), height: image.height() });
     }
-    Ok(Decoded { image, format, format_name: name, has_icc_profile, exif })
+    let (width, height, color) = (header.width, header.height, header.color);
+    let frame_count = frames::frame_count(format, bytes);
+    let bit_depth = bit_depth(color);
+    Ok(Decoded {
+        image,
+        width,
+        height,
+        color,
+        bit_depth,
+        format_name: name,
+        frame_count,
+        upright: false,
+        has_icc_profile,
+        exif,
+    })
 }
 
 /// A decoder for `bytes` whose header passed `settings`' limits, with what the header says.
-fn open<'a>(bytes: &'a [u8], settings: &MetadataConfig) -> Result<(impl ImageDecoder + 'a, Header), ExtractError> {
+fn open<'a>(
+    bytes: &'a [u8],
+    settings: &MetadataConfig,
+) -> Result<(impl ImageDecoder + 'a, Header, ImageFormat), ExtractError> {
     let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().expect("reading from memory cannot fail");
     let (format, name) =
         reader.format().and_then(|f| Some((f, format_name(f)?))).ok_or(ExtractError::UnsupportedFormat)?;
     let failed = |error: ImageError| classify(name, error);
-    let jpeg = (format == ImageFormat::Jpeg).then(|| jpeg_layout(bytes));
+    let layout = (format == ImageFormat::Jpeg).then(|| jpeg::layout(bytes));
     // The JPEG decoder fills a truncated scan with grey instead of failing.
-    if jpeg.is_some_and(|layout| !layout.ends) {
+    if layout.is_some_and(|layout| !layout.ends) {
         return Err(ExtractError::Decode {
             format: name,
             reason: "truncated: no end-of-image marker after the scan".into(),
@@ -144,17 +240,17 @@ fn open<'a>(bytes: &'a [u8], settings: &MetadataConfig) -> Result<(impl ImageDec
     remaining.reserve(decoder.total_bytes()).map_err(failed)?;
     decoder.set_limits(remaining).map_err(failed)?;
 
-    let progressive = jpeg.is_some_and(|layout| layout.progressive);
+    let progressive = layout.is_some_and(|layout| layout.progressive);
     let header = Header {
-        format,
         format_name: name,
         width,
         height,
         color: decoder.color_type(),
         pixel_bytes: decoder.total_bytes(),
         scratch_bytes: decoder_scratch(format, decoder.original_color_type(), pixels, progressive),
+        shrinks: layout.is_some() && jpeg::decodes(bytes),
     };
-    Ok((decoder, header))
+    Ok((decoder, header, format))
 }
 
 /// Bytes the `image` crate's decoder of `format` holds beside its output while it decodes
@@ -169,45 +265,6 @@ pub fn decoder_scratch(format: ImageFormat, stored: ExtendedColorType, pixels: u
         ImageFormat::WebP | ImageFormat::Gif => pixels.saturating_mul(4),
         ImageFormat::Jpeg if progressive => pixels.saturating_mul(2 * u64::from(stored.channel_count())),
         _ => 0,
-    }
-}
-
-/// What the segments before a JPEG's first scan say.
-#[derive(Debug, Clone, Copy)]
-struct JpegLayout {
-    /// The frame is progressive (SOF2, SOF6, SOF10 or SOF14).
-    progressive: bool,
-    /// The first scan is followed by an end-of-image marker.
-    ends: bool,
-}
-
-/// Walks a JPEG's segments up to its first scan. The segments before the scan are skipped by
-/// their lengths, so an EXIF thumbnail's end marker does not count; inside entropy-coded data
-/// `FF D9` cannot occur (a data `FF` is followed by `00`).
-fn jpeg_layout(bytes: &[u8]) -> JpegLayout {
-    const SOS: u8 = 0xDA;
-    const EOI: [u8; 2] = [0xFF, 0xD9];
-    const PROGRESSIVE_FRAMES: [u8; 4] = [0xC2, 0xC6, 0xCA, 0xCE];
-    let mut layout = JpegLayout { progressive: false, ends: false };
-    let mut pos = 2; // after SOI
-    loop {
-        if bytes.get(pos) != Some(&0xFF) {
-            return layout;
-        }
-        let Some(&marker) = bytes.get(pos + 1) else { return layout };
-        match marker {
-            0xFF => pos += 1, // fill byte
-            0x01 | 0xD0..=0xD7 => pos += 2,
-            SOS => {
-                layout.ends = bytes[pos + 2..].windows(2).any(|w| w == EOI);
-                return layout;
-            }
-            _ => {
-                layout.progressive |= PROGRESSIVE_FRAMES.contains(&marker);
-                let Some(len) = bytes.get(pos + 2..pos + 4) else { return layout };
-                pos += 2 + usize::from(u16::from_be_bytes([len[0], len[1]]));
-            }
-        }
     }
 }
 
@@ -231,27 +288,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_jpeg_ends_with_an_end_marker_after_its_scan() {
-        let app1_with_thumbnail_end = [0xFF, 0xE1, 0x00, 0x06, 0xFF, 0xD9, 0x00, 0x00];
-        let sos = [0xFF, 0xDA, 0x00, 0x02, 0x12, 0xFF, 0x00, 0x34];
-        let ends = |parts: &[&[u8]]| jpeg_layout(&jpeg(parts)).ends;
-        assert!(ends(&[&app1_with_thumbnail_end, &sos, &[0xFF, 0xD9]]));
-        assert!(ends(&[&sos, &[0xFF, 0xD9, 0x00, 0x00]]), "trailing bytes after the end are fine");
-        assert!(!ends(&[&app1_with_thumbnail_end, &sos]), "an EXIF thumbnail's end does not count");
-        assert!(!ends(&[&app1_with_thumbnail_end]));
-        assert!(!jpeg_layout(&[0xFF, 0xD8]).ends);
-    }
-
-    #[test]
-    fn a_progressive_frame_marks_a_progressive_jpeg() {
-        let frame = |marker: u8| [0xFF, marker, 0x00, 0x03, 0x08];
-        let sos = [0xFF, 0xDA, 0x00, 0x02, 0xFF, 0xD9];
-        assert!(jpeg_layout(&jpeg(&[&frame(0xC2), &sos])).progressive);
-        assert!(!jpeg_layout(&jpeg(&[&frame(0xC0), &sos])).progressive, "baseline");
-        assert!(!jpeg_layout(&jpeg(&[&sos, &frame(0xC2)])).progressive, "only segments before the scan count");
-    }
-
-    #[test]
     fn decoders_that_go_through_a_whole_frame_need_scratch() {
         let rgb = ExtendedColorType::Rgb8;
         assert_eq!(decoder_scratch(ImageFormat::Png, ExtendedColorType::Rgba16, 100, false), 0);
@@ -259,10 +295,5 @@ mod tests {
         assert_eq!(decoder_scratch(ImageFormat::Jpeg, rgb, 100, true), 600);
         assert_eq!(decoder_scratch(ImageFormat::Tiff, ExtendedColorType::Cmyk8, 100, false), 400);
         assert_eq!(decoder_scratch(ImageFormat::WebP, rgb, 100, false), 400);
-    }
-
-    /// A JPEG of SOI and `parts`.
-    fn jpeg(parts: &[&[u8]]) -> Vec<u8> {
-        [&[0xFF, 0xD8][..]].iter().chain(parts).flat_map(|p| p.iter().copied()).collect()
     }
 }

@@ -39,7 +39,7 @@ pub enum ExtractError {
         limit: String,
     },
     /// The bytes are in no supported format.
-    #[error("not an image in a supported format (jpeg, png, gif, webp, bmp, tiff)")]
+    #[error("not an image in a supported format (jpeg, png, gif, webp, bmp, tiff, heic, avif)")]
     UnsupportedFormat,
     /// The image is truncated or corrupt.
     #[error("decoding the {format} image failed: {reason}")]
@@ -62,9 +62,14 @@ pub enum ExtractError {
         /// Height decoded.
         height: u32,
     },
-    /// The thumbnail could not be encoded.
-    #[error("encoding the thumbnail failed: {0}")]
-    Thumbnail(String),
+    /// A derivative could not be encoded.
+    #[error("encoding the {name} derivative failed: {reason}")]
+    Thumbnail {
+        /// Its name in `metadata.thumbnails`.
+        name: String,
+        /// What the encoder reported.
+        reason: String,
+    },
 }
 
 impl ExtractError {
@@ -74,7 +79,7 @@ impl ExtractError {
             Self::TooManyPixels { .. } | Self::DecoderLimit { .. } => codes::PIXEL_LIMIT,
             Self::UnsupportedFormat => codes::UNSUPPORTED_FORMAT,
             Self::Decode { .. } | Self::DecoderPanicked | Self::Empty { .. } => codes::DECODE_FAILED,
-            Self::Thumbnail(_) => codes::THUMBNAIL_FAILED,
+            Self::Thumbnail { .. } => codes::THUMBNAIL_FAILED,
         }
     }
 

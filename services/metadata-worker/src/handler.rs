@@ -1,5 +1,6 @@
 //! The metadata step's [`StepHandler`]: read the image from the blob store, extract its
-//! metadata on the blocking pool within the memory budget, store the thumbnail.
+//! metadata on the blocking pool within the memory budget, store its derivatives (thumbnails
+//! and the preview the AI worker reads).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -111,8 +112,10 @@ impl StepHandler for MetadataHandler {
 
     async fn process(&self, command: &MetadataCommand) -> Result<MetadataOutput, StepFailure> {
         let bytes = read_blob(self.blobs.as_ref(), &command.blob_key).await?;
-        let Extracted { mut metadata, thumbnail } = self.extract(bytes).await?;
-        metadata.thumbnail_key = self.blobs.put(thumbnail).await?.to_string();
+        let Extracted { metadata, derivatives } = self.extract(bytes).await?;
+        for derivative in derivatives {
+            self.blobs.put(derivative).await?;
+        }
         Ok(metadata)
     }
 }

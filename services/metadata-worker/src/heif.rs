@@ -18,13 +18,11 @@
 //! limit is [`ExtractError::DecoderLimit`] (`pixel_limit`), anything else about the file is
 //! [`ExtractError::Decode`] (`decode_failed`) with format `heic` or `avif`.
 
-mod ffi;
-
 use image::{DynamicImage, ImageBuffer};
+use imagepipe_codec::heif::{HeifContext, HeifError, HeifHandle, ProfileType};
 use imagepipe_runtime::config::MetadataConfig;
 
 use crate::error::ExtractError;
-use ffi::{HeifContext, HeifError, HeifHandle, ProfileType};
 
 /// Which HEIF flavour a file is, by its brands (or, for the generic `mif1`/`msf1`, by its
 /// primary image's coding).

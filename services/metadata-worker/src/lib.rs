@@ -1,6 +1,8 @@
-//! imagepipe metadata-worker: consumes `tasks.metadata`, decodes each downloaded image under
-//! pixel limits, extracts its format, dimensions, EXIF, colours and hashes, writes a 256 px
-//! thumbnail to the blob store, publishes `image.metadata_extracted` and reports the step.
+//! imagepipe metadata-worker: consumes `tasks.metadata`, decodes each downloaded image once
+//! under pixel limits (a JPEG at the smallest DCT scale its derivatives need), extracts its
+//! format, dimensions, EXIF, colours and hashes, writes its derivatives (`metadata.thumbnails`:
+//! a WebP thumbnail and the JPEG preview the AI worker reads) to the blob store, publishes
+//! `image.metadata_extracted` and reports the step.
 //!
 //! - [`decode`]: format detection and decoding under limits (pixel bombs fail before allocating).
 //! - [`heif`]: HEIC and AVIF through libheif, under the same limits, upright.

@@ -1,16 +1,17 @@
-//! Thumbnails: the image scaled to fit a square (never enlarged), turned upright by its EXIF
-//! orientation, encoded as JPEG, or as PNG when it has an alpha channel.
+//! Derivatives (`metadata.thumbnails`): the image scaled to fit a square (never enlarged),
+//! turned upright by its EXIF orientation, encoded as WebP, JPEG or PNG.
 
 use std::io::Cursor;
 
-use image::codecs::jpeg::JpegEncoder;
 use image::codecs::png::PngEncoder;
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageEncoder};
+use imagepipe_codec::jpeg;
+use imagepipe_runtime::config::{ThumbnailFormat, ThumbnailSpec};
 
 use crate::error::ExtractError;
 
-/// An encoded thumbnail.
+/// An encoded derivative.
 #[derive(Debug, Clone)]
 pub struct Thumbnail {
     /// The encoded bytes.
@@ -19,16 +20,16 @@ pub struct Thumbnail {
     pub width: u32,
     /// Height after orientation.
     pub height: u32,
-    /// `jpeg` or `png`.
+    /// `webp`, `jpeg` or `png`.
     pub format: &'static str,
 }
 
 /// `image` scaled down (area-averaged) so its long edge is at most `size`; the image itself when
 /// it already fits.
-pub fn fit(image: &DynamicImage, size: u32) -> DynamicImage {
+pub fn fit(image: DynamicImage, size: u32) -> DynamicImage {
     let (width, height) = (image.width(), image.height());
     match fitted(width, height, size) {
-        (w, h) if (w, h) == (width, height) => image.clone(),
+        (w, h) if (w, h) == (width, height) => image,
         (w, h) => image.thumbnail_exact(w, h),
     }
 }
@@ -51,23 +52,35 @@ pub fn upright(mut image: DynamicImage, orientation: Option<u16>) -> DynamicImag
     image
 }
 
-/// Encodes `image` as JPEG of `jpeg_quality`, or as PNG when it has an alpha channel.
-pub fn encode(image: DynamicImage, jpeg_quality: u8) -> Result<Thumbnail, ExtractError> {
+/// Encodes `image` as `spec` says. An image with alpha asked for as JPEG is written as PNG
+/// (JPEG has no alpha); 16-bit and float images are written with 8 bits per channel.
+pub fn encode(image: &DynamicImage, spec: &ThumbnailSpec) -> Result<Thumbnail, ExtractError> {
     let (width, height) = (image.width(), image.height());
-    let mut bytes = Vec::new();
-    let failed = |e: image::ImageError| ExtractError::Thumbnail(e.to_string());
-    let format = if image.color().has_alpha() {
-        let rgba = image.into_rgba8();
-        PngEncoder::new(Cursor::new(&mut bytes))
-            .write_image(&rgba, width, height, image::ExtendedColorType::Rgba8)
-            .map_err(failed)?;
-        "png"
-    } else {
-        let rgb = image.into_rgb8();
-        JpegEncoder::new_with_quality(Cursor::new(&mut bytes), jpeg_quality)
-            .write_image(&rgb, width, height, image::ExtendedColorType::Rgb8)
-            .map_err(failed)?;
-        "jpeg"
+    let alpha = image.color().has_alpha();
+    let failed = |reason: String| ExtractError::Thumbnail { name: spec.name.clone(), reason };
+    let (bytes, format) = match spec.format {
+        ThumbnailFormat::Webp => {
+            let encoded = if alpha {
+                let rgba = image.to_rgba8();
+                webp::Encoder::from_rgba(rgba.as_raw(), width, height).encode(f32::from(spec.quality)).to_vec()
+            } else {
+                let rgb = image.to_rgb8();
+                webp::Encoder::from_rgb(rgb.as_raw(), width, height).encode(f32::from(spec.quality)).to_vec()
+            };
+            (encoded, "webp")
+        }
+        ThumbnailFormat::Jpeg if !alpha => (jpeg::encode(&image.to_rgb8(), spec.quality).map_err(failed)?, "jpeg"),
+        ThumbnailFormat::Jpeg | ThumbnailFormat::Png => {
+            let mut bytes = Vec::new();
+            let encoder = PngEncoder::new(Cursor::new(&mut bytes));
+            if alpha {
+                encoder.write_image(&image.to_rgba8(), width, height, image::ExtendedColorType::Rgba8)
+            } else {
+                encoder.write_image(&image.to_rgb8(), width, height, image::ExtendedColorType::Rgb8)
+            }
+            .map_err(|e| failed(e.to_string()))?;
+            (bytes, "png")
+        }
     };
     Ok(Thumbnail { bytes, width, height, format })
 }
@@ -78,24 +91,28 @@ mod tests {
 
     use super::*;
 
+    fn spec(format: ThumbnailFormat) -> ThumbnailSpec {
+        ThumbnailSpec { name: "t".into(), size: 256, format, quality: 90 }
+    }
+
     #[test]
     fn fits_the_long_edge_and_never_enlarges() {
         let wide = DynamicImage::ImageRgb8(RgbImage::new(1000, 500));
-        assert_eq!(fit(&wide, 256).dimensions(), (256, 128));
+        assert_eq!(fit(wide, 256).dimensions(), (256, 128));
         let tall = DynamicImage::ImageRgb8(RgbImage::new(300, 1201));
-        assert_eq!(fit(&tall, 256).dimensions(), (64, 256));
+        assert_eq!(fit(tall, 256).dimensions(), (64, 256));
         let thin = DynamicImage::ImageRgb8(RgbImage::new(10_000, 3));
-        assert_eq!(fit(&thin, 256).dimensions(), (256, 1));
+        assert_eq!(fit(thin, 256).dimensions(), (256, 1));
         let small = DynamicImage::ImageRgb8(RgbImage::new(100, 40));
-        assert_eq!(fit(&small, 256).dimensions(), (100, 40));
+        assert_eq!(fit(small, 256).dimensions(), (100, 40));
     }
 
     #[test]
     fn orientation_six_turns_the_thumbnail_a_quarter_clockwise() {
         // A red top row: after a quarter turn clockwise it is the right column.
         let image = RgbImage::from_fn(40, 20, |_, y| if y == 0 { Rgb([255, 0, 0]) } else { Rgb([0, 0, 0]) });
-        let thumb = encode(upright(DynamicImage::ImageRgb8(image), Some(6)), 100).unwrap();
-        assert_eq!((thumb.width, thumb.height, thumb.format), (20, 40, "jpeg"));
+        let thumb = encode(&upright(DynamicImage::ImageRgb8(image), Some(6)), &spec(ThumbnailFormat::Png)).unwrap();
+        assert_eq!((thumb.width, thumb.height, thumb.format), (20, 40, "png"));
         let decoded = image::load_from_memory(&thumb.bytes).unwrap().into_rgb8();
         assert_eq!(decoded.dimensions(), (20, 40));
         assert!(decoded.get_pixel(19, 20).0[0] > 150, "right column is red");
@@ -103,11 +120,33 @@ mod tests {
     }
 
     #[test]
-    fn alpha_makes_a_png() {
-        let image = RgbaImage::from_pixel(8, 8, Rgba([1, 2, 3, 4]));
-        let thumb = encode(DynamicImage::ImageRgba8(image), 85).unwrap();
+    fn every_format_decodes_to_the_same_picture() {
+        let image = DynamicImage::ImageRgb8(RgbImage::from_fn(64, 32, |x, _| {
+            if x < 32 { Rgb([200, 30, 30]) } else { Rgb([30, 30, 200]) }
+        }));
+        for (format, name) in
+            [(ThumbnailFormat::Webp, "webp"), (ThumbnailFormat::Jpeg, "jpeg"), (ThumbnailFormat::Png, "png")]
+        {
+            let thumb = encode(&image, &spec(format)).unwrap();
+            assert_eq!(thumb.format, name);
+            let decoded = image::load_from_memory(&thumb.bytes).unwrap().into_rgb8();
+            assert_eq!(decoded.dimensions(), (64, 32), "{name}");
+            let [r, _, b] = decoded.get_pixel(8, 16).0;
+            assert!(r > 150 && b < 90, "{name}: left is red, got {:?}", decoded.get_pixel(8, 16));
+            let [r, _, b] = decoded.get_pixel(56, 16).0;
+            assert!(b > 150 && r < 90, "{name}: right is blue");
+        }
+    }
+
+    #[test]
+    fn alpha_survives_in_webp_and_turns_a_jpeg_into_a_png() {
+        let image = DynamicImage::ImageRgba8(RgbaImage::from_pixel(8, 8, Rgba([1, 2, 3, 4])));
+        let thumb = encode(&image, &spec(ThumbnailFormat::Jpeg)).unwrap();
         assert_eq!(thumb.format, "png");
         let decoded = image::load_from_memory(&thumb.bytes).unwrap();
         assert_eq!(decoded.into_rgba8().get_pixel(3, 3), &Rgba([1, 2, 3, 4]));
+        let webp = encode(&image, &spec(ThumbnailFormat::Webp)).unwrap();
+        assert_eq!(webp.format, "webp");
+        assert!(image::load_from_memory(&webp.bytes).unwrap().color().has_alpha());
     }
 }

@@ -1,6 +1,6 @@
 //! The `metadata` section of the runtime settings: defaults, a config file, validation.
 
-use imagepipe_runtime::config::MetadataConfig;
+use imagepipe_runtime::config::{MetadataConfig, ThumbnailFormat, ThumbnailSpec};
 use imagepipe_runtime::{ConfigArgs, ConfigError};
 
 /// The settings from a config file holding `toml`, or the error's message.
@@ -12,9 +12,13 @@ fn load(toml: &str) -> Result<imagepipe_runtime::Settings, String> {
 }
 
 #[test]
-fn defaults_are_a_hundred_megapixels_and_256_px_thumbnails() {
+fn defaults_are_a_hundred_megapixels_a_webp_thumbnail_and_a_jpeg_preview() {
     let defaults = MetadataConfig::default();
-    assert_eq!((defaults.max_pixels, defaults.thumbnail_size), (100_000_000, 256));
+    assert_eq!(defaults.max_pixels, 100_000_000);
+    let sizes: Vec<(&str, u32, ThumbnailFormat)> =
+        defaults.thumbnails.iter().map(|t| (t.name.as_str(), t.size, t.format)).collect();
+    assert_eq!(sizes, [("thumbnail", 256, ThumbnailFormat::Webp), ("preview", 1440, ThumbnailFormat::Jpeg)]);
+    assert_eq!(defaults.ai_input, "preview");
     assert_eq!(defaults.memory_budget, imagepipe_runtime::budget::default_capacity());
     assert_eq!(load("").unwrap().metadata, defaults);
 }
@@ -22,13 +26,18 @@ fn defaults_are_a_hundred_megapixels_and_256_px_thumbnails() {
 #[test]
 fn the_section_is_read_from_the_config_file() {
     let settings = load(
-        "[metadata]\nmax_pixels = 24000000\nthumbnail_size = 512\nthumbnail_quality = 70\nmemory_budget = 2147483648\n",
+        "[metadata]\nmax_pixels = 24000000\nmemory_budget = 2147483648\nai_input = \"small\"\n\
+         [[metadata.thumbnails]]\nname = \"small\"\nsize = 512\nformat = \"jpeg\"\nquality = 70\n\
+         [[metadata.thumbnails]]\nname = \"lossless\"\nsize = 100\nformat = \"png\"\n",
     )
     .unwrap();
     let expected = MetadataConfig {
         max_pixels: 24_000_000,
-        thumbnail_size: 512,
-        thumbnail_quality: 70,
+        thumbnails: vec![
+            ThumbnailSpec { name: "small".into(), size: 512, format: ThumbnailFormat::Jpeg, quality: 70 },
+            ThumbnailSpec { name: "lossless".into(), size: 100, format: ThumbnailFormat::Png, quality: 85 },
+        ],
+        ai_input: "small".into(),
         memory_budget: 2 << 30,
         ..Default::default()
     };
@@ -40,8 +49,17 @@ fn unusable_values_and_unknown_keys_are_refused_by_name() {
     for (toml, key) in [
         ("[metadata]\nmax_pixels = 0\n", "metadata.max_pixels"),
         ("[metadata]\nmax_alloc_bytes = 0\n", "metadata.max_alloc_bytes"),
-        ("[metadata]\nthumbnail_size = 8\n", "metadata.thumbnail_size"),
-        ("[metadata]\nthumbnail_quality = 0\n", "metadata.thumbnail_quality"),
+        ("[metadata]\nthumbnails = []\n", "metadata.thumbnails"),
+        ("[[metadata.thumbnails]]\nname = \"preview\"\nsize = 8\nformat = \"jpeg\"\n", "size 8"),
+        ("[[metadata.thumbnails]]\nname = \"preview\"\nsize = 800\nformat = \"jpeg\"\nquality = 0\n", "quality 0"),
+        ("[[metadata.thumbnails]]\nname = \"preview\"\nsize = 800\nformat = \"gif\"\n", "gif"),
+        ("[[metadata.thumbnails]]\nname = \"Big One\"\nsize = 800\nformat = \"png\"\n", "Big One"),
+        ("[[metadata.thumbnails]]\nname = \"small\"\nsize = 800\nformat = \"png\"\n", "metadata.ai_input"),
+        (
+            "[[metadata.thumbnails]]\nname = \"preview\"\nsize = 800\nformat = \"png\"\n\
+             [[metadata.thumbnails]]\nname = \"preview\"\nsize = 80\nformat = \"png\"\n",
+            "used twice",
+        ),
         ("[metadata]\nmemory_budget = 16777215\n", "metadata.memory_budget"),
         ("[metadata]\nthumbnail_qualty = 80\n", "thumbnail_qualty"),
     ] {

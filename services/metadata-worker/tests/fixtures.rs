@@ -18,9 +18,21 @@ fn failure(bytes: &[u8]) -> ExtractError {
     extract(bytes, &MetadataConfig::default()).expect_err("the fixture must fail")
 }
 
+/// The smallest derivative (the `thumbnail`), checked against its description, decoded.
 fn thumbnail_of(extracted: &Extracted) -> image::DynamicImage {
-    assert_eq!(extracted.metadata.thumbnail_key, BlobKey::of(&extracted.thumbnail).to_string());
-    image::load_from_memory(&extracted.thumbnail).expect("the thumbnail decodes")
+    let m = &extracted.metadata;
+    assert_eq!(m.thumbnails.len(), extracted.derivatives.len());
+    for (described, bytes) in m.thumbnails.iter().zip(&extracted.derivatives) {
+        assert_eq!(described.key, BlobKey::of(bytes).to_string(), "{}", described.name);
+        assert_eq!(described.size, bytes.len() as u64);
+        let decoded = image::load_from_memory(bytes).expect("every derivative decodes");
+        assert_eq!(decoded.dimensions(), (described.width, described.height), "{}", described.name);
+    }
+    let preview = m.thumbnails.iter().find(|t| t.name == "preview").expect("a preview");
+    assert_eq!(m.preview_key.as_deref(), Some(preview.key.as_str()), "the AI reads the preview");
+    let index = m.thumbnails.iter().position(|t| t.key == m.thumbnail_key).expect("thumbnailKey is listed");
+    assert_eq!(m.thumbnails[index].name, "thumbnail");
+    image::load_from_memory(&extracted.derivatives[index]).expect("the thumbnail decodes")
 }
 
 #[test]
@@ -66,7 +78,11 @@ fn jpeg_with_exif_gps_and_icc() {
 
     let thumb = thumbnail_of(&out);
     assert_eq!(thumb.dimensions(), (256, 192));
-    assert_eq!(image::guess_format(&out.thumbnail).unwrap(), image::ImageFormat::Jpeg);
+    let formats: Vec<(&str, &str, u32, u32)> =
+        m.thumbnails.iter().map(|t| (t.name.as_str(), t.format.as_str(), t.width, t.height)).collect();
+    assert_eq!(formats, [("thumbnail", "webp", 256, 192), ("preview", "jpeg", 640, 480)], "never enlarged");
+    assert_eq!(image::guess_format(&out.derivatives[0]).unwrap(), image::ImageFormat::WebP);
+    assert_eq!(image::guess_format(&out.derivatives[1]).unwrap(), image::ImageFormat::Jpeg);
 }
 
 #[test]
@@ -107,7 +123,8 @@ fn png_with_an_alpha_channel() {
     let red_luma = (0.2126 * 220.0 + 0.7152 * 30.0 + 0.0722 * 30.0) / 255.0;
     assert!((m.mean_brightness - red_luma).abs() < 0.01, "{}", m.mean_brightness);
 
-    assert_eq!(image::guess_format(&out.thumbnail).unwrap(), image::ImageFormat::Png);
+    assert_eq!(image::guess_format(&out.derivatives[0]).unwrap(), image::ImageFormat::WebP);
+    assert_eq!(m.thumbnails[1].format, "png", "a JPEG preview of an image with alpha is a PNG");
     let thumb = thumbnail_of(&out).into_rgba8();
     assert_eq!(thumb.dimensions(), (256, 85));
     assert_eq!(thumb.get_pixel(250, 40)[3], 0, "transparency survives in the thumbnail");
@@ -200,5 +217,5 @@ fn extraction_is_deterministic() {
     let bytes = jpeg(&scene(320, 240), Some(camera_exif(1)), None);
     let (a, b) = (run(&bytes), run(&bytes));
     assert_eq!(a.metadata, b.metadata);
-    assert_eq!(a.thumbnail, b.thumbnail);
+    assert_eq!(a.derivatives, b.derivatives);
 }

@@ -139,6 +139,12 @@ async fn a_photo_becomes_an_event_a_result_and_a_thumbnail() {
     let thumbnail_key: BlobKey = metadata.thumbnail_key.parse().unwrap();
     let thumbnail = image::load_from_memory(&h.blobs.get(&thumbnail_key).await.unwrap()).unwrap();
     assert_eq!((thumbnail.width(), thumbnail.height()), (192, 256), "upright (orientation 6), 256 px long edge");
+    let preview_key: BlobKey = metadata.preview_key.as_deref().expect("a preview for the AI worker").parse().unwrap();
+    let preview = image::load_from_memory(&h.blobs.get(&preview_key).await.unwrap()).unwrap();
+    assert_eq!((preview.width(), preview.height()), (600, 800), "upright, never enlarged");
+    for derivative in &metadata.thumbnails {
+        assert!(h.blobs.exists(&derivative.key.parse().unwrap()).await.unwrap(), "{} is stored", derivative.name);
+    }
     h.stop().await;
 }
 

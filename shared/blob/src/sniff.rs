@@ -41,6 +41,21 @@ impl ImageFormat {
             ImageFormat::Ico => "ico",
         }
     }
+
+    /// The media type to serve it with (`image/jpeg`, `image/webp`, `image/heic`, ...).
+    pub const fn content_type(self) -> &'static str {
+        match self {
+            ImageFormat::Jpeg => "image/jpeg",
+            ImageFormat::Png => "image/png",
+            ImageFormat::Gif => "image/gif",
+            ImageFormat::Webp => "image/webp",
+            ImageFormat::Bmp => "image/bmp",
+            ImageFormat::Tiff => "image/tiff",
+            ImageFormat::Avif => "image/avif",
+            ImageFormat::Heic => "image/heic",
+            ImageFormat::Ico => "image/vnd.microsoft.icon",
+        }
+    }
 }
 
 /// What the bytes turned out to be.

@@ -263,6 +263,11 @@ pub struct AnalyzeCommand {
     pub attempt: u32,
     /// Blob key of the downloaded image.
     pub blob_key: String,
+    /// Blob key of the upright, downscaled preview the metadata step wrote: the worker reads it
+    /// instead of decoding the original again. Absent in commands from coordinators older than
+    /// this field; the worker then reads `blob_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview_key: Option<String>,
     /// The task's labels, for the event payload.
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,

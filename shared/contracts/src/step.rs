@@ -190,8 +190,35 @@ pub struct MetadataOutput {
     pub phash: String,
     /// Blurhash of the image.
     pub blurhash: String,
-    /// Blob key of the 256 px thumbnail.
+    /// Blob key of the smallest thumbnail (by default the 256 px WebP one); the same key as in
+    /// `thumbnails`.
     pub thumbnail_key: String,
+    /// Every derivative written (`metadata.thumbnails`): thumbnails and previews, upright,
+    /// each its own blob, served by `GET /v1/blobs/{key}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thumbnails: Vec<Thumbnail>,
+    /// Blob key of the derivative the AI worker reads instead of the original
+    /// (`metadata.ai_input`); absent from results of workers older than this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview_key: Option<String>,
+}
+
+/// One derivative of the image the metadata step wrote to the blob store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Thumbnail {
+    /// Its name in `metadata.thumbnails` (`thumbnail`, `preview`, ...).
+    pub name: String,
+    /// Blob key of its bytes.
+    pub key: String,
+    /// Encoding: `webp`, `jpeg` or `png`.
+    pub format: String,
+    /// Width in pixels, upright.
+    pub width: u32,
+    /// Height in pixels, upright.
+    pub height: u32,
+    /// Size of the encoded bytes.
+    pub size: u64,
 }
 
 /// The EXIF fields imagepipe reads; each is absent when the image lacks it.

@@ -61,10 +61,16 @@ async fn download(
     match blobs.get(&key).await {
         Ok(bytes) => {
             let content_type = match sniff(&bytes) {
-                Sniffed::Image(format) => format!("image/{}", format.as_str()),
-                Sniffed::Other(_) => "application/octet-stream".to_owned(),
+                Sniffed::Image(format) => format.content_type(),
+                Sniffed::Other(_) => "application/octet-stream",
             };
-            Ok(([(header::CONTENT_TYPE, content_type)], bytes).into_response())
+            // A key is the SHA-256 of the bytes: what it names never changes.
+            let headers = [
+                (header::CONTENT_TYPE, content_type),
+                (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            ];
+            Ok((headers, bytes).into_response())
         }
         Err(BlobError::NotFound(key)) => Err(ApiError::not_found(format!("no blob {key}"))),
         Err(e) => Err(ApiError::unavailable(e)),

@@ -76,6 +76,8 @@ pub fn output(step: Step) -> StepOutput {
             phash: "0000000000000000".into(),
             blurhash: "L00000fQfQfQfQfQfQfQfQfQfQfQ".into(),
             thumbnail_key: BLOB.into(),
+            thumbnails: Vec::new(),
+            preview_key: None,
         }),
         Step::Analyze => StepOutput::Analyze(AnalysisOutput {
             model: "m".into(),

@@ -12,13 +12,17 @@
 //!
 //! Afterwards it deletes the run's streams and keys ([`backend`]). Figures are reported per run
 //! and as medians across runs ([`report`]); idle memory of the real service binaries is
-//! measured once ([`idle`]).
+//! measured once ([`idle`]). With `--photos DIR` the real stages run on those photos, and each
+//! stage is also measured on its own per image ([`photos`]), optionally beside Pillow and
+//! onnxruntime ([`compare`]).
 
 pub mod backend;
+pub mod compare;
 pub mod counting;
 pub mod driver;
 pub mod idle;
 pub mod noop;
+pub mod photos;
 pub mod process;
 pub mod report;
 pub mod stats;
@@ -76,6 +80,8 @@ pub struct BenchOptions {
     pub runs: usize,
     /// Longest time one phase may take.
     pub timeout: Duration,
+    /// Real mode: the photos to submit instead of the bundled samples.
+    pub photos: Option<std::path::PathBuf>,
 }
 
 /// A run could not be completed.
@@ -134,6 +140,9 @@ pub async fn report(
         None => Vec::new(),
     };
     Ok(Report {
+        photos: options.photos.as_ref().map(|dir| dir.display().to_string()),
+        stages: Vec::new(),
+        comparison: None,
         mode: options.mode,
         bus: kind_name(&settings.bus.kind),
         store: kind_name(&settings.store.kind),
@@ -245,7 +254,7 @@ async fn measure(
         }
         Some(classifier) => {
             spawn_real(bus, settings, classifier, &stop, &mut services);
-            upload_samples(settings).await?
+            upload_samples(settings, options.photos.as_deref()).await?
         }
     };
     let submits = Submits { run: id.to_owned(), sources };
@@ -420,16 +429,22 @@ fn spawn_real(
     });
 }
 
-/// Stores the sample photos in the run's blob store; returns their keys.
-async fn upload_samples(settings: &Settings) -> Result<Vec<String>, BenchError> {
+/// Stores the photos of `photos` (or else the bundled sample photos) in the run's blob store;
+/// returns their keys.
+async fn upload_samples(settings: &Settings, photos: Option<&std::path::Path>) -> Result<Vec<String>, BenchError> {
     let blobs =
         settings.blob.open().map_err(|e| BenchError::Io { what: "opening the blob store", source: e.into() })?;
-    let mut keys = Vec::with_capacity(SAMPLES.len());
-    for sample in SAMPLES {
-        let key = blobs
-            .put(Bytes::from_static(sample.bytes))
-            .await
-            .map_err(|e| BenchError::Io { what: "storing a sample photo", source: e.into() })?;
+    let images: Vec<Bytes> = match photos {
+        Some(dir) => photos::load(dir)
+            .map_err(|e| BenchError::Io { what: "reading the photos", source: e.into() })?
+            .into_iter()
+            .map(|(_, bytes)| bytes)
+            .collect(),
+        None => SAMPLES.iter().map(|sample| Bytes::from_static(sample.bytes)).collect(),
+    };
+    let mut keys = Vec::with_capacity(images.len());
+    for image in images {
+        let key = blobs.put(image).await.map_err(|e| BenchError::Io { what: "storing a photo", source: e.into() })?;
         keys.push(key.to_string());
     }
     Ok(keys)

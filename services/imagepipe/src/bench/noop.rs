@@ -132,6 +132,8 @@ fn metadata_output() -> MetadataOutput {
         phash: "c3d4e5f60718293a".into(),
         blurhash: "LEHV6nWB2yk8pyo0adR*.7kCMdnj".into(),
         thumbnail_key: "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae".into(),
+        thumbnails: Vec::new(),
+        preview_key: None,
     }
 }
 

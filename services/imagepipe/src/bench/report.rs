@@ -6,8 +6,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::Stages;
+use super::compare::Comparison;
 use super::driver::Phase;
 use super::idle::IdleRss;
+use super::photos::{Stage, StageFigures};
 use super::stats::{Percentiles, median};
 
 /// One load phase.
@@ -190,6 +192,15 @@ pub struct Report {
     /// What could not be cleaned up after the runs.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub left_behind: Vec<String>,
+    /// The directory of photos of a real-mode run, when not the bundled samples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub photos: Option<String>,
+    /// Each stage on its own, per photo (`--photos`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<StageFigures>,
+    /// Pillow and onnxruntime on the same photos (`--compare`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<Comparison>,
 }
 
 impl Report {
@@ -197,9 +208,10 @@ impl Report {
     pub fn text(&self) -> String {
         let m = &self.median;
         let unit = if self.mode == Stages::Real { "images" } else { "tasks" };
-        let stages = match self.mode {
-            Stages::Noop => "no-op stages (orchestration only)",
-            Stages::Real => "real download, metadata and AI workers on the sample photos",
+        let stages = match (self.mode, &self.photos) {
+            (Stages::Noop, _) => "no-op stages (orchestration only)".to_owned(),
+            (Stages::Real, None) => "real download, metadata and AI workers on the sample photos".to_owned(),
+            (Stages::Real, Some(dir)) => format!("real download, metadata and AI workers on the photos of {dir}"),
         };
         let mut out = String::new();
         let _ = writeln!(
@@ -294,7 +306,65 @@ impl Report {
         for left in &self.left_behind {
             let _ = writeln!(out, "not cleaned  {left}");
         }
+        self.write_stages(&mut out);
         out
+    }
+
+    /// The per-photo stage figures and the comparison, when measured.
+    fn write_stages(&self, out: &mut String) {
+        if self.stages.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "per photo    each stage alone in a process of its own, one image at a time, CPU time of its thread:"
+        );
+        let compare = self.comparison.as_ref();
+        for stage in &self.stages {
+            let (name, theirs) = match stage.stage {
+                Stage::Metadata => ("metadata", compare.and_then(|c| c.pillow_draft_derivatives_ms)),
+                Stage::Ai => ("ai", None),
+            };
+            let mut line = format!(
+                "  {name:<9} p50 {:.1} ms, p95 {:.1} ms per image ({} photos); peak RSS {}",
+                stage.cpu_ms.p50_ms,
+                stage.cpu_ms.p95_ms,
+                stage.images,
+                mb(stage.peak_rss_bytes)
+            );
+            if let Some(inference) = stage.inference_ms {
+                let _ = write!(line, "; the model alone p50 {:.2} ms", inference.p50_ms);
+            }
+            let _ = writeln!(out, "{line}");
+            if let (Some(theirs), Some(c)) = (theirs, compare) {
+                let _ = writeln!(
+                    out,
+                    "    Pillow {} draft decode + the same derivatives: p50 {:.1} ms; ratio {:.2}×",
+                    c.pillow,
+                    theirs.p50_ms,
+                    stage.cpu_ms.p50_ms / theirs.p50_ms
+                );
+            }
+            if let (Some(inference), Some(c)) = (stage.inference_ms, compare) {
+                let theirs = c.onnxruntime_inference_ms.p50_ms;
+                let _ = writeln!(
+                    out,
+                    "    onnxruntime {} from Python, one thread: p50 {theirs:.2} ms; ratio {:.2}×",
+                    c.onnxruntime,
+                    inference.p50_ms / theirs
+                );
+            }
+        }
+        if let Some(thumbnail) = compare.and_then(|c| c.pillow_draft_thumbnail_ms) {
+            let _ = writeln!(out, "  (Pillow draft decode to the thumbnail alone: p50 {:.1} ms)", thumbnail.p50_ms);
+        }
+        if self.median.full_load.tasks > 0 {
+            let _ = writeln!(
+                out,
+                "  full load: {:.1} images/s through the whole pipeline on {} core(s)",
+                self.median.full_load.tasks_per_s, self.cores
+            );
+        }
     }
 }
 

@@ -1,12 +1,14 @@
 //! `imagepipe bench`: throughput, latency, broker messages, CPU and memory of the pipeline on a
 //! chosen bus and store (see `imagepipe::bench`).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use imagepipe::bench::{self, BenchOptions, Stages, idle};
+use imagepipe::bench::photos::{self, Stage};
+use imagepipe::bench::{self, BenchOptions, Stages, compare, idle};
 use imagepipe_bus::BusKind;
 use imagepipe_runtime::ConfigArgs;
 use imagepipe_runtime::config::StoreKind;
@@ -44,6 +46,20 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Real mode: submit the photos of this directory instead of the bundled samples, and
+    /// measure each stage on them on its own (CPU per image, peak RSS).
+    #[arg(long, value_name = "DIR")]
+    photos: Option<PathBuf>,
+    /// With `--photos`: run Pillow's draft decode and onnxruntime (from the Python environment
+    /// of scripts/prepare-model.sh) on the same photos and print the ratios.
+    #[arg(long, requires = "photos")]
+    compare: bool,
+    /// Internal: measure one stage on `--photos` in this process and print its figures as JSON.
+    #[arg(long, value_enum, hide = true, requires = "photos", requires = "previews")]
+    probe: Option<Stage>,
+    /// Internal: where the metadata probe writes the previews the AI probe reads.
+    #[arg(long, hide = true)]
+    previews: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -87,6 +103,9 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
         };
     }
     let mode = if args.mode == ModeArg::Real { Stages::Real } else { Stages::Noop };
+    if args.photos.is_some() && mode != Stages::Real {
+        anyhow::bail!("--photos measures the real stages: add --mode real");
+    }
     let model_dir = if mode == Stages::Real {
         let dir = settings.ai.model_dir.clone();
         let prepared = tokio::task::spawn_blocking(move || imagepipe::model::prepare(&dir)).await;
@@ -96,12 +115,19 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
         imagepipe::model::is_prepared(&settings.ai.model_dir)
             .then(|| std::path::absolute(&settings.ai.model_dir).unwrap_or_else(|_| settings.ai.model_dir.clone()))
     };
+    if let (Some(stage), Some(photos), Some(previews)) = (args.probe, &args.photos, &args.previews) {
+        let figures = photos::probe(stage, &settings, photos, previews).await?;
+        telemetry.shutdown();
+        print_json(&figures)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let options = BenchOptions {
         mode,
         tasks: args.tasks.unwrap_or(if mode == Stages::Real { 200 } else { 5_000 }),
         low_load_tasks: args.low_load_tasks.unwrap_or(if mode == Stages::Real { 20 } else { 500 }),
         runs: usize::try_from(args.runs).unwrap_or(usize::MAX),
         timeout: Duration::from_secs(args.timeout),
+        photos: args.photos.clone(),
     };
     let work = tempfile::tempdir().context("creating a work directory")?;
     let launch = if args.no_idle_rss {
@@ -120,9 +146,28 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
         "imagepipe bench: {} run(s) of {} + {} tasks, {mode:?} stages, bus {:?}, store {:?}",
         options.runs, options.tasks, options.low_load_tasks, settings.bus.kind, settings.store.kind
     );
+    let stages = match &args.photos {
+        Some(photos) => {
+            let exe = std::env::current_exe().context("locating the imagepipe executable")?;
+            eprintln!("imagepipe bench: each stage on its own on the photos of {}", photos.display());
+            photos::measure(&exe, config.config.as_deref(), photos, work.path()).await?
+        }
+        None => Vec::new(),
+    };
+    let comparison = match &args.photos {
+        Some(photos) if args.compare => {
+            let sizes = settings.metadata.thumbnails.iter().map(|t| t.size);
+            let (largest, smallest) = (sizes.clone().max().unwrap_or(0), sizes.min().unwrap_or(0));
+            eprintln!("imagepipe bench: Pillow and onnxruntime on the same photos");
+            Some(compare::run(photos, &settings.ai.model_dir, largest, smallest).await?)
+        }
+        _ => None,
+    };
     let report = bench::report(&settings, &options, launch).await;
     telemetry.shutdown();
-    let report = report.context("running the benchmark")?;
+    let mut report = report.context("running the benchmark")?;
+    report.stages = stages;
+    report.comparison = comparison;
     if args.json {
         print_json(&report)?;
     } else {

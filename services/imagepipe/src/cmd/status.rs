@@ -55,6 +55,17 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     if let Some(m) = &task.outputs.metadata {
         row("size", &format!("{}×{}", m.width, m.height));
         row("thumbnail", &m.thumbnail_key);
+        for derivative in m.thumbnails.iter().filter(|t| t.key != m.thumbnail_key) {
+            let line = format!(
+                "{} ({} {}×{}, {})",
+                derivative.key,
+                derivative.format,
+                derivative.width,
+                derivative.height,
+                size(derivative.size)
+            );
+            row(&derivative.name, &line);
+        }
     }
     if let Some(a) = &task.outputs.analysis {
         row("top label", &top_label(a).unwrap_or_else(|| "-".to_owned()));

@@ -1,5 +1,5 @@
-//! `imagepipe thumbnail ID [-o FILE]`: the thumbnail the metadata step wrote
-//! (`GET /v1/blobs/{key}`), saved to a file.
+//! `imagepipe thumbnail ID [--name preview] [-o FILE]`: a derivative the metadata step wrote
+//! (by default the smallest thumbnail; `GET /v1/blobs/{key}`), saved to a file.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -16,8 +16,12 @@ use crate::ApiArgs;
 pub struct ThumbnailArgs {
     /// The task id.
     id: String,
+    /// Which derivative of `metadata.thumbnails` (`thumbnail`, `preview`, ...); default: the
+    /// smallest.
+    #[arg(long)]
+    name: Option<String>,
     /// Where to write it: a file, or `-` for standard output (refused on a terminal). Default:
-    /// `<id>-thumbnail.<jpg|png>` in the current directory.
+    /// `<id>-<name>.<webp|jpg|png>` in the current directory.
     #[arg(short, long)]
     output: Option<PathBuf>,
     #[command(flatten)]
@@ -39,14 +43,24 @@ pub async fn run(args: ThumbnailArgs) -> anyhow::Result<ExitCode> {
     if to_stdout && std::io::stdout().is_terminal() {
         anyhow::bail!("standard output is a terminal: give -o FILE, or redirect it (-o - > thumb.jpg)");
     }
-    let (content_type, bytes) = client.blob(&metadata.thumbnail_key).await?;
+    let (name, key) = match &args.name {
+        None => ("thumbnail", metadata.thumbnail_key.as_str()),
+        Some(name) => match metadata.thumbnails.iter().find(|t| &t.name == name) {
+            Some(found) => (found.name.as_str(), found.key.as_str()),
+            None => {
+                let names: Vec<&str> = metadata.thumbnails.iter().map(|t| t.name.as_str()).collect();
+                anyhow::bail!("task {} has no derivative named {name:?} (it has: {})", args.id, names.join(", "))
+            }
+        },
+    };
+    let (content_type, bytes) = client.blob(key).await?;
     if to_stdout {
         super::output::write_bytes(&bytes);
         return Ok(ExitCode::SUCCESS);
     }
     let path = args
         .output
-        .unwrap_or_else(|| PathBuf::from(format!("{}-thumbnail.{}", args.id, extension(content_type.as_deref()))));
+        .unwrap_or_else(|| PathBuf::from(format!("{}-{name}.{}", args.id, extension(content_type.as_deref()))));
     tokio::fs::write(&path, &bytes).await.with_context(|| format!("writing {}", path.display()))?;
     outln!("{} ({})", path.display(), size(bytes.len() as u64));
     Ok(ExitCode::SUCCESS)

@@ -42,7 +42,7 @@ pub use error::ConfigError;
 pub use http::HttpConfig;
 pub use load::{CONFIG_PATH_ENV, ConfigArgs, ENV_PREFIX, key_to_env_name};
 pub use log::{LogConfig, LogFormat};
-pub use metadata::MetadataConfig;
+pub use metadata::{MetadataConfig, ThumbnailFormat, ThumbnailSpec};
 pub use net::{NetConfig, Outbound};
 pub use notification::{InvalidWebhookSecret, NotificationConfig, WebhookSecret, WebhookTarget};
 pub use secret::{MASK, Secret, SecretUrl, mask_url_credentials};

@@ -1,7 +1,7 @@
-//! The few functions of libheif's C API (`heif.h`, stable since libheif 1.x; Debian 12 ships
-//! 1.15.1) the worker calls, and owning wrappers that release what libheif allocates. The only
-//! module of the crate allowed `unsafe`: every call's contract is stated beside it, and nothing
-//! unsafe leaves this file.
+//! HEIC and AVIF through libheif: the few functions of its C API (`heif.h`, stable since
+//! libheif 1.x; Debian 12 ships 1.15.1) the metadata worker calls, and owning wrappers that
+//! release what libheif allocates. Every call's contract is stated beside it, and nothing unsafe
+//! leaves this file.
 //!
 //! Written by hand instead of taking `libheif-rs`/`libheif-sys` from crates.io: their current
 //! releases (libheif-rs 3, libheif-sys 5) need libheif 1.17 or newer (Debian 12 has 1.15); the
@@ -9,8 +9,6 @@
 //! do not expose the image size limit.
 //! Every function here exists in libheif 1.15 (`heif_init` since 1.13) and keeps its C ABI in
 //! later 1.x releases; `build.rs` checks for ≥ 1.15.
-
-#![allow(unsafe_code)]
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::marker::PhantomData;

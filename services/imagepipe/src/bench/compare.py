@@ -1,0 +1,83 @@
+"""imagepipe bench --compare: the same photos through Pillow's draft decode and through
+onnxruntime, one thread, CPU time per image (time.process_time), as JSON on stdout.
+
+Pillow does what the metadata stage does to pixels: a draft decode (JPEG DCT scaling) to the
+largest derivative, that derivative as JPEG, the thumbnail as WebP. onnxruntime runs the same
+model.onnx on one intra-op thread with the model's input size.
+"""
+import io
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import onnxruntime
+import PIL
+from PIL import Image
+
+photos_dir, model_path, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+preview, thumbnail = int(sys.argv[4]), int(sys.argv[5])
+files = json.loads(sys.stdin.read())
+
+
+def percentiles(samples):
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    rank = lambda q: ordered[max(1, min(len(ordered), int(-(-q * len(ordered) // 1)))) - 1]
+    return {"p50Ms": rank(0.50), "p95Ms": rank(0.95), "p99Ms": rank(0.99)}
+
+
+def draft(path):
+    started = time.process_time()
+    image = Image.open(path)
+    image.draft("RGB", (preview, preview))
+    image = image.convert("RGB")
+    image.thumbnail((preview, preview), Image.Resampling.BICUBIC)
+    image.save(io.BytesIO(), "JPEG", quality=85)
+    image.thumbnail((thumbnail, thumbnail), Image.Resampling.BICUBIC)
+    image.save(io.BytesIO(), "WEBP", quality=80)
+    return (time.process_time() - started) * 1e3
+
+
+def draft_small(path):
+    started = time.process_time()
+    image = Image.open(path)
+    image.draft("RGB", (thumbnail, thumbnail))
+    image = image.convert("RGB")
+    image.thumbnail((thumbnail, thumbnail), Image.Resampling.BICUBIC)
+    return (time.process_time() - started) * 1e3
+
+
+options = onnxruntime.SessionOptions()
+options.intra_op_num_threads = 1
+options.inter_op_num_threads = 1
+options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+session = onnxruntime.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+name = session.get_inputs()[0].name
+shape = [d if isinstance(d, int) else 1 for d in session.get_inputs()[0].shape]
+inputs = np.random.default_rng(7).uniform(-1, 1, shape).astype(np.float32)
+session.run(None, {name: inputs})
+
+drafts, smalls, inference = [], [], []
+for _ in range(rounds):
+    for file in files:
+        path = f"{photos_dir}/{file}"
+        drafts.append(draft(path))
+        smalls.append(draft_small(path))
+    for _ in range(max(len(files), 4)):
+        started = time.process_time()
+        session.run(None, {name: inputs})
+        inference.append((time.process_time() - started) * 1e3)
+
+json.dump(
+    {
+        "pillow": PIL.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "pillowDraftDerivativesMs": percentiles(drafts),
+        "pillowDraftThumbnailMs": percentiles(smalls),
+        "onnxruntimeInferenceMs": percentiles(inference),
+    },
+    sys.stdout,
+)
