@@ -599,6 +599,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+        # mkstemp's 0600 would hide the files from the service's own user (the container runs
+        # as `imagepipe`, the preparation as root): readable by all, like any installed file.
+        os.fchmod(f.fileno(), 0o644)
     os.replace(tmp, path)
 
 
