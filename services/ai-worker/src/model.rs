@@ -1,20 +1,21 @@
 //! The prepared model directory (`ai.model_dir`, written by `scripts/prepare-model.sh`):
 //! `model.onnx` (EfficientNet-Lite0, input `[1,3,224,224]`, output logits `[1,1000]`),
-//! `labels.json`, `tags.json` and `manifest.json` (model name and each file's sha256).
-//! [`Model::load`] checks the files against the manifest, then loads and optimises the graph
-//! once; [`Model::probabilities`] runs it.
+//! `labels.json`, `tags.json`, onnxruntime's shared library (`libonnxruntime.so.<version>`) and
+//! `manifest.json` (model name, the library's file name and each file's sha256).
+//! [`Model::load_with`] checks the files it uses against the manifest, then loads the graph once
+//! into the runtime `ai.runtime` picks (see [`runtime`](crate::runtime));
+//! [`Model::probabilities`] runs it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::time::Instant;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tract_onnx::prelude::tract_ndarray::Array4;
-use tract_onnx::prelude::*;
 
 use crate::error::{AnalyzeError, ModelError};
-use crate::preprocess::INPUT_SIZE;
+use crate::runtime::{Backend, RuntimeKind, RuntimeOptions};
 use crate::taxonomy::{CLASSES, Taxonomy};
 
 /// The ONNX graph's file name.
@@ -33,51 +34,67 @@ struct Manifest {
     model: String,
     /// sha256 of each file, by file name.
     files: HashMap<String, String>,
+    /// onnxruntime's library in the directory; absent in a directory prepared before the
+    /// preparation shipped it.
+    onnxruntime: Option<OnnxruntimeEntry>,
+}
+
+/// The manifest's `onnxruntime` entry.
+#[derive(Debug, Deserialize)]
+struct OnnxruntimeEntry {
+    /// The library's file name in the directory (its sha256 is in `files`).
+    library: String,
 }
 
 /// A loaded, optimised classifier with its class names and tags. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct Model {
     name: String,
-    plan: Arc<TypedRunnableModel>,
+    backend: Backend,
     taxonomy: Taxonomy,
 }
 
 impl Model {
-    /// Loads the model directory `dir`; a missing file is an error naming the preparation
-    /// command.
+    /// Loads the model directory `dir` with the default runtime choice (`auto`: onnxruntime when
+    /// the directory's library loads, else tract); a missing file is an error naming the
+    /// preparation command.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        Self::load_with(dir, &RuntimeOptions::default())
+    }
+
+    /// Loads the model directory `dir` into the runtime `options` pick, checking every file it
+    /// uses against the manifest; a missing file is an error naming the preparation command.
+    /// Logs the model's name and the runtime running it.
+    pub fn load_with(dir: &Path, options: &RuntimeOptions) -> Result<Self, ModelError> {
+        let started = Instant::now();
         let manifest_path = dir.join(MANIFEST_FILE);
         let manifest: Manifest = serde_json::from_slice(&read(&manifest_path)?)
             .map_err(|e| ModelError::Invalid { path: manifest_path.clone(), reason: e.to_string() })?;
         let mut checked = HashMap::new();
         for file in [MODEL_FILE, LABELS_FILE, TAGS_FILE] {
-            let path = dir.join(file);
-            let bytes = read(&path)?;
-            let expected = manifest.files.get(file).ok_or_else(|| ModelError::Invalid {
-                path: manifest_path.clone(),
-                reason: format!("it lists no sha256 for {file}"),
-            })?;
-            let actual = hex::encode(Sha256::digest(&bytes));
-            if &actual != expected {
-                return Err(ModelError::Invalid {
-                    path,
-                    reason: format!("its sha256 is {actual}, the manifest says {expected}"),
-                });
-            }
-            checked.insert(file, bytes);
+            checked.insert(file, read_checked(dir, &manifest_path, &manifest, file)?);
         }
         let taxonomy = Taxonomy::from_json(&checked[LABELS_FILE], &checked[TAGS_FILE])
             .map_err(|e| ModelError::Invalid { path: dir.join(TAGS_FILE), reason: e.to_string() })?;
-        let path = dir.join(MODEL_FILE);
-        let plan = optimise(&checked[MODEL_FILE])
-            .map_err(|e| ModelError::Graph { path: path.clone(), reason: format!("{e:#}") })?;
-        Ok(Self { name: manifest.model, plan, taxonomy })
+        let library = || match (&options.onnxruntime_library, &manifest.onnxruntime) {
+            (Some(library), _) => Ok(library.clone()),
+            (None, Some(entry)) => shipped_library(dir, &manifest_path, &manifest, &entry.library),
+            (None, None) => Err(ModelError::NoOnnxruntime { manifest: manifest_path.clone() }),
+        };
+        let backend = Backend::load(&checked[MODEL_FILE], &dir.join(MODEL_FILE), library, options)?;
+        tracing::info!(model = %manifest.model, runtime = %backend.kind(), detail = %backend.detail(),
+            dir = %dir.display(), load_ms = started.elapsed().as_millis(), "model loaded");
+        Ok(Self { name: manifest.model, backend, taxonomy })
     }
 
     /// Model name and version (`efficientnet-lite0-imagenet1k@57934424`).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The runtime running the model.
+    pub fn runtime(&self) -> RuntimeKind {
+        self.backend.kind()
     }
 
     /// Class names and tags.
@@ -86,10 +103,10 @@ impl Model {
     }
 
     /// The softmax of the model's logits for one preprocessed input (see
-    /// [`preprocess`](crate::preprocess)). CPU-bound: call it on a blocking thread.
+    /// [`preprocess`](crate::preprocess)). CPU-bound, on the caller's thread alone: call it on a
+    /// blocking thread.
     pub fn probabilities(&self, input: Array4<f32>) -> Result<Vec<f32>, AnalyzeError> {
-        let outputs = self.plan.run(tvec!(Tensor::from(input).into())).map_err(inference_error)?;
-        let logits = outputs[0].to_plain_array_view::<f32>().map_err(inference_error)?;
+        let logits = self.backend.logits(input)?;
         if logits.len() != CLASSES {
             return Err(AnalyzeError::Inference(format!("the model gave {} logits, expected {CLASSES}", logits.len())));
         }
@@ -97,17 +114,35 @@ impl Model {
     }
 }
 
-fn inference_error(error: TractError) -> AnalyzeError {
-    AnalyzeError::Inference(format!("{error:#}"))
+/// The bytes of `dir/file`, which must match the manifest's sha256 for `file`.
+fn read_checked(dir: &Path, manifest_path: &Path, manifest: &Manifest, file: &str) -> Result<Vec<u8>, ModelError> {
+    let path = dir.join(file);
+    let bytes = read(&path)?;
+    let expected = manifest.files.get(file).ok_or_else(|| ModelError::Invalid {
+        path: manifest_path.to_owned(),
+        reason: format!("it lists no sha256 for {file}"),
+    })?;
+    let actual = hex::encode(Sha256::digest(&bytes));
+    if &actual != expected {
+        return Err(ModelError::Invalid {
+            path,
+            reason: format!("its sha256 is {actual}, the manifest says {expected}"),
+        });
+    }
+    Ok(bytes)
 }
 
-fn optimise(onnx_bytes: &[u8]) -> TractResult<Arc<TypedRunnableModel>> {
-    let size = INPUT_SIZE as usize;
-    tract_onnx::onnx()
-        .model_for_read(&mut &onnx_bytes[..])?
-        .with_input_fact(0, f32::fact([1, 3, size, size]).into())?
-        .into_optimized()?
-        .into_runnable()
+/// The path of the onnxruntime library the directory ships (`name`), checked against the
+/// manifest.
+fn shipped_library(dir: &Path, manifest_path: &Path, manifest: &Manifest, name: &str) -> Result<PathBuf, ModelError> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(ModelError::Invalid {
+            path: manifest_path.to_owned(),
+            reason: format!("its onnxruntime library {name:?} is not a file name"),
+        });
+    }
+    read_checked(dir, manifest_path, manifest, name)?;
+    Ok(dir.join(name))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, ModelError> {

@@ -13,6 +13,9 @@ use std::sync::{Arc, OnceLock};
 use imagepipe_ai_worker::Model;
 use serde_json::Value;
 
+/// The sample photos the preparation verifies the model on.
+pub const PHOTOS: [&str; 4] = ["chelsea", "coffee", "rocket", "astronaut"];
+
 /// The environment variable naming the prepared model directory.
 pub const MODEL_DIR_ENV: &str = "IMAGEPIPE_TEST_MODEL_DIR";
 
@@ -38,7 +41,8 @@ pub fn model_dir() -> Option<PathBuf> {
     None
 }
 
-/// The model, loaded once per test binary.
+/// The model, loaded once per test binary with the default runtime choice (`auto`: onnxruntime,
+/// which the prepared directory ships).
 pub fn model() -> Option<Arc<Model>> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
     let dir = model_dir()?;

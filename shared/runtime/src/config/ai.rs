@@ -7,6 +7,38 @@ use serde::{Deserialize, Serialize};
 use super::ConfigError;
 use crate::budget;
 
+/// Which inference runtime runs the model (`ai.runtime`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AiRuntime {
+    /// onnxruntime when its shared library (shipped in the model directory by
+    /// `scripts/prepare-model.sh`, or `ai.onnxruntime_library`) loads; otherwise tract, with a
+    /// warning saying why.
+    #[default]
+    Auto,
+    /// onnxruntime (several times faster than tract); a library that cannot load is an error.
+    Onnxruntime,
+    /// tract: pure Rust, needs no shared library, slower.
+    Tract,
+}
+
+impl AiRuntime {
+    /// The value as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Onnxruntime => "onnxruntime",
+            Self::Tract => "tract",
+        }
+    }
+}
+
+impl std::fmt::Display for AiRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The `ai` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -25,6 +57,11 @@ pub struct AiConfig {
     /// Bytes of pixel buffers the process's decodes and preprocessing may hold at once; an image
     /// waits until its share is free (default: [`budget::default_capacity`]).
     pub memory_budget: u64,
+    /// Which runtime runs the model: `auto` (default), `onnxruntime` or `tract`.
+    pub runtime: AiRuntime,
+    /// onnxruntime's shared library (`libonnxruntime.so.<version>`, 1.22 or newer) to load
+    /// instead of the one in `ai.model_dir`; unset: the model directory's.
+    pub onnxruntime_library: Option<PathBuf>,
 }
 
 impl Default for AiConfig {
@@ -36,6 +73,8 @@ impl Default for AiConfig {
             tag_min_score: 0.05,
             max_pixels: 100_000_000,
             memory_budget: budget::default_capacity(),
+            runtime: AiRuntime::default(),
+            onnxruntime_library: None,
         }
     }
 }
@@ -55,6 +94,15 @@ impl AiConfig {
         if self.max_pixels == 0 {
             return Err(ConfigError::invalid("ai.max_pixels", "must be at least 1"));
         }
+        if let Some(library) = &self.onnxruntime_library {
+            super::non_empty_path("ai.onnxruntime_library", library)?;
+            if self.runtime == AiRuntime::Tract {
+                return Err(ConfigError::invalid(
+                    "ai.onnxruntime_library",
+                    "is set, but ai.runtime is tract, which does not use it (unset one of them)",
+                ));
+            }
+        }
         super::memory_budget("ai.memory_budget", self.memory_budget)
     }
 }
@@ -68,5 +116,33 @@ mod tests {
         let small = AiConfig { memory_budget: budget::MIN_CAPACITY - 1, ..AiConfig::default() };
         assert!(small.validate().unwrap_err().to_string().contains("ai.memory_budget"));
         assert!(AiConfig { memory_budget: budget::MIN_CAPACITY, ..AiConfig::default() }.validate().is_ok());
+    }
+
+    #[test]
+    fn the_runtime_is_auto_by_default_and_reads_its_names() {
+        assert_eq!(AiConfig::default().runtime, AiRuntime::Auto);
+        assert_eq!(AiConfig::default().onnxruntime_library, None);
+        for runtime in [AiRuntime::Auto, AiRuntime::Onnxruntime, AiRuntime::Tract] {
+            let parsed: AiRuntime = serde_json::from_value(serde_json::json!(runtime.as_str())).unwrap();
+            assert_eq!(parsed, runtime);
+            assert_eq!(runtime.to_string(), runtime.as_str());
+        }
+        assert!(serde_json::from_value::<AiRuntime>(serde_json::json!("torch")).is_err());
+    }
+
+    #[test]
+    fn an_onnxruntime_library_must_be_a_path_and_needs_a_runtime_that_uses_it() {
+        let with = |runtime, library: &str| AiConfig {
+            runtime,
+            onnxruntime_library: Some(PathBuf::from(library)),
+            ..AiConfig::default()
+        };
+        assert!(with(AiRuntime::Auto, "/opt/ort/libonnxruntime.so").validate().is_ok());
+        assert!(with(AiRuntime::Onnxruntime, "/opt/ort/libonnxruntime.so").validate().is_ok());
+        let empty = with(AiRuntime::Onnxruntime, "").validate().unwrap_err().to_string();
+        assert!(empty.contains("ai.onnxruntime_library"), "{empty}");
+        let unused = with(AiRuntime::Tract, "/opt/ort/libonnxruntime.so").validate().unwrap_err().to_string();
+        assert!(unused.contains("ai.onnxruntime_library") && unused.contains("tract"), "{unused}");
+        assert!(AiConfig { runtime: AiRuntime::Tract, ..AiConfig::default() }.validate().is_ok());
     }
 }

@@ -33,7 +33,7 @@ use imagepipe_blob::BlobConfig;
 use imagepipe_bus::BusConfig;
 use serde::{Deserialize, Deserializer, Serialize};
 
-pub use ai::AiConfig;
+pub use ai::{AiConfig, AiRuntime};
 pub use coordinator::CoordinatorConfig;
 pub use dedup::DedupConfig;
 pub use dlq::DlqConfig;

@@ -151,6 +151,33 @@ fn opentelemetry_variables_are_not_config_keys() {
 }
 
 #[test]
+fn the_ai_runtime_is_layered_like_every_key() {
+    assert_eq!(load(None, &[]).unwrap().ai.runtime, AiRuntime::Auto);
+    let file = TempToml::new(
+        "ai-runtime",
+        r#"
+        [ai]
+        runtime = "tract"
+        "#,
+    );
+    assert_eq!(load(Some(&file), &[]).unwrap().ai.runtime, AiRuntime::Tract);
+    let settings = load(
+        Some(&file),
+        &[
+            ("IMAGEPIPE_AI__RUNTIME", "onnxruntime"),
+            ("IMAGEPIPE_AI__ONNXRUNTIME_LIBRARY", "/opt/ort/libonnxruntime.so"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(settings.ai.runtime, AiRuntime::Onnxruntime);
+    assert_eq!(settings.ai.onnxruntime_library.as_deref(), Some(std::path::Path::new("/opt/ort/libonnxruntime.so")));
+    let err = load(None, &[("IMAGEPIPE_AI__RUNTIME", "torch")]).unwrap_err();
+    assert_eq!(err.key(), Some("ai.runtime"), "{err}");
+    let err = load(Some(&file), &[("IMAGEPIPE_AI__ONNXRUNTIME_LIBRARY", "/opt/ort/libonnxruntime.so")]).unwrap_err();
+    assert_eq!(err.key(), Some("ai.onnxruntime_library"), "{err}");
+}
+
+#[test]
 fn a_value_of_the_wrong_form_names_its_key() {
     let cases = [
         ("IMAGEPIPE_BUS__KIND", "rabbit", "bus.kind"),

@@ -1,0 +1,204 @@
+//! onnxruntime through the `ort` crate. Nothing of onnxruntime is linked or downloaded at build
+//! time: its shared library (`libonnxruntime.so.<version>`, which `scripts/prepare-model.sh`
+//! copies from the pinned onnxruntime wheel into the model directory) is loaded at run time, once
+//! per process. `ort` speaks onnxruntime's C API version 22 ([`ort::MINOR_VERSION`]), which every
+//! library from 1.22 on serves (the prepared one is 1.31).
+//!
+//! Every session runs one inference at a time on its caller's thread (one intra-op thread, no
+//! inter-op pool, sequential execution, every graph optimisation): the worker runs `ai.threads`
+//! inferences at once on its blocking threads, each with a session of its own from a pool.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use ort::session::Session;
+use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights};
+use ort::value::{TensorRef, ValueType};
+use tract_onnx::prelude::tract_ndarray::Array4;
+
+use crate::error::{AnalyzeError, ModelError};
+use crate::preprocess::INPUT_SIZE;
+
+/// The library this process loaded, or failed to load, and the outcome (`ort` loads one library
+/// per process, at its first use, and keeps it).
+static LIBRARY: OnceLock<(PathBuf, Result<String, String>)> = OnceLock::new();
+
+/// The graph in onnxruntime sessions: one per inference running at once.
+pub struct OnnxruntimeBackend {
+    library: PathBuf,
+    version: String,
+    /// The graph's bytes, for a session more when every session is busy.
+    graph: Arc<[u8]>,
+    /// Sessions not running an inference now.
+    idle: Mutex<Vec<Session>>,
+}
+
+impl std::fmt::Debug for OnnxruntimeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnnxruntimeBackend")
+            .field("library", &self.library)
+            .field("version", &self.version)
+            .field("idle_sessions", &self.idle.lock().map_or(0, |idle| idle.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl OnnxruntimeBackend {
+    /// Loads onnxruntime's shared library `library` (once per process), then `graph` (the
+    /// bytes of `path`) into `sessions` sessions sharing their prepacked weights.
+    pub fn load(library: &Path, graph: &[u8], path: &Path, sessions: usize) -> Result<Self, ModelError> {
+        let version = load_library(library)?;
+        let graph_error = |reason: String| ModelError::Graph { runtime: "onnxruntime", path: path.to_owned(), reason };
+        let prepacked = PrepackedWeights::new();
+        let mut idle = Vec::with_capacity(sessions.max(1));
+        for _ in 0..sessions.max(1) {
+            idle.push(new_session(graph, Some(&prepacked)).map_err(graph_error)?);
+        }
+        check_signature(&idle[0]).map_err(graph_error)?;
+        Ok(Self { library: library.to_owned(), version, graph: graph.into(), idle: Mutex::new(idle) })
+    }
+
+    /// The library's path.
+    pub fn library(&self) -> &Path {
+        &self.library
+    }
+
+    /// The library's version, as it reports it.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The graph's first output (the logits) for one input, on an idle session (a new one when
+    /// every session is busy; it stays in the pool).
+    pub fn logits(&self, input: Array4<f32>) -> Result<Vec<f32>, AnalyzeError> {
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut session = match idle {
+            Some(session) => session,
+            None => new_session(&self.graph, None)
+                .map_err(|reason| AnalyzeError::Inference(format!("onnxruntime: a session more: {reason}")))?,
+        };
+        let logits = run(&mut session, input);
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner).push(session);
+        logits
+    }
+}
+
+/// Loads onnxruntime's library at `library` into the process and creates its environment, the
+/// first time; afterwards the same library is loaded already, and another one is an error.
+/// Returns the library's version.
+fn load_library(library: &Path) -> Result<String, ModelError> {
+    let error = |reason: String| ModelError::OnnxruntimeLibrary { library: library.to_owned(), reason };
+    let wanted = std::fs::canonicalize(library).map_err(|e| error(e.to_string()))?;
+    if !wanted.is_file() {
+        return Err(error("not a file".into()));
+    }
+    let (loaded, outcome) = LIBRARY.get_or_init(|| (wanted.clone(), init(&wanted)));
+    if *loaded != wanted {
+        return Err(error(format!(
+            "this process loaded onnxruntime from {} already, and loads one library only",
+            loaded.display()
+        )));
+    }
+    outcome.clone().map_err(error)
+}
+
+/// Loads the library through `ort` and commits its environment. `ort` panics when the library
+/// does not load (a missing dependency, not a shared library, an API older than 22): the panic
+/// is caught and returned as the reason (the default panic hook has printed it to stderr too).
+fn init(library: &Path) -> Result<String, String> {
+    let committed = catch_unwind(AssertUnwindSafe(|| {
+        ort::init_from(library.display().to_string()).with_name("imagepipe-ai-worker").commit().map(|_| ort::info())
+    }));
+    match committed {
+        Ok(Ok(info)) => Ok(version_of(info)),
+        Ok(Err(e)) => Err(format!("creating its environment: {e}")),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "loading it panicked".into())),
+    }
+}
+
+/// The version in onnxruntime's build information (`ORT Build Info: git-branch=rel-1.31.1, ...`),
+/// or the whole first field when it has none.
+fn version_of(info: &str) -> String {
+    let first = info.split(',').next().unwrap_or(info).trim();
+    match first.split_once("git-branch=") {
+        Some((_, branch)) => branch.trim_start_matches("rel-").to_owned(),
+        None => first.to_owned(),
+    }
+}
+
+/// A session of `graph`: one intra-op thread, sequential, every graph optimisation, the
+/// weights prepacked once for every session sharing `prepacked`.
+fn new_session(graph: &[u8], prepacked: Option<&PrepackedWeights>) -> Result<Session, String> {
+    let mut builder = Session::builder()
+        .and_then(|b| b.with_optimization_level(GraphOptimizationLevel::Level3))
+        .and_then(|b| b.with_intra_threads(1))
+        .and_then(|b| b.with_inter_threads(1))
+        .and_then(|b| b.with_parallel_execution(false))
+        .map_err(|e| format!("session options: {e}"))?;
+    if let Some(prepacked) = prepacked {
+        builder = builder.with_prepacked_weights(prepacked).map_err(|e| format!("session options: {e}"))?;
+    }
+    builder.commit_from_memory(graph).map_err(|e| e.to_string())
+}
+
+/// The graph takes one float tensor `[1,3,224,224]` and gives at least one output.
+fn check_signature(session: &Session) -> Result<(), String> {
+    let size = i64::from(INPUT_SIZE);
+    let [input] = session.inputs.as_slice() else {
+        return Err(format!("it has {} inputs, expected 1", session.inputs.len()));
+    };
+    match &input.input_type {
+        ValueType::Tensor { ty: ort::tensor::TensorElementType::Float32, shape, .. }
+            if **shape == [1, 3, size, size] => {}
+        other => return Err(format!("its input {} is {other:?}, expected f32 [1, 3, {size}, {size}]", input.name)),
+    }
+    if session.outputs.is_empty() {
+        return Err("it has no outputs".into());
+    }
+    Ok(())
+}
+
+fn run(session: &mut Session, input: Array4<f32>) -> Result<Vec<f32>, AnalyzeError> {
+    let error = |e: ort::Error| AnalyzeError::Inference(format!("onnxruntime: {e}"));
+    let (n, c, h, w) = input.dim();
+    let input = input.as_standard_layout();
+    let data = input.as_slice().expect("a standard-layout array is one slice");
+    let tensor = TensorRef::from_array_view(([n, c, h, w], data)).map_err(error)?;
+    let outputs = session.run(ort::inputs![tensor]).map_err(error)?;
+    let (_, logits) = outputs[0].try_extract_tensor::<f32>().map_err(error)?;
+    Ok(logits.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_is_read_from_the_build_information() {
+        let info = "ORT Build Info: git-branch=rel-1.31.1, git-commit-id=abc, build type=Release, cmake cxx flags: -O3";
+        assert_eq!(version_of(info), "1.31.1");
+        assert_eq!(version_of("something else"), "something else");
+    }
+
+    // The only test of this binary that loads a library: `ort` loads one per process.
+    #[test]
+    fn a_file_that_is_not_a_library_is_an_error_naming_it_and_stays_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let bogus = dir.path().join("libonnxruntime.so");
+        std::fs::write(&bogus, b"not a shared library").unwrap();
+        for _ in 0..2 {
+            let err = OnnxruntimeBackend::load(&bogus, b"", Path::new("model.onnx"), 1).unwrap_err();
+            assert!(matches!(&err, ModelError::OnnxruntimeLibrary { library, .. } if *library == bogus), "{err:?}");
+            assert!(err.to_string().contains(&bogus.display().to_string()), "{err}");
+        }
+        let other = dir.path().join("libonnxruntime.so.2");
+        std::fs::write(&other, b"another").unwrap();
+        let err = OnnxruntimeBackend::load(&other, b"", Path::new("model.onnx"), 1).unwrap_err();
+        assert!(err.to_string().contains("loads one library only"), "{err}");
+    }
+}
