@@ -1,8 +1,10 @@
 //! Derivatives (`metadata.thumbnails`): the image scaled to fit a square (never enlarged),
 //! turned upright by its EXIF orientation, encoded as WebP, JPEG or PNG.
 
+use std::cell::RefCell;
 use std::io::Cursor;
 
+use fast_image_resize::{FilterType, ResizeAlg, ResizeOptions, Resizer};
 use image::codecs::png::PngEncoder;
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageEncoder};
@@ -10,6 +12,10 @@ use imagepipe_codec::jpeg;
 use imagepipe_runtime::config::{ThumbnailFormat, ThumbnailSpec};
 
 use crate::error::ExtractError;
+
+/// libwebp's effort (0 fastest … 6 smallest; its default is 4): 2 encodes a thumbnail in about
+/// half the time for a few per cent more bytes.
+const WEBP_METHOD: i32 = 2;
 
 /// An encoded derivative.
 #[derive(Debug, Clone)]
@@ -24,13 +30,26 @@ pub struct Thumbnail {
     pub format: &'static str,
 }
 
-/// `image` scaled down (area-averaged) so its long edge is at most `size`; the image itself when
-/// it already fits.
+/// `image` scaled down so its long edge is at most `size`; the image itself when it already
+/// fits. A convolution whose support widens with the reduction, so every source pixel counts
+/// (like an area filter): Catmull-Rom, sharp, for reductions of 2× and more; bilinear, half the
+/// taps, for the small last step a shrink-on-load decode leaves (1512 → 1440 px), where no
+/// detail can alias. SIMD through `fast_image_resize`, alpha premultiplied while filtering.
 pub fn fit(image: DynamicImage, size: u32) -> DynamicImage {
     let (width, height) = (image.width(), image.height());
-    match fitted(width, height, size) {
-        (w, h) if (w, h) == (width, height) => image,
-        (w, h) => image.thumbnail_exact(w, h),
+    let (w, h) = fitted(width, height, size);
+    if (w, h) == (width, height) {
+        return image;
+    }
+    let filter = if width >= 2 * w { FilterType::CatmullRom } else { FilterType::Bilinear };
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter));
+    let mut resized = DynamicImage::new(w, h, image.color());
+    // The resizer keeps its scratch rows between calls: one per blocking thread.
+    thread_local!(static RESIZER: RefCell<Resizer> = RefCell::new(Resizer::new()));
+    match RESIZER.with(|resizer| resizer.borrow_mut().resize(&image, &mut resized, &options)) {
+        Ok(()) => resized,
+        // Pixel types the SIMD resizer lacks (none of the decoders' today) take the slow road.
+        Err(_) => image.thumbnail_exact(w, h),
     }
 }
 
@@ -60,16 +79,33 @@ pub fn encode(image: &DynamicImage, spec: &ThumbnailSpec) -> Result<Thumbnail, E
     let failed = |reason: String| ExtractError::Thumbnail { name: spec.name.clone(), reason };
     let (bytes, format) = match spec.format {
         ThumbnailFormat::Webp => {
-            let encoded = if alpha {
-                let rgba = image.to_rgba8();
-                webp::Encoder::from_rgba(rgba.as_raw(), width, height).encode(f32::from(spec.quality)).to_vec()
-            } else {
-                let rgb = image.to_rgb8();
-                webp::Encoder::from_rgb(rgb.as_raw(), width, height).encode(f32::from(spec.quality)).to_vec()
-            };
+            let mut config = webp::WebPConfig::new().map_err(|()| failed("libwebp's configuration".into()))?;
+            config.quality = f32::from(spec.quality);
+            config.method = WEBP_METHOD;
+            config.alpha_compression = 1;
+            let encoded = match image {
+                DynamicImage::ImageRgb8(rgb) => {
+                    webp::Encoder::from_rgb(rgb.as_raw(), width, height).encode_advanced(&config)
+                }
+                DynamicImage::ImageRgba8(rgba) => {
+                    webp::Encoder::from_rgba(rgba.as_raw(), width, height).encode_advanced(&config)
+                }
+                other if alpha => {
+                    webp::Encoder::from_rgba(other.to_rgba8().as_raw(), width, height).encode_advanced(&config)
+                }
+                other => webp::Encoder::from_rgb(other.to_rgb8().as_raw(), width, height).encode_advanced(&config),
+            }
+            .map_err(|e| failed(format!("libwebp: {e:?}")))?
+            .to_vec();
             (encoded, "webp")
         }
-        ThumbnailFormat::Jpeg if !alpha => (jpeg::encode(&image.to_rgb8(), spec.quality).map_err(failed)?, "jpeg"),
+        ThumbnailFormat::Jpeg if !alpha => {
+            let encoded = match image {
+                DynamicImage::ImageRgb8(rgb) => jpeg::encode(rgb, spec.quality),
+                other => jpeg::encode(&other.to_rgb8(), spec.quality),
+            };
+            (encoded.map_err(failed)?, "jpeg")
+        }
         ThumbnailFormat::Jpeg | ThumbnailFormat::Png => {
             let mut bytes = Vec::new();
             let encoder = PngEncoder::new(Cursor::new(&mut bytes));

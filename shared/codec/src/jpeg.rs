@@ -117,7 +117,10 @@ pub fn layout(bytes: &[u8]) -> Layout {
             0xFF => pos += 1, // fill byte
             0x01 | 0xD0..=0xD7 => pos += 2,
             SOS => {
-                layout.ends = bytes[pos + 2..].windows(2).any(|w| w == EOI);
+                // Nearly every JPEG ends with its end marker (some with padding after it).
+                let scan = &bytes[pos + 2..];
+                let tail = &scan[scan.len().saturating_sub(64)..];
+                layout.ends = tail.windows(2).any(|w| w == EOI) || scan.windows(2).any(|w| w == EOI);
                 return layout;
             }
             _ => {

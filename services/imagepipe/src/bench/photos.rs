@@ -2,8 +2,9 @@
 //!
 //! Besides the pipeline run on the photos (images/s at full load, by the parent), each stage is
 //! measured on its own in a child process of its own (`--probe metadata|ai`), so its peak
-//! resident memory is the stage's alone: every photo, [`ROUNDS`] times, one at a time on one
-//! thread, the thread's CPU time per image (p50/p95). The metadata probe writes the preview of
+//! resident memory is the stage's alone: every photo, [`ROUNDS`] times after one round not
+//! counted (a worker runs warm), one at a time on one thread, the thread's CPU time per image
+//! (p50/p95). The metadata probe writes the preview of
 //! each photo (the derivative the AI worker reads) for the AI probe.
 
 use std::path::Path;
@@ -96,12 +97,15 @@ fn probe_metadata(
 ) -> anyhow::Result<StageFigures> {
     std::fs::create_dir_all(previews).with_context(|| format!("creating {}", previews.display()))?;
     let mut cpu = Vec::with_capacity(ROUNDS * photos.len());
-    for round in 0..ROUNDS {
+    // A round not counted first: a worker runs warm (its allocator holds the buffers' pages).
+    for round in 0..=ROUNDS {
         for (name, bytes) in photos {
             let started = thread_cpu();
             let extracted = imagepipe_metadata_worker::extract(bytes, settings)
                 .map_err(|e| anyhow::anyhow!("{name}: {}", imagepipe_runtime::error_chain(&e)))?;
-            cpu.push(thread_cpu().saturating_sub(started));
+            if round > 0 {
+                cpu.push(thread_cpu().saturating_sub(started));
+            }
             if round == 0 {
                 let m = &extracted.metadata;
                 let index = m.thumbnails.iter().position(|t| Some(&t.key) == m.preview_key.as_ref());
@@ -126,16 +130,19 @@ fn probe_ai(
 ) -> anyhow::Result<StageFigures> {
     let model = classifier.model();
     let (mut cpu, mut inference) = (Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
+    for round in 0..=ROUNDS {
         for (name, bytes) in previews {
             let started = thread_cpu();
             let input = imagepipe_ai_worker::preprocess::preprocess(bytes, options.max_pixels)
                 .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             let before_model = thread_cpu();
             let probabilities = model.probabilities(input).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-            inference.push(thread_cpu().saturating_sub(before_model));
+            let model_time = thread_cpu().saturating_sub(before_model);
             std::hint::black_box(model.taxonomy().analyze(&probabilities, options.top_k, options.tag_min_score));
-            cpu.push(thread_cpu().saturating_sub(started));
+            if round > 0 {
+                inference.push(model_time);
+                cpu.push(thread_cpu().saturating_sub(started));
+            }
         }
     }
     Ok(StageFigures {
