@@ -9,6 +9,27 @@ use serde_json::Value;
 /// The bundled sample photos (`services/imagepipe/samples`), by file name.
 pub const SAMPLES: [&str; 4] = ["chelsea.jpg", "coffee.jpg", "rocket.jpg", "astronaut.jpg"];
 
+/// Where [`Fixtures`] serves chelsea as a HEIC.
+const HEIC_PATH: &str = "/photos/chelsea.heic";
+
+/// `jpeg` encoded as HEIC by libheif's `heif-enc` (x265), the encoder the test scripts install
+/// (`scripts/image-libs.sh`, `ensure_image_tools`).
+pub fn heic_of(jpeg: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("photo.heic");
+    let status = std::process::Command::new("heif-enc")
+        .args(["-q", "85", "-o"])
+        .arg(&out)
+        .arg(jpeg)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| std::io::Error::other(format!("running heif-enc (install it with scripts/image-libs.sh): {e}")))?;
+    if !status.success() {
+        return Err(std::io::Error::other(format!("heif-enc failed: {status}")));
+    }
+    std::fs::read(out)
+}
+
 /// Path of a sample photo.
 pub fn sample_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../services/imagepipe/samples").join(name)
@@ -31,7 +52,13 @@ impl Fixtures {
         ] {
             routes.push((path, Route::ok("image/jpeg", std::fs::read(sample_path(name))?)));
         }
+        routes.push((HEIC_PATH, Route::ok("image/heic", heic_of(&sample_path(SAMPLES[0]))?)));
         Ok(Self { server: FixtureServer::start(routes).await? })
+    }
+
+    /// URL of chelsea as a HEIC, as phones write photos (made by `heif-enc` at start).
+    pub fn heic_url(&self) -> String {
+        self.server.url(HEIC_PATH)
     }
 
     /// URL of a sample photo.

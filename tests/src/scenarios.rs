@@ -58,16 +58,25 @@ pub async fn every_task_completes_across_processes(backend: Backend, count: usiz
     let cluster = Cluster::start(config).await.expect("cluster");
     let prefix = cluster.prefix().to_owned();
 
-    let (ids, bodies) = submits(&prefix, count, &fixtures);
+    let (ids, mut bodies) = submits(&prefix, count, &fixtures);
+    // And one photo as phones write them: chelsea as a HEIC.
+    let heic = format!("tsk_{prefix}_heic");
+    let body = json!({
+        "taskId": heic,
+        "url": fixtures.heic_url(),
+        "callbackUrl": fixtures.hook_url(),
+        "labels": { "run": prefix, "sample": "chelsea.heic" },
+    });
+    bodies.push(serde_json::to_vec(&body).expect("JSON"));
     backend.submitter(&prefix).await.expect("submitter").publish_all(bodies).await.expect("publish submits");
 
-    let all: BTreeSet<String> = ids.iter().cloned().collect();
+    let all: BTreeSet<String> = ids.iter().cloned().chain([heic.clone()]).collect();
     let finished = recorder.wait_until(Duration::from_secs(600), |r| r.terminal_tasks().is_superset(&all)).await;
     assert!(finished, "{} of {count} tasks finished", recorder.terminal_tasks().intersection(&all).count());
 
     for event_type in COMPLETED_FLOW {
         let ids_per_task = recorder.distinct_ids(event_type);
-        for id in &ids {
+        for id in all.iter() {
             let seen = ids_per_task.get(id).map_or(0, BTreeSet::len);
             assert_eq!(seen, 1, "{id}: {seen} distinct {event_type} events");
         }
@@ -75,12 +84,13 @@ pub async fn every_task_completes_across_processes(backend: Backend, count: usiz
     assert!(recorder.distinct_ids("task.failed").keys().all(|id| !all.contains(id)), "no task failed");
 
     check_tasks(&cluster, &ids).await;
+    check_heic(&cluster, &heic).await;
     check_search(&cluster, &ids).await;
     let subscribers_done =
-        recorder.wait_until(Duration::from_secs(60), |_| fixtures.webhooks_by_task().len() >= count).await;
-    assert!(subscribers_done, "webhooks for {} of {count} tasks", fixtures.webhooks_by_task().len());
+        recorder.wait_until(Duration::from_secs(60), |_| fixtures.webhooks_by_task().len() > count).await;
+    assert!(subscribers_done, "webhooks for {} of {} tasks", fixtures.webhooks_by_task().len(), count + 1);
     let webhooks = fixtures.webhooks_by_task();
-    for id in &ids {
+    for id in &all {
         assert_eq!(webhooks.get(id).map_or(0, BTreeSet::len), 1, "{id}: one task.completed webhook");
     }
     check_stats(&cluster, &recorder).await;
@@ -186,6 +196,29 @@ async fn check_tasks(cluster: &Cluster, ids: &[String]) {
             _ => assert!(!tags.is_empty() && !top.is_empty(), "{id}: labelled and tagged: {outputs}"),
         }
     }
+}
+
+/// The HEIC task completed like its JPEG original: read as `heic` at its stored size, its
+/// derivatives stored, the AI worker given the preview (not the HEIC), labelled a cat, with the
+/// task's own labels on it.
+async fn check_heic(cluster: &Cluster, id: &str) {
+    let task = cluster.get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await.expect("task view");
+    assert_eq!(task["state"], "completed", "{id}: {task}");
+    assert_eq!(task["labels"]["sample"], "chelsea.heic", "{id}: {task}");
+    let metadata = &task["outputs"]["metadata"];
+    assert_eq!((metadata["format"].as_str(), metadata["width"].as_u64()), (Some("heic"), Some(451)), "{metadata}");
+    let derivatives = metadata["thumbnails"].as_array().map(Vec::as_slice).unwrap_or_default();
+    assert_eq!(derivatives.len(), 2, "a thumbnail and a preview: {metadata}");
+    for derivative in derivatives {
+        let key = derivative["key"].as_str().unwrap_or_default();
+        assert!(blob_exists(&cluster.blob_dir(), key), "{id}: {} {key} stored", derivative["name"]);
+    }
+    assert!(metadata["previewKey"].is_string(), "{metadata}");
+    let analysis = &task["outputs"]["analysis"];
+    let tags: Vec<&str> =
+        analysis["tags"].as_array().map(|t| t.iter().filter_map(|t| t["label"].as_str()).collect()).unwrap_or_default();
+    let top = analysis["predictions"][0]["label"].as_str().unwrap_or_default();
+    assert!(tags.contains(&"cat") && top.contains("cat"), "{id}: the HEIC chelsea is a cat: {top}, {tags:?}");
 }
 
 /// The tag index lists every chelsea task under `cat`, each once, and no other task.

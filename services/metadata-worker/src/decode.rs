@@ -147,7 +147,7 @@ pub fn header(bytes: &[u8], settings: &MetadataConfig) -> Result<Header, Extract
 /// the smallest scale whose long edge still covers `need` pixels.
 pub fn decode(bytes: &[u8], settings: &MetadataConfig, need: u32) -> Result<Decoded, ExtractError> {
     if heif::sniff(bytes).is_some() {
-        let (image, h) = heif::decode(bytes, settings)?;
+        let (image, h) = heif::decode(bytes, settings, need)?;
         let color = Header::of_heif(&h).color;
         return Ok(Decoded {
             image,

@@ -18,11 +18,14 @@
 //! limit is [`ExtractError::DecoderLimit`] (`pixel_limit`), anything else about the file is
 //! [`ExtractError::Decode`] (`decode_failed`) with format `heic` or `avif`.
 
-use image::{DynamicImage, ImageBuffer};
+use fast_image_resize::PixelType;
+use fast_image_resize::images::ImageRef;
+use image::{ColorType, DynamicImage, ImageBuffer};
 use imagepipe_codec::heif::{HeifContext, HeifError, HeifHandle, ProfileType};
 use imagepipe_runtime::config::MetadataConfig;
 
 use crate::error::ExtractError;
+use crate::thumbnail;
 
 /// Which HEIF flavour a file is, by its brands (or, for the generic `mif1`/`msf1`, by its
 /// primary image's coding).
@@ -130,7 +133,7 @@ pub fn header(bytes: &[u8], settings: &MetadataConfig) -> Result<HeifHeader, Ext
 
 /// Decodes the primary image of `bytes` within `settings`' limits to 8-bit RGB, or RGBA when it
 /// has alpha, upright (see the module's notes on orientation), with its header.
-pub fn decode(bytes: &[u8], settings: &MetadataConfig) -> Result<(DynamicImage, HeifHeader), ExtractError> {
+pub fn decode(bytes: &[u8], settings: &MetadataConfig, need: u32) -> Result<(DynamicImage, HeifHeader), ExtractError> {
     let kind = sniff(bytes).ok_or(ExtractError::UnsupportedFormat)?;
     let context = read(bytes, kind, settings)?;
     let primary = context.primary().map_err(|e| failed(kind, e))?;
@@ -154,6 +157,18 @@ pub fn decode(bytes: &[u8], settings: &MetadataConfig) -> Result<(DynamicImage, 
     let rows = header.height as usize;
     let (plane, stride) =
         decoded.plane(row, rows).ok_or_else(|| decode_error("libheif returned no interleaved plane".into()))?;
+    // Downscale early: straight from libheif's plane when its rows are packed, so a 48 MP photo
+    // is not copied at full size first.
+    let fitted = thumbnail::fitted(header.width, header.height, need);
+    let (pixel_type, color) =
+        if header.has_alpha { (PixelType::U8x4, ColorType::Rgba8) } else { (PixelType::U8x3, ColorType::Rgb8) };
+    if stride == row && fitted != (header.width, header.height) {
+        let view = ImageRef::new(header.width, header.height, &plane[..row * rows], pixel_type)
+            .map_err(|e| decode_error(format!("libheif's plane: {e}")))?;
+        let image = thumbnail::resize(&view, header.width, fitted, color)
+            .map_err(|e| decode_error(format!("downscaling: {e}")))?;
+        return Ok((image, header));
+    }
     let mut pixels = Vec::with_capacity(row * rows);
     for y in 0..rows {
         pixels.extend_from_slice(&plane[y * stride..y * stride + row]);

@@ -4,10 +4,10 @@
 use std::cell::RefCell;
 use std::io::Cursor;
 
-use fast_image_resize::{FilterType, ResizeAlg, ResizeOptions, Resizer};
+use fast_image_resize::{FilterType, IntoImageView, ResizeAlg, ResizeError, ResizeOptions, Resizer};
 use image::codecs::png::PngEncoder;
 use image::metadata::Orientation;
-use image::{DynamicImage, ImageEncoder};
+use image::{ColorType, DynamicImage, ImageEncoder};
 use imagepipe_codec::jpeg;
 use imagepipe_runtime::config::{ThumbnailFormat, ThumbnailSpec};
 
@@ -41,16 +41,28 @@ pub fn fit(image: DynamicImage, size: u32) -> DynamicImage {
     if (w, h) == (width, height) {
         return image;
     }
-    let filter = if width >= 2 * w { FilterType::CatmullRom } else { FilterType::Bilinear };
-    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter));
-    let mut resized = DynamicImage::new(w, h, image.color());
-    // The resizer keeps its scratch rows between calls: one per blocking thread.
-    thread_local!(static RESIZER: RefCell<Resizer> = RefCell::new(Resizer::new()));
-    match RESIZER.with(|resizer| resizer.borrow_mut().resize(&image, &mut resized, &options)) {
-        Ok(()) => resized,
+    match resize(&image, width, (w, h), image.color()) {
+        Ok(resized) => resized,
         // Pixel types the SIMD resizer lacks (none of the decoders' today) take the slow road.
         Err(_) => image.thumbnail_exact(w, h),
     }
+}
+
+/// `source` (`width` pixels wide, any view `fast_image_resize` reads: a [`DynamicImage`], or a
+/// decoder's buffer) resized to `to`, as [`fit`] filters, into a new image of `color`.
+pub fn resize(
+    source: &impl IntoImageView,
+    width: u32,
+    to: (u32, u32),
+    color: ColorType,
+) -> Result<DynamicImage, ResizeError> {
+    let filter = if width >= 2 * to.0 { FilterType::CatmullRom } else { FilterType::Bilinear };
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter));
+    let mut resized = DynamicImage::new(to.0, to.1, color);
+    // The resizer keeps its scratch rows between calls: one per blocking thread.
+    thread_local!(static RESIZER: RefCell<Resizer> = RefCell::new(Resizer::new()));
+    RESIZER.with(|resizer| resizer.borrow_mut().resize(source, &mut resized, &options))?;
+    Ok(resized)
 }
 
 /// The dimensions [`fit`] gives a `width`×`height` image.

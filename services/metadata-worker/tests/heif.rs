@@ -59,12 +59,12 @@ fn settings() -> MetadataConfig {
 }
 
 fn decode(bytes: &[u8]) -> (DynamicImage, heif::HeifHeader) {
-    heif::decode(bytes, &settings()).unwrap_or_else(|e| panic!("the fixture decodes: {e}"))
+    heif::decode(bytes, &settings(), u32::MAX).unwrap_or_else(|e| panic!("the fixture decodes: {e}"))
 }
 
 fn failure(bytes: &[u8], settings: &MetadataConfig) -> ExtractError {
     let header = heif::header(bytes, settings).err();
-    let error = match heif::decode(bytes, settings) {
+    let error = match heif::decode(bytes, settings, u32::MAX) {
         Ok((image, header)) => panic!("the fixture must fail, but decoded {:?}: {header:?}", image.dimensions()),
         Err(error) => error,
     };
@@ -108,6 +108,12 @@ fn a_heic_decodes_to_its_size_and_colours() {
     let disc = image.get_pixel(96, 96);
     assert!(disc[0] > 200 && disc[1] > 180 && disc[2] < 100, "{disc:?}");
     assert_eq!(heif::header(&heic, &settings()).expect("the header reads"), header);
+
+    // Asked for less, it is downscaled straight from libheif's plane, the same picture.
+    let (small, _) = heif::decode(&heic, &settings(), 160).expect("a downscaled decode");
+    assert_eq!((small.width(), small.height()), (160, 120));
+    let disc = small.get_pixel(48, 48);
+    assert!(disc[0] > 200 && disc[1] > 180 && disc[2] < 100, "{disc:?}");
 }
 
 #[test]
@@ -237,7 +243,7 @@ fn a_corrupt_heic_is_decode_failed() {
     assert_eq!((image.width(), image.height(), header.width), (320, 240, 320));
     // Anywhere: an error or an image of the declared size.
     for at in (0..heic.len() - 16).step_by(48) {
-        match heif::decode(&flipped(at..at + 16), &settings()) {
+        match heif::decode(&flipped(at..at + 16), &settings(), u32::MAX) {
             Ok((image, header)) => assert_eq!((image.width(), image.height()), (header.width, header.height)),
             Err(error) => assert!(
                 [codes::DECODE_FAILED, codes::UNSUPPORTED_FORMAT, codes::PIXEL_LIMIT].contains(&error.code()),
@@ -288,7 +294,7 @@ fn sniffing_real_files() {
     assert_eq!(heif::sniff(&heic_of_jpeg(&jpeg)), Some(HeifKind::Heic));
     assert_eq!(heif::sniff(&avif_of("jpg", &jpeg, &[])), Some(HeifKind::Avif));
     assert_eq!(heif::sniff(&jpeg), None);
-    let error = heif::decode(&jpeg, &settings()).unwrap_err();
+    let error = heif::decode(&jpeg, &settings(), u32::MAX).unwrap_err();
     assert_eq!(error.code(), codes::UNSUPPORTED_FORMAT);
     // An MP4 and a QuickTime movie start with ftyp boxes too.
     let mp4 = [&[0, 0, 0, 0x20][..], b"ftypisom\0\0\x02\0isomiso2avc1mp41"].concat();
