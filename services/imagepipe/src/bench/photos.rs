@@ -3,8 +3,8 @@
 //! Besides the pipeline run on the photos (images/s at full load, by the parent), each stage is
 //! measured on its own in a child process of its own (`--probe metadata|ai`), so its peak
 //! resident memory is the stage's alone: every photo, [`ROUNDS`] times after one round not
-//! counted (a worker runs warm), one at a time on one thread, the thread's CPU time per image
-//! (p50/p95). The metadata probe writes the preview of
+//! counted (a worker runs warm), one at a time, the process's CPU time per image (p50/p95; a
+//! probe runs nothing else, and libheif decodes on threads of its own). The metadata probe writes the preview of
 //! each photo (the derivative the AI worker reads) for the AI probe.
 
 use std::path::Path;
@@ -42,7 +42,7 @@ pub struct StageFigures {
     pub stage: Stage,
     /// Photos (each measured [`ROUNDS`] times).
     pub images: usize,
-    /// CPU time of the stage per image, on its thread.
+    /// CPU time of the stage per image, every thread of the probe process.
     pub cpu_ms: Percentiles,
     /// Of it, the model alone (AI stage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -100,11 +100,11 @@ fn probe_metadata(
     // A round not counted first: a worker runs warm (its allocator holds the buffers' pages).
     for round in 0..=ROUNDS {
         for (name, bytes) in photos {
-            let started = thread_cpu();
+            let started = process_cpu();
             let extracted = imagepipe_metadata_worker::extract(bytes, settings)
                 .map_err(|e| anyhow::anyhow!("{name}: {}", imagepipe_runtime::error_chain(&e)))?;
             if round > 0 {
-                cpu.push(thread_cpu().saturating_sub(started));
+                cpu.push(process_cpu().saturating_sub(started));
             }
             if round == 0 {
                 let m = &extracted.metadata;
@@ -132,16 +132,16 @@ fn probe_ai(
     let (mut cpu, mut inference) = (Vec::new(), Vec::new());
     for round in 0..=ROUNDS {
         for (name, bytes) in previews {
-            let started = thread_cpu();
+            let started = process_cpu();
             let input = imagepipe_ai_worker::preprocess::preprocess(bytes, options.max_pixels)
                 .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-            let before_model = thread_cpu();
+            let before_model = process_cpu();
             let probabilities = model.probabilities(input).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-            let model_time = thread_cpu().saturating_sub(before_model);
+            let model_time = process_cpu().saturating_sub(before_model);
             std::hint::black_box(model.taxonomy().analyze(&probabilities, options.top_k, options.tag_min_score));
             if round > 0 {
                 inference.push(model_time);
-                cpu.push(thread_cpu().saturating_sub(started));
+                cpu.push(process_cpu().saturating_sub(started));
             }
         }
     }
@@ -187,7 +187,8 @@ pub async fn measure(
     Ok(figures)
 }
 
-/// CPU time of the calling thread.
-fn thread_cpu() -> Duration {
-    cpu_time::ThreadTime::now().as_duration()
+/// CPU time of this process, every thread: libheif and libde265 decode on threads of their own,
+/// and nothing else runs in a probe.
+fn process_cpu() -> Duration {
+    cpu_time::ProcessTime::now().as_duration()
 }

@@ -317,7 +317,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "per photo    each stage alone in a process of its own, one image at a time, CPU time of its thread:"
+            "per photo    each stage alone in a process of its own, one image at a time, its CPU time per image:"
         );
         let compare = self.comparison.as_ref();
         for stage in &self.stages {
