@@ -29,24 +29,16 @@ def percentiles(samples):
     return {"p50Ms": rank(0.50), "p95Ms": rank(0.95), "p99Ms": rank(0.99)}
 
 
-def draft(path):
+def draft(path, derivatives):
+    """CPU ms to draft-decode `path` to the first size and write each (size, format)."""
     started = time.process_time()
     image = Image.open(path)
-    image.draft("RGB", (preview, preview))
+    image.draft("RGB", (derivatives[0][0], derivatives[0][0]))
     image = image.convert("RGB")
-    image.thumbnail((preview, preview), Image.Resampling.BICUBIC)
-    image.save(io.BytesIO(), "JPEG", quality=85)
-    image.thumbnail((thumbnail, thumbnail), Image.Resampling.BICUBIC)
-    image.save(io.BytesIO(), "WEBP", quality=80)
-    return (time.process_time() - started) * 1e3
-
-
-def draft_small(path):
-    started = time.process_time()
-    image = Image.open(path)
-    image.draft("RGB", (thumbnail, thumbnail))
-    image = image.convert("RGB")
-    image.thumbnail((thumbnail, thumbnail), Image.Resampling.BICUBIC)
+    for size, encoding, quality in derivatives:
+        image.thumbnail((size, size), Image.Resampling.BICUBIC)
+        if encoding:
+            image.save(io.BytesIO(), encoding, quality=quality)
     return (time.process_time() - started) * 1e3
 
 
@@ -64,8 +56,8 @@ drafts, smalls, inference = [], [], []
 for _ in range(rounds):
     for file in files:
         path = f"{photos_dir}/{file}"
-        drafts.append(draft(path))
-        smalls.append(draft_small(path))
+        drafts.append(draft(path, [(preview, "JPEG", 85), (thumbnail, "WEBP", 80)]))
+        smalls.append(draft(path, [(thumbnail, None, None)]))
     for _ in range(max(len(files), 4)):
         started = time.process_time()
         session.run(None, {name: inputs})
