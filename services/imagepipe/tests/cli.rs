@@ -264,16 +264,28 @@ async fn results_read_like_prose_in_submit_status_history_list_thumbnail_watch_a
     let err = usage_error(&imagepipe(args(&["list", "--since", "yesterday", "--api", &api])).await);
     assert!(err.contains("\"yesterday\" is neither a duration"), "{err}");
 
-    // thumbnail: a real image, to the file named, to the default name, or to a pipe.
-    let file = work.path().join("thumb.jpg");
+    // thumbnail: a real image (WebP by default), to the file named, to the default name, or to
+    // a pipe; --name picks another derivative (the JPEG preview).
+    let webp = |bytes: &[u8]| bytes.starts_with(b"RIFF") && bytes.get(8..12) == Some(b"WEBP");
+    let file = work.path().join("thumb.webp");
     ok(&imagepipe(args(&["thumbnail", &id, "-o", file.to_str().unwrap(), "--api", &api])).await);
-    assert!(std::fs::read(&file).unwrap().starts_with(&[0xff, 0xd8, 0xff]), "a JPEG");
+    assert!(webp(&std::fs::read(&file).unwrap()), "a WebP");
     let said = ok(&imagepipe_in(work.path(), args(&["thumbnail", &id, "--api", &api])).await);
-    let default = work.path().join(format!("{id}-thumbnail.jpg"));
-    assert!(said.contains(&format!("{id}-thumbnail.jpg")), "{said}");
-    assert!(std::fs::read(&default).unwrap().starts_with(&[0xff, 0xd8, 0xff]), "a JPEG");
+    let default = work.path().join(format!("{id}-thumbnail.webp"));
+    assert!(said.contains(&format!("{id}-thumbnail.webp")), "{said}");
+    assert!(webp(&std::fs::read(&default).unwrap()), "a WebP");
     let out = imagepipe(args(&["thumbnail", &id, "-o", "-", "--api", &api])).await;
-    assert!(out.status.success() && out.stdout.starts_with(&[0xff, 0xd8, 0xff]), "{}", text(&out.stderr));
+    assert!(out.status.success() && webp(&out.stdout), "{}", text(&out.stderr));
+    let said = ok(&imagepipe_in(work.path(), args(&["thumbnail", &id, "--name", "preview", "--api", &api])).await);
+    assert!(said.contains(&format!("{id}-preview.jpg")), "{said}");
+    let preview = std::fs::read(work.path().join(format!("{id}-preview.jpg"))).unwrap();
+    assert!(preview.starts_with(&[0xff, 0xd8, 0xff]), "the preview is a JPEG");
+    let err = imagepipe(args(&["thumbnail", &id, "--name", "poster", "--api", &api])).await;
+    assert!(
+        !err.status.success() && text(&err.stderr).contains("no derivative named \"poster\""),
+        "{}",
+        text(&err.stderr)
+    );
 
     // watch --task of a finished task: its final state, at once.
     let out = imagepipe(args(&["watch", "--task", &id, "--api", &api])).await;

@@ -116,8 +116,8 @@ fn derive(
 
 /// Bytes of the buffers [`extract`] holds at once at its peak for the image in `bytes`, from
 /// its header alone: while decoding, the decoded pixels (scaled for a JPEG) and the decoder's
-/// scratch; then the decoded image beside its downscaled copy; then, per derivative, the copy,
-/// its turned copy and the encoder's 8-bit RGBA copy. Fails as [`extract`] would on a header it
+/// scratch; then the decoded image beside its downscaled copy and the resizer's rows; then, per
+/// derivative, the copy, its turned copy and the encoder's 8-bit RGBA copy. Fails as [`extract`] would on a header it
 /// refuses.
 pub fn memory_needed(bytes: &[u8], settings: &MetadataConfig) -> Result<u64, ExtractError> {
     let header = decode::header(bytes, settings)?;
@@ -128,7 +128,7 @@ pub fn memory_needed(bytes: &[u8], settings: &MetadataConfig) -> Result<u64, Ext
     let fitted_pixels = u64::from(fw) * u64::from(fh);
     let fitted = fitted_pixels * u64::from(header.color.bytes_per_pixel());
     let decoding = decoded + header.scratch_bytes;
-    let fitting = decoded + fitted;
+    let fitting = decoded + fitted + thumbnail::resize_scratch(fw, dh, header.color.bytes_per_pixel());
     let finishing = 2 * fitted + 4 * fitted_pixels;
     Ok(decoding.max(fitting).max(finishing))
 }

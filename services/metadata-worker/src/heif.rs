@@ -162,7 +162,7 @@ pub fn decode(bytes: &[u8], settings: &MetadataConfig, need: u32) -> Result<(Dyn
     let fitted = thumbnail::fitted(header.width, header.height, need);
     let (pixel_type, color) =
         if header.has_alpha { (PixelType::U8x4, ColorType::Rgba8) } else { (PixelType::U8x3, ColorType::Rgb8) };
-    if stride == row && fitted != (header.width, header.height) {
+    if stride == row && !header.has_alpha && fitted != (header.width, header.height) {
         let view = ImageRef::new(header.width, header.height, &plane[..row * rows], pixel_type)
             .map_err(|e| decode_error(format!("libheif's plane: {e}")))?;
         let image = thumbnail::resize(&view, header.width, fitted, color)

@@ -34,18 +34,30 @@ pub struct Thumbnail {
 /// fits. A convolution whose support widens with the reduction, so every source pixel counts
 /// (like an area filter): Catmull-Rom, sharp, for reductions of 2× and more; bilinear, half the
 /// taps, for the small last step a shrink-on-load decode leaves (1512 → 1440 px), where no
-/// detail can alias. SIMD through `fast_image_resize`, alpha premultiplied while filtering.
+/// detail can alias; SIMD through `fast_image_resize`. Images with alpha are area-averaged in
+/// place (see the body).
 pub fn fit(image: DynamicImage, size: u32) -> DynamicImage {
     let (width, height) = (image.width(), image.height());
     let (w, h) = fitted(width, height, size);
     if (w, h) == (width, height) {
         return image;
     }
+    // With alpha, the SIMD resizer premultiplies a copy of the whole source: for a 100 MP
+    // 16-bit PNG that is 800 MB more than the memory budget counted. Area averaging needs none.
+    if image.color().has_alpha() {
+        return image.thumbnail_exact(w, h);
+    }
     match resize(&image, width, (w, h), image.color()) {
         Ok(resized) => resized,
         // Pixel types the SIMD resizer lacks (none of the decoders' today) take the slow road.
         Err(_) => image.thumbnail_exact(w, h),
     }
+}
+
+/// Bytes [`fit`] holds beside the source and the result while it resizes a `height` pixels
+/// tall image of `bytes_per_pixel` to `width` pixels: the horizontally resized rows.
+pub fn resize_scratch(width: u32, height: u32, bytes_per_pixel: u8) -> u64 {
+    u64::from(width) * u64::from(height) * u64::from(bytes_per_pixel)
 }
 
 /// `source` (`width` pixels wide, any view `fast_image_resize` reads: a [`DynamicImage`], or a

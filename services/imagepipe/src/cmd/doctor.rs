@@ -123,7 +123,7 @@ pub async fn checks(config: &ConfigArgs) -> Vec<Check> {
     checks.extend(bus_checks(&settings).await);
     checks.extend(store_checks(&settings).await);
     checks.push(blob_check(&settings.blob).await);
-    checks.push(model_check(&settings.ai.model_dir).await);
+    checks.push(model_check(&settings.ai).await);
     checks
 }
 
@@ -448,9 +448,10 @@ async fn probe_blob_store(blob: &BlobConfig) -> Result<(), String> {
     deleted
 }
 
-async fn model_check(dir: &Path) -> Check {
-    let owned = dir.to_owned();
-    let loaded = tokio::task::spawn_blocking(move || Model::load(&owned)).await;
+async fn model_check(ai: &imagepipe_runtime::config::AiConfig) -> Check {
+    let dir = ai.model_dir.as_path();
+    let (owned, options) = (dir.to_owned(), imagepipe_ai_worker::RuntimeOptions::from(ai));
+    let loaded = tokio::task::spawn_blocking(move || Model::load_with(&owned, &options)).await;
     let prepare = format!(
         "run `{} --out {}`, or set {} to the prepared directory",
         imagepipe_ai_worker::PREPARE_COMMAND,
@@ -460,7 +461,12 @@ async fn model_check(dir: &Path) -> Check {
     match loaded {
         Ok(Ok(model)) => Check::ok(
             "model",
-            format!("{} in {}: files match manifest.json, the graph loads", model.name(), dir.display()),
+            format!(
+                "{} in {}: files match manifest.json, the graph loads in {}",
+                model.name(),
+                dir.display(),
+                model.runtime().as_str()
+            ),
         ),
         Ok(Err(error @ (ModelError::Missing { .. } | ModelError::Read { .. }))) => {
             Check::fail("model", error_chain(&error), prepare)
