@@ -65,15 +65,12 @@ fn jpeg_scale(format: ImageFormat, bytes: &[u8], (width, height): (u32, u32)) ->
 /// centre crop. Fails as [`decode`] would on a header it refuses.
 pub fn memory_needed(bytes: &[u8], max_pixels: u64) -> Result<u64, AnalyzeError> {
     let (mut decoder, format) = open(bytes, max_pixels)?;
-    let (width, height) = match jpeg_scale(format, bytes, decoder.dimensions()) {
-        Some(num) => {
-            let (width, height) = decoder.dimensions();
-            (jpeg::scaled(width, num), jpeg::scaled(height, num))
-        }
-        None => decoder.dimensions(),
+    let full = decoder.dimensions();
+    let (width, height) = match jpeg_scale(format, bytes, full) {
+        Some(num) => jpeg::scaled_dimensions(full.0, full.1, num),
+        None => full,
     };
     let pixels = u64::from(width) * u64::from(height);
-    let full = decoder.dimensions();
     let decoded = pixels * u64::from(decoder.color_type().bytes_per_pixel());
     // A progressive JPEG's coefficients are held at full size, whatever the output scale.
     let progressive = format != ImageFormat::Jpeg || jpeg::layout(bytes).progressive;

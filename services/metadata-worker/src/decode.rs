@@ -108,7 +108,7 @@ impl Header {
             format_name: h.kind.name(),
             width: h.stored_width,
             height: h.stored_height,
-            color: if h.has_alpha { ColorType::Rgba8 } else { ColorType::Rgb8 },
+            color: heif_color(h),
             pixel_bytes: h.pixel_bytes,
             scratch_bytes: h.scratch_bytes,
             shrinks: false,
@@ -120,8 +120,7 @@ impl Header {
         if !self.shrinks {
             return (self.width, self.height);
         }
-        let num = jpeg::scale_for(self.width, self.height, need);
-        (jpeg::scaled(self.width, num), jpeg::scaled(self.height, num))
+        jpeg::scaled_dimensions(self.width, self.height, jpeg::scale_for(self.width, self.height, need))
     }
 
     /// Bytes of the pixels [`decode`] returns for `need` (see [`Header::decoded_dimensions`]).
@@ -132,6 +131,11 @@ impl Header {
         let (width, height) = self.decoded_dimensions(need);
         u64::from(width) * u64::from(height) * u64::from(self.color.bytes_per_pixel())
     }
+}
+
+/// The colour type libheif's pixels decode to: 8-bit RGB(A), whatever the stored depth.
+fn heif_color(h: &HeifHeader) -> ColorType {
+    if h.has_alpha { ColorType::Rgba8 } else { ColorType::Rgb8 }
 }
 
 /// Reads the header of `bytes` and checks it against `settings`' limits, as [`decode`] does
@@ -148,12 +152,11 @@ pub fn header(bytes: &[u8], settings: &MetadataConfig) -> Result<Header, Extract
 pub fn decode(bytes: &[u8], settings: &MetadataConfig, need: u32) -> Result<Decoded, ExtractError> {
     if heif::sniff(bytes).is_some() {
         let (image, h) = heif::decode(bytes, settings, need)?;
-        let color = Header::of_heif(&h).color;
         return Ok(Decoded {
             image,
             width: h.stored_width,
             height: h.stored_height,
-            color,
+            color: heif_color(&h),
             bit_depth: h.bit_depth,
             format_name: h.kind.name(),
             frame_count: h.image_count.max(1),

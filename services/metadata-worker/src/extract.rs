@@ -117,8 +117,8 @@ fn derive(
 /// Bytes of the buffers [`extract`] holds at once at its peak for the image in `bytes`, from
 /// its header alone: while decoding, the decoded pixels (scaled for a JPEG) and the decoder's
 /// scratch; then the decoded image beside its downscaled copy and the resizer's rows; then, per
-/// derivative, the copy, its turned copy and the encoder's 8-bit RGBA copy. Fails as [`extract`] would on a header it
-/// refuses.
+/// derivative, the copy, its turned copy and the encoder's 8-bit RGBA copy. Fails as [`extract`]
+/// would on a header it refuses.
 pub fn memory_needed(bytes: &[u8], settings: &MetadataConfig) -> Result<u64, ExtractError> {
     let header = decode::header(bytes, settings)?;
     let need = decode_edge(settings);

@@ -165,8 +165,7 @@ pub fn decode(bytes: &[u8], settings: &MetadataConfig, need: u32) -> Result<(Dyn
     if stride == row && !header.has_alpha && fitted != (header.width, header.height) {
         let view = ImageRef::new(header.width, header.height, &plane[..row * rows], pixel_type)
             .map_err(|e| decode_error(format!("libheif's plane: {e}")))?;
-        let image = thumbnail::resize(&view, header.width, fitted, color)
-            .map_err(|e| decode_error(format!("downscaling: {e}")))?;
+        let image = thumbnail::resize(&view, fitted, color).map_err(|e| decode_error(format!("downscaling: {e}")))?;
         return Ok((image, header));
     }
     let mut pixels = Vec::with_capacity(row * rows);

@@ -1,13 +1,14 @@
 //! Derivatives (`metadata.thumbnails`): the image scaled to fit a square (never enlarged),
 //! turned upright by its EXIF orientation, encoded as WebP, JPEG or PNG.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::io::Cursor;
 
 use fast_image_resize::{FilterType, IntoImageView, ResizeAlg, ResizeError, ResizeOptions, Resizer};
 use image::codecs::png::PngEncoder;
 use image::metadata::Orientation;
-use image::{ColorType, DynamicImage, ImageEncoder};
+use image::{ColorType, DynamicImage, ImageEncoder, RgbImage, RgbaImage};
 use imagepipe_codec::jpeg;
 use imagepipe_runtime::config::{ThumbnailFormat, ThumbnailSpec};
 
@@ -47,7 +48,7 @@ pub fn fit(image: DynamicImage, size: u32) -> DynamicImage {
     if image.color().has_alpha() {
         return image.thumbnail_exact(w, h);
     }
-    match resize(&image, width, (w, h), image.color()) {
+    match resize(&image, (w, h), image.color()) {
         Ok(resized) => resized,
         // Pixel types the SIMD resizer lacks (none of the decoders' today) take the slow road.
         Err(_) => image.thumbnail_exact(w, h),
@@ -60,15 +61,10 @@ pub fn resize_scratch(width: u32, height: u32, bytes_per_pixel: u8) -> u64 {
     u64::from(width) * u64::from(height) * u64::from(bytes_per_pixel)
 }
 
-/// `source` (`width` pixels wide, any view `fast_image_resize` reads: a [`DynamicImage`], or a
-/// decoder's buffer) resized to `to`, as [`fit`] filters, into a new image of `color`.
-pub fn resize(
-    source: &impl IntoImageView,
-    width: u32,
-    to: (u32, u32),
-    color: ColorType,
-) -> Result<DynamicImage, ResizeError> {
-    let filter = if width >= 2 * to.0 { FilterType::CatmullRom } else { FilterType::Bilinear };
+/// `source` (any view `fast_image_resize` reads: a [`DynamicImage`], or a decoder's buffer)
+/// resized to `to`, as [`fit`] filters, into a new image of `color`.
+pub fn resize(source: &impl IntoImageView, to: (u32, u32), color: ColorType) -> Result<DynamicImage, ResizeError> {
+    let filter = if source.width() >= 2 * to.0 { FilterType::CatmullRom } else { FilterType::Bilinear };
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter));
     let mut resized = DynamicImage::new(to.0, to.1, color);
     // The resizer keeps its scratch rows between calls: one per blocking thread.
@@ -95,6 +91,22 @@ pub fn upright(mut image: DynamicImage, orientation: Option<u16>) -> DynamicImag
     image
 }
 
+/// `image` as 8-bit RGB, borrowed when it already is (a decoded photo is): no copy to encode.
+fn rgb8(image: &DynamicImage) -> Cow<'_, RgbImage> {
+    match image {
+        DynamicImage::ImageRgb8(rgb) => Cow::Borrowed(rgb),
+        other => Cow::Owned(other.to_rgb8()),
+    }
+}
+
+/// `image` as 8-bit RGBA, borrowed when it already is.
+fn rgba8(image: &DynamicImage) -> Cow<'_, RgbaImage> {
+    match image {
+        DynamicImage::ImageRgba8(rgba) => Cow::Borrowed(rgba),
+        other => Cow::Owned(other.to_rgba8()),
+    }
+}
+
 /// Encodes `image` as `spec` says. An image with alpha asked for as JPEG is written as PNG
 /// (JPEG has no alpha); 16-bit and float images are written with 8 bits per channel.
 pub fn encode(image: &DynamicImage, spec: &ThumbnailSpec) -> Result<Thumbnail, ExtractError> {
@@ -107,36 +119,25 @@ pub fn encode(image: &DynamicImage, spec: &ThumbnailSpec) -> Result<Thumbnail, E
             config.quality = f32::from(spec.quality);
             config.method = WEBP_METHOD;
             config.alpha_compression = 1;
-            let encoded = match image {
-                DynamicImage::ImageRgb8(rgb) => {
-                    webp::Encoder::from_rgb(rgb.as_raw(), width, height).encode_advanced(&config)
-                }
-                DynamicImage::ImageRgba8(rgba) => {
-                    webp::Encoder::from_rgba(rgba.as_raw(), width, height).encode_advanced(&config)
-                }
-                other if alpha => {
-                    webp::Encoder::from_rgba(other.to_rgba8().as_raw(), width, height).encode_advanced(&config)
-                }
-                other => webp::Encoder::from_rgb(other.to_rgb8().as_raw(), width, height).encode_advanced(&config),
-            }
-            .map_err(|e| failed(format!("libwebp: {e:?}")))?
-            .to_vec();
-            (encoded, "webp")
-        }
-        ThumbnailFormat::Jpeg if !alpha => {
-            let encoded = match image {
-                DynamicImage::ImageRgb8(rgb) => jpeg::encode(rgb, spec.quality),
-                other => jpeg::encode(&other.to_rgb8(), spec.quality),
+            let (rgb, rgba);
+            let encoder = if alpha {
+                rgba = rgba8(image);
+                webp::Encoder::from_rgba(rgba.as_raw(), width, height)
+            } else {
+                rgb = rgb8(image);
+                webp::Encoder::from_rgb(rgb.as_raw(), width, height)
             };
-            (encoded.map_err(failed)?, "jpeg")
+            let encoded = encoder.encode_advanced(&config).map_err(|e| failed(format!("libwebp: {e:?}")))?;
+            (encoded.to_vec(), "webp")
         }
+        ThumbnailFormat::Jpeg if !alpha => (jpeg::encode(&rgb8(image), spec.quality).map_err(failed)?, "jpeg"),
         ThumbnailFormat::Jpeg | ThumbnailFormat::Png => {
             let mut bytes = Vec::new();
             let encoder = PngEncoder::new(Cursor::new(&mut bytes));
             if alpha {
-                encoder.write_image(&image.to_rgba8(), width, height, image::ExtendedColorType::Rgba8)
+                encoder.write_image(&rgba8(image), width, height, image::ExtendedColorType::Rgba8)
             } else {
-                encoder.write_image(&image.to_rgb8(), width, height, image::ExtendedColorType::Rgb8)
+                encoder.write_image(&rgb8(image), width, height, image::ExtendedColorType::Rgb8)
             }
             .map_err(|e| failed(e.to_string()))?;
             (bytes, "png")

@@ -24,6 +24,11 @@ pub fn scaled(dimension: u32, num: u32) -> u32 {
     ((u64::from(dimension) * u64::from(num)).div_ceil(u64::from(EIGHTHS))) as u32
 }
 
+/// A `width`×`height` image decoded at `num`/8 ([`scaled`] on each edge).
+pub fn scaled_dimensions(width: u32, height: u32, num: u32) -> (u32, u32) {
+    (scaled(width, num), scaled(height, num))
+}
+
 /// Whether libjpeg-turbo decodes this JPEG's colour space to RGB or grey itself; CMYK and
 /// YCCK JPEGs are left to the `image` crate's decoder.
 pub fn decodes(bytes: &[u8]) -> bool {
@@ -38,7 +43,7 @@ pub fn decodes(bytes: &[u8]) -> bool {
 pub fn decode_scaled(bytes: &[u8], num: u32) -> Result<DynamicImage, String> {
     let decompressor = Decompressor::new()?;
     let header = decompressor.header(bytes)?;
-    let (width, height) = (scaled(header.width, num), scaled(header.height, num));
+    let (width, height) = scaled_dimensions(header.width, header.height, num);
     let grey = header.colorspace == raw::TJCS_TJCS_GRAY;
     let channels = if grey { 1 } else { 3 };
     let mut pixels = vec![0u8; width as usize * height as usize * channels];

@@ -105,8 +105,7 @@ fn probe_metadata(
                 .map_err(|e| anyhow::anyhow!("{name}: {}", imagepipe_runtime::error_chain(&e)))?;
             if round > 0 {
                 cpu.push(process_cpu().saturating_sub(started));
-            }
-            if round == 0 {
+            } else {
                 let m = &extracted.metadata;
                 let index = m.thumbnails.iter().position(|t| Some(&t.key) == m.preview_key.as_ref());
                 let preview = index.map_or_else(|| bytes.clone(), |i| extracted.derivatives[i].clone());

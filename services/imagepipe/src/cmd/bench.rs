@@ -156,8 +156,8 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
     };
     let comparison = match &args.photos {
         Some(photos) if args.compare => {
-            let sizes = settings.metadata.thumbnails.iter().map(|t| t.size);
-            let (largest, smallest) = (sizes.clone().max().unwrap_or(0), sizes.min().unwrap_or(0));
+            let largest = settings.metadata.largest_thumbnail();
+            let smallest = settings.metadata.thumbnails.iter().map(|t| t.size).min().unwrap_or(largest);
             eprintln!("imagepipe bench: Pillow and onnxruntime on the same photos");
             Some(compare::run(photos, &settings.ai.model_dir, largest, smallest).await?)
         }
