@@ -214,6 +214,7 @@ pub fn create(id: String, submit: &SubmitTask, source: ImageSource, trace_id: Tr
         idempotency_key: submit.idempotency_key.clone(),
         callback_url: submit.callback_url.clone(),
         labels: submit.labels.clone(),
+        priority: submit.priority,
         trace_id,
         created_at: now,
         updated_at: now,
@@ -366,6 +367,9 @@ fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -
             t.task.steps.get_mut(current).last_error = Some(error.clone());
             t.fail(current, result.attempt, error.clone())
         }
+        StepOutcome::Deferred { reason, retry_after_ms } => {
+            t.deferred(current, result.attempt, reason, *retry_after_ms, policy)
+        }
     };
     Ok(Verdict::Apply(Box::new(decision)))
 }
@@ -418,10 +422,17 @@ impl Transition {
         self.push(Destination::Event(P::EVENT_TYPE.as_str().to_owned()), event.event_id.to_string(), body);
     }
 
+    /// Queues `command` on the lane of `step`'s queue for the task's priority. Its message id
+    /// names the attempt, and each re-send of a deferred attempt, so no broker drops a re-send
+    /// as a duplicate.
     fn command<C: Serialize>(&mut self, step: Step, attempt: u32, command: &C) {
         let body = serde_json::to_string(command).expect("commands serialize infallibly");
-        let message_id = format!("{}.{}.{attempt}", self.task.id, step.as_str());
-        self.push(Destination::Queue(step.queue().to_owned()), message_id, body);
+        let mut message_id = format!("{}.{}.{attempt}", self.task.id, step.as_str());
+        let deferrals = self.task.steps.get(step).deferrals;
+        if deferrals > 0 {
+            message_id.push_str(&format!(".d{deferrals}"));
+        }
+        self.push(Destination::Queue(self.task.priority.lane(step.queue())), message_id, body);
     }
 
     fn dispatch(&mut self, step: Step, attempt: u32, policy: &Policy) -> Result<(), String> {
@@ -524,6 +535,32 @@ impl Transition {
         self.event(ordinal, TaskRetrying { step, attempt, delay_ms: delay, error, labels });
         let from = Some(self.from);
         self.finish(from, HistoryEvent::RetryScheduled, Some(step), Some(attempt), Some(detail))
+    }
+
+    /// The worker did not start the attempt: send the same attempt again after
+    /// `retry_after_ms` (capped by the backoff's maximum), charging nothing.
+    fn deferred(
+        mut self,
+        step: Step,
+        attempt: u32,
+        reason: &StepError,
+        retry_after_ms: u64,
+        policy: &Policy,
+    ) -> Decision {
+        if self.task.cancel_requested.is_some() {
+            return self.cancel();
+        }
+        let delay = retry_after_ms.min(millis(policy.backoff.max()));
+        self.task.steps.get_mut(step).deferrals += 1;
+        self.task.timer = Some(Timer { kind: TimerKind::Retry, step, attempt, due_at: self.now.saturating_add(delay) });
+        let from = Some(self.from);
+        self.finish(
+            from,
+            HistoryEvent::Deferred,
+            Some(step),
+            Some(attempt),
+            Some(format!("{reason} (again in {delay} ms)")),
+        )
     }
 
     fn fail(mut self, step: Step, attempt: u32, error: StepError) -> Decision {

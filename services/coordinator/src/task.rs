@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use imagepipe_contracts::step::{AnalysisOutput, DownloadOutput, MetadataOutput};
-use imagepipe_contracts::{ImageSource, Labels, Step, StepError, TraceId};
+use imagepipe_contracts::{ImageSource, Labels, Priority, Step, StepError, TraceId};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -128,6 +128,14 @@ pub struct StepRecord {
     /// When the step succeeded, Unix ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<u64>,
+    /// Times a worker deferred the current attempt (its host was busy); each re-send of the
+    /// attempt gets its own message id from it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deferrals: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The outputs of the steps that succeeded.
@@ -240,6 +248,9 @@ pub struct Task {
     /// User labels, copied into every event.
     #[serde(default)]
     pub labels: Labels,
+    /// Which lane of each queue carries the task's work.
+    #[serde(default, skip_serializing_if = "Priority::is_normal")]
+    pub priority: Priority,
     /// The task's trace.
     pub trace_id: TraceId,
     /// Submission time, Unix ms.
@@ -326,6 +337,8 @@ pub enum HistoryEvent {
     AttemptDispatched,
     /// Cancellation was asked while an attempt ran.
     CancelRequested,
+    /// A worker deferred the attempt (its host was busy); it is sent again later, uncharged.
+    Deferred,
     /// The task completed.
     Completed,
     /// The task failed.

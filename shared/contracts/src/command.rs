@@ -4,7 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::Labels;
+use crate::{Labels, Priority};
 
 /// Longest accepted task id or idempotency key, in bytes.
 pub const MAX_ID_LEN: usize = 128;
@@ -48,6 +48,9 @@ pub struct SubmitTask {
     /// Free-form labels copied into every event's payload.
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
+    /// `high`, `normal` (default) or `low`: which lane of each queue carries the task's work.
+    #[serde(default, skip_serializing_if = "Priority::is_normal")]
+    pub priority: Priority,
 }
 
 /// Where a task's image comes from.

@@ -15,8 +15,27 @@ pub mod queues {
     pub const AI: &str = "tasks.ai";
     /// Step results, consumed by the coordinator.
     pub const RESULTS: &str = "tasks.results";
-    /// Every task queue, in pipeline order.
+    /// Every task queue, in pipeline order (the `normal` lane of each laned queue).
     pub const ALL: [&str; 5] = [SUBMIT, DOWNLOAD, METADATA, AI, RESULTS];
+    /// The queues with one lane per [`crate::Priority`] (`tasks.download.high`, ...).
+    pub const LANED: [&str; 4] = [SUBMIT, DOWNLOAD, METADATA, AI];
+
+    /// Every task queue with every lane: [`ALL`] and the `high` / `low` lanes of [`LANED`].
+    pub fn all_lanes() -> Vec<String> {
+        let mut all: Vec<String> = ALL.iter().map(|q| (*q).to_owned()).collect();
+        for queue in LANED {
+            for priority in [crate::Priority::High, crate::Priority::Low] {
+                all.push(priority.lane(queue));
+            }
+        }
+        all
+    }
+
+    /// The stage queue an operator names by its short name: `download`, `metadata`, `ai`
+    /// (or the queue's own name, `tasks.download`).
+    pub fn stage(name: &str) -> Option<&'static str> {
+        [DOWNLOAD, METADATA, AI].into_iter().find(|q| *q == name || q.strip_prefix("tasks.") == Some(name))
+    }
 }
 
 /// Event topics: every subscriber group gets every event.
@@ -63,9 +82,14 @@ pub fn dead_letter_queue_of_group(group: &str) -> String {
 }
 
 /// The topic an event type belongs to: `image.*` → [`topics::IMAGE_EVENTS`], `task.*` →
-/// [`topics::TASK_EVENTS`]; any other family `x.*` → `events.x`.
+/// [`topics::TASK_EVENTS`], and so does `queue.*` (the task lifecycle topic family); any other
+/// family `x.*` → `events.x`.
 pub fn topic_of_event_type(event_type: &str) -> String {
     let family = event_type.split('.').next().unwrap_or(event_type);
+    if family == "queue" {
+        // `queue.paused` / `queue.resumed` travel with the task lifecycle events.
+        return topics::TASK_EVENTS.to_owned();
+    }
     format!("{}.{family}", topics::EVENTS)
 }
 

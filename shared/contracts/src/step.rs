@@ -93,6 +93,16 @@ pub enum StepOutcome {
         /// What went wrong.
         error: StepError,
     },
+    /// The worker did not start the step (its source host is at its politeness limit): the
+    /// coordinator sends the same attempt again after `retryAfterMs`. No attempt is charged
+    /// and the step's deadline does not run meanwhile.
+    Deferred {
+        /// Why it waits (code `host_busy`, `host_throttled`, ...).
+        reason: StepError,
+        /// How long to wait before sending it again.
+        #[serde(rename = "retryAfterMs")]
+        retry_after_ms: u64,
+    },
 }
 
 /// A failure with a stable machine code (`http_404`, `not_an_image`, `timeout`, ...) and a

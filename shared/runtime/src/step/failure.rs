@@ -36,6 +36,14 @@ pub enum StepFailure {
     },
     /// No attempt can succeed for this input (404, not an image, too large): the task fails.
     Permanent(StepError),
+    /// The step was not started (its host is at its politeness limit): the coordinator sends
+    /// the same attempt again after `retry_after`, charging nothing.
+    Deferred {
+        /// Why it waits.
+        reason: StepError,
+        /// When to send it again.
+        retry_after: Duration,
+    },
 }
 
 impl StepFailure {
@@ -54,16 +62,21 @@ impl StepFailure {
         Self::permanent(codes::INVALID_BLOB_KEY, format!("the command's blob key: {error}"))
     }
 
-    /// What went wrong.
+    /// A deferral with code `code`, sent again after `retry_after`.
+    pub fn deferred(code: impl Into<String>, message: impl Into<String>, retry_after: Duration) -> Self {
+        Self::Deferred { reason: StepError::new(code, message), retry_after }
+    }
+
+    /// What went wrong (or, for a deferral, why it waits).
     pub fn error(&self) -> &StepError {
         match self {
-            Self::Retryable { error, .. } | Self::Permanent(error) => error,
+            Self::Retryable { error, .. } | Self::Permanent(error) | Self::Deferred { reason: error, .. } => error,
         }
     }
 
     /// Whether a later attempt may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Retryable { .. })
+        matches!(self, Self::Retryable { .. } | Self::Deferred { .. })
     }
 }
 

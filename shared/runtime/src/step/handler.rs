@@ -62,6 +62,10 @@ impl<H: StepHandler> Handler for Reporting<H> {
                 tracing::info!(task_id, %step, %error, "step failed permanently");
                 self.reporter.permanent(&attempt, error).await
             }
+            Err(StepFailure::Deferred { reason, retry_after }) => {
+                tracing::debug!(task_id, %step, %reason, ?retry_after, "step deferred; the coordinator sends it again");
+                self.reporter.deferred(&attempt, reason, retry_after).await
+            }
         };
         match reported {
             Ok(()) => Outcome::Ack,

@@ -85,10 +85,28 @@ impl StepReporter {
         self.report(attempt, StepOutcome::Permanent { error }).await
     }
 
+    /// The step was not started; the coordinator sends the same attempt again after
+    /// `retry_after`. Its message id is unique: the attempt's final result comes later under
+    /// the attempt's own id, which a deferral must not take from it.
+    pub async fn deferred(
+        &self,
+        attempt: &Attempt,
+        reason: StepError,
+        retry_after: std::time::Duration,
+    ) -> Result<(), BusError> {
+        let retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+        let id = format!("{}:{}:{}:deferred:{}", attempt.task_id, attempt.step, attempt.attempt, uuid::Uuid::new_v4());
+        self.send(attempt, StepOutcome::Deferred { reason, retry_after_ms }, id).await
+    }
+
     async fn report(&self, attempt: &Attempt, outcome: StepOutcome) -> Result<(), BusError> {
+        let id = format!("{}:{}:{}", attempt.task_id, attempt.step, attempt.attempt);
+        self.send(attempt, outcome, id).await
+    }
+
+    async fn send(&self, attempt: &Attempt, outcome: StepOutcome, id: String) -> Result<(), BusError> {
         let result =
             StepResult { task_id: attempt.task_id.clone(), step: attempt.step, attempt: attempt.attempt, outcome };
-        let id = format!("{}:{}:{}", attempt.task_id, attempt.step, attempt.attempt);
         self.bus.queues.send(queues::RESULTS, outgoing(&result, &attempt.task_id, id)).await
     }
 }
