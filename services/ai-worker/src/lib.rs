@@ -19,15 +19,11 @@ pub mod preprocess;
 pub mod runtime;
 pub mod taxonomy;
 
-use std::sync::Arc;
-
 use imagepipe_blob::BlobConfigError;
-use imagepipe_bus::{Bus, BusError};
+use imagepipe_bus::Bus;
 use imagepipe_contracts::names::queues;
-use imagepipe_runtime::clock::SystemClock;
-use imagepipe_runtime::step::{Reporting, StepReporter};
-use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker};
+use imagepipe_runtime::step::{StepRunError, run_step};
+use imagepipe_runtime::{Service, Settings, Shutdown};
 
 pub use classifier::{AnalysisOptions, Classifier, analyze};
 pub use error::{AnalyzeError, ModelError, PREPARE_COMMAND};
@@ -71,12 +67,9 @@ pub enum RunError {
     /// The blob store of `blob.*` could not be opened.
     #[error("opening the blob store")]
     BlobStore(#[source] BlobConfigError),
-    /// The `tasks.ai` consumer could not be opened.
-    #[error("opening the {} consumer", queues::AI)]
-    Consume(#[source] BusError),
-    /// The worker loop stopped with an error.
-    #[error("running the ai worker")]
-    Worker(#[source] WorkerError),
+    /// The worker stopped with an error.
+    #[error(transparent)]
+    Step(#[from] StepRunError),
 }
 
 /// The service as its binary runs it, on a started [`Service`]: loads the model of `ai.model_dir`
@@ -94,12 +87,6 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
 /// images are finished.
 pub async fn run(bus: Bus, settings: &Settings, classifier: Classifier, shutdown: Shutdown) -> Result<(), RunError> {
     metrics::describe();
-    let consumer =
-        bus.queues.consume(queues::AI, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
-    let handler = Reporting::new(
-        AiHandler::new(settings.blob.open().map_err(RunError::BlobStore)?, classifier),
-        StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
-    );
-    let config = LoopConfig::from_settings(queues::AI, &settings.worker);
-    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+    let step = AiHandler::new(settings.blob.open().map_err(RunError::BlobStore)?, classifier);
+    Ok(run_step(bus, settings, queues::AI, SERVICE, step, shutdown).await?)
 }

@@ -11,6 +11,7 @@ use imagepipe_contracts::Step;
 use imagepipe_runtime::clock::{Clock, SystemClock};
 use imagepipe_runtime::config::{CoordinatorConfig, StoreKind};
 use imagepipe_runtime::connect::redis_unreachable;
+use imagepipe_runtime::control::ControlStore;
 use imagepipe_runtime::service::checks;
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::worker::LoopConfig;
@@ -85,7 +86,9 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
     let opened = service.connect(checks::STORE, store_unreachable, || open_store(settings)).await;
     let Some(store) = opened.map_err(RunError::Store)? else { return Ok(()) };
     let blobs = settings.blob.open().map_err(RunError::BlobStore)?;
-    let coordinator = Coordinator::new(settings, store, service.bus.clone(), Arc::new(SystemClock));
+    let control = imagepipe_runtime::control::connect(settings).await.map_err(RunError::Control)?;
+    let coordinator =
+        Coordinator::new(settings, store, service.bus.clone(), Arc::new(SystemClock)).with_control(control);
     service.serve(coordinator.routes(blobs));
     service.serve(coordinator.forwarded_routes(&[]));
     coordinator.run(service.shutdown.clone()).await
@@ -113,6 +116,7 @@ impl Coordinator {
             worker: LoopConfig::from_settings("coordinator", &settings.worker),
             max_batch: loops::MAX_BATCH,
             consumer: settings.worker.consumer_config(),
+            shares: settings.worker.priority_shares.shares(),
             sweep_interval: c.sweep_interval,
             cap_recheck: Duration::from_millis(500),
             dlq_groups: c.dlq_groups.clone(),
@@ -125,6 +129,13 @@ impl Coordinator {
         let hub = EventHub::new(SSE_BUFFER, settings.http.max_sse_clients);
         crate::metrics::describe();
         Self { engine, hub, forwarding: Forwarding::new(settings), max_upload_bytes, config }
+    }
+
+    /// The same coordinator with its operator controls kept in `control`
+    /// ([`imagepipe_runtime::control::connect`]); by default they live in its memory only.
+    pub fn with_control(mut self, control: Arc<dyn ControlStore>) -> Self {
+        self.engine = self.engine.with_control(control);
+        self
     }
 
     /// The `/v1` API routes, uploads going into `blobs` (at most `download.max_bytes` each),

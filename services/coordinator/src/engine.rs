@@ -8,11 +8,13 @@ use imagepipe_bus::{Bus, BusError, Message};
 use imagepipe_contracts::names::{self, headers};
 use imagepipe_contracts::{ImageSource, SCHEMA_VERSION, StepError, SubmitError, SubmitTask, TraceId};
 use imagepipe_runtime::clock::Clock;
+use imagepipe_runtime::control::ControlStore;
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::telemetry::{current_trace_id, inject_trace, join_trace};
 use metrics::{counter, gauge};
 use tracing::{Instrument, Span};
 
+use crate::control::QueueControls;
 use crate::machine::{self, Context, Decision, Ignored, IllegalTransition, Input, Policy, Verdict};
 use crate::metrics as m;
 use crate::store::{Applied, Created, DeadLetter, ListQuery, Settled, StoreError, TaskStore};
@@ -162,6 +164,8 @@ pub struct Engine {
     starting: Arc<tokio::sync::Mutex<()>>,
     /// The tasks this process wrote last, so the next input is decided without reading.
     recent: Arc<Recent>,
+    /// The operator controls: which stages are paused (their deadlines start over).
+    controls: QueueControls,
 }
 
 /// Tasks as this process last wrote them (unfinished ones, at most four times the in-flight
@@ -213,7 +217,27 @@ impl Engine {
     /// An engine over `store`, sending on `bus`, telling time by `clock`.
     pub fn new(store: Arc<dyn TaskStore>, bus: Bus, clock: Arc<dyn Clock>, config: EngineConfig) -> Self {
         gauge!(m::IN_FLIGHT_CAP).set(config.max_in_flight as f64);
-        Self { store, bus, clock, config: Arc::new(config), starting: Arc::default(), recent: Arc::default() }
+        Self {
+            store,
+            bus,
+            clock,
+            config: Arc::new(config),
+            starting: Arc::default(),
+            recent: Arc::default(),
+            controls: QueueControls::default(),
+        }
+    }
+
+    /// The same engine with its operator controls kept in `control` (by default in this
+    /// engine's memory only).
+    pub fn with_control(mut self, control: Arc<dyn ControlStore>) -> Self {
+        self.controls = QueueControls::new(control);
+        self
+    }
+
+    /// The operator controls.
+    pub fn controls(&self) -> &QueueControls {
+        &self.controls
     }
 
     /// The store.
@@ -597,7 +621,8 @@ impl Engine {
 
     /// [`machine::decide`] under this engine's policy, with a fresh jitter seed.
     fn verdict(&self, task: &Task, input: &Input, now: u64) -> Result<Verdict, IllegalTransition> {
-        machine::decide(task, input, &Context { now, seed: rand::random() }, &self.config.policy)
+        let ctx = Context { now, seed: rand::random(), paused: self.controls.paused_steps() };
+        machine::decide(task, input, &ctx, &self.config.policy)
     }
 
     async fn get(&self, id: &str) -> Result<Task, EngineError> {

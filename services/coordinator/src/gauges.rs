@@ -34,11 +34,12 @@ pub async fn run(bus: Bus, store: std::sync::Arc<dyn TaskStore>, interval: Durat
 /// the store cannot answer now is logged at debug level (readiness reports an unreachable
 /// broker) and sampled again next time.
 pub async fn sample(bus: &Bus, store: &dyn TaskStore) {
-    for queue in queues::ALL {
+    for queue in queues::all_lanes() {
+        let queue = queue.as_str();
         match bus.queues.backlog(queue).await {
             Ok(Some(backlog)) => {
-                gauge!(m::QUEUE_DEPTH, m::QUEUE => queue).set(backlog.depth() as f64);
-                gauge!(m::CONSUMER_LAG, m::QUEUE => queue).set(backlog.waiting as f64);
+                gauge!(m::QUEUE_DEPTH, m::QUEUE => queue.to_owned()).set(backlog.depth() as f64);
+                gauge!(m::CONSUMER_LAG, m::QUEUE => queue.to_owned()).set(backlog.waiting as f64);
             }
             Ok(None) => {}
             Err(error) => tracing::debug!(queue, error = %error_chain(&error), "sampling the queue's backlog"),

@@ -5,6 +5,8 @@
 //! - [`store`]: the [`store::TaskStore`] seam, Redis and embedded (redb) backends, one suite.
 //! - [`engine`]: applies inputs with compare-and-set, relays the outbox, sweeps due timers,
 //!   starts queued tasks under the in-flight cap.
+//! - [`control`]: the operator controls (paused stages, live concurrency, cancelling running
+//!   steps) the API writes and the machine reads.
 //! - [`consumers`]: handlers of `tasks.submit`, `tasks.results` and the dead-letter queues.
 //! - [`retention`]: deletes finished tasks and old dead letters.
 //! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`loops`]: the loops; [`gauges`]:
@@ -14,6 +16,7 @@
 pub mod api;
 pub mod app;
 pub mod consumers;
+pub mod control;
 pub mod engine;
 pub mod events;
 pub mod gauges;

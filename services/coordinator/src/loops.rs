@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use futures::TryFutureExt;
+use futures::{FutureExt, TryFutureExt};
 use imagepipe_blob::BlobConfigError;
-use imagepipe_bus::{Bus, BusError, ConsumerConfig, Selector, Subscription};
+use imagepipe_bus::{Bus, BusError, ConsumerConfig, Lanes, Selector, Shares, Subscription};
 use imagepipe_contracts::names::{self, queues};
 use imagepipe_runtime::backoff::ExponentialBackoff;
 use imagepipe_runtime::clock::{Clock, SystemClock};
@@ -44,6 +44,8 @@ pub struct LoopsConfig {
     pub max_batch: usize,
     /// Consumer settings of every queue.
     pub consumer: ConsumerConfig,
+    /// Shares of the submit queue's priority lanes under backlog.
+    pub shares: Shares,
     /// How often the sweeper looks for due timers and unrelayed outbox entries.
     pub sweep_interval: Duration,
     /// While at the in-flight cap, how often to check for room.
@@ -64,6 +66,9 @@ pub struct LoopsConfig {
 /// Why the coordinator stopped other than by shutdown.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The control state could not be reached.
+    #[error("connecting to the control state")]
+    Control(#[source] imagepipe_runtime::control::ControlError),
     /// Opening a consumer failed.
     #[error("opening {what}")]
     Consume {
@@ -98,6 +103,8 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         Ok(())
     });
 
+    loops.spawn(engine.controls().clone().run_refresher(shutdown.clone()).map(Ok));
+
     let sweeper = engine.clone();
     let (interval, stop) = (config.sweep_interval, shutdown.clone());
     loops.spawn(async move {
@@ -119,7 +126,7 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         .map(|q| names::dead_letter_queue(q))
         .chain(config.dlq_groups.iter().map(|g| names::dead_letter_queue_of_group(g)))
         .collect();
-    let submit = bus.queues.consume(queues::SUBMIT, config.consumer.clone());
+    let submit = Lanes::open(&*bus.queues, queues::SUBMIT, config.consumer.clone(), config.shares);
     let results = bus.queues.consume(queues::RESULTS, config.consumer.clone());
     let dlqs = futures::future::try_join_all(
         dlq_names.iter().map(|dlq| bus.queues.consume(dlq, config.consumer.clone()).map_err(|e| open(dlq.clone(), e))),
@@ -130,7 +137,7 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         dlqs,
     )?;
 
-    let submit = CappedConsumer::new(submit, engine.clone(), config.cap_recheck);
+    let submit = CappedConsumer::new(Box::new(submit), engine.clone(), config.cap_recheck);
     let batched = |name| LoopConfig { concurrency: config.max_batch, ..named(&config.worker, name) };
     let (stop, handler) = (shutdown.clone(), SubmitHandler::new(engine.clone()));
     let submit = BatchWorker::new(Box::new(submit), handler, batched(queues::SUBMIT));

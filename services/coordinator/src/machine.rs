@@ -7,10 +7,12 @@
 
 use std::time::Duration;
 
-use imagepipe_contracts::payload::{TaskCancelled, TaskCompleted, TaskCreated, TaskFailed, TaskRetrying};
+use imagepipe_contracts::payload::{
+    TaskCancelled, TaskCompleted, TaskCreated, TaskFailed, TaskPaused, TaskResumed, TaskRetrying,
+};
 use imagepipe_contracts::{
-    AnalyzeCommand, DownloadCommand, Event, EventPayload, ImageSource, MetadataCommand, Step, StepError, StepOutcome,
-    StepOutput, StepResult, SubmitTask, TraceId,
+    AnalyzeCommand, DownloadCommand, Event, EventPayload, ImageSource, MetadataCommand, Priority, Step, StepError,
+    StepOutcome, StepOutput, StepResult, SubmitTask, TraceId,
 };
 use imagepipe_runtime::backoff::ExponentialBackoff;
 use imagepipe_runtime::clock::millis;
@@ -19,8 +21,8 @@ use rand::rngs::StdRng;
 use serde::Serialize;
 
 use crate::task::{
-    Destination, HistoryEntry, HistoryEvent, OutboxEntry, Outputs, PendingCancel, Steps, Task, TaskFailure, TaskState,
-    Timer, TimerKind,
+    Destination, HistoryEntry, HistoryEvent, OutboxEntry, Outputs, PausedAt, PendingCancel, PendingPause, StepRecord,
+    Steps, Task, TaskFailure, TaskState, Timer, TimerKind,
 };
 
 /// The `source` of every event the coordinator publishes.
@@ -82,13 +84,44 @@ impl Policy {
     }
 }
 
-/// What the machine needs from outside: the time and a seed for the backoff jitter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the machine needs from outside: the time, a seed for the backoff jitter, and which
+/// stage queues operators have paused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Context {
     /// Now, Unix ms.
     pub now: u64,
     /// Seeds the jitter of a retry backoff, so a decision is a pure function of its inputs.
     pub seed: u64,
+    /// The steps whose queues are paused: their deadlines start over instead of firing.
+    pub paused: PausedSteps,
+}
+
+/// A set of steps whose queues are paused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PausedSteps([bool; 3]);
+
+impl PausedSteps {
+    /// The set of `steps`.
+    pub fn of(steps: impl IntoIterator<Item = Step>) -> Self {
+        let mut set = Self::default();
+        for step in steps {
+            set.0[step_index(step)] = true;
+        }
+        set
+    }
+
+    /// Whether `step`'s queue is paused.
+    pub fn contains(&self, step: Step) -> bool {
+        self.0[step_index(step)]
+    }
+}
+
+fn step_index(step: Step) -> usize {
+    match step {
+        Step::Download => 0,
+        Step::Metadata => 1,
+        Step::Analyze => 2,
+    }
 }
 
 /// Something that may change a task.
@@ -105,6 +138,20 @@ pub enum Input {
         /// Why.
         reason: Option<String>,
     },
+    /// Pause through the API: at once when no attempt runs, else at the step boundary.
+    Pause {
+        /// Why.
+        reason: Option<String>,
+    },
+    /// Resume a paused task (or withdraw a pending pause).
+    Resume,
+    /// Run `from` and the steps after it again for a finished task, as a new generation.
+    Reprocess {
+        /// The first step to run again (`metadata` or `analyze`; `download` fetches anew).
+        from: Step,
+        /// The lanes the new generation runs in; `None` keeps the task's priority.
+        priority: Option<Priority>,
+    },
     /// The bus lost the commands in flight (an in-process bus restarted with the process):
     /// send the running attempt's command again, with a fresh deadline.
     Redispatch,
@@ -114,6 +161,12 @@ pub enum Input {
         /// Why, with the code [`MESSAGE_TOO_LARGE`].
         error: StepError,
     },
+}
+
+/// The event-id ordinal of a `task.paused` / `task.resumed` event: the task version that
+/// publishes it, offset past any attempt number, so every pause and resume gets its own id.
+fn ordinal(version: u64) -> u32 {
+    u32::try_from(version).unwrap_or(u32::MAX).saturating_add(1 << 30)
 }
 
 /// The error code of a task failed by [`Input::Undeliverable`].
@@ -127,6 +180,9 @@ impl Input {
             Input::Result(_) => "result",
             Input::Timer(_) => "timer",
             Input::Cancel { .. } => "cancel",
+            Input::Pause { .. } => "pause",
+            Input::Resume => "resume",
+            Input::Reprocess { .. } => "reprocess",
             Input::Redispatch => "redispatch",
             Input::Undeliverable { .. } => "undeliverable",
         }
@@ -163,6 +219,10 @@ pub enum Ignored {
     NotRunning,
     /// An undeliverable message of a task that has already finished.
     AlreadyFinished,
+    /// A pause for a task that is paused or pausing.
+    AlreadyPaused,
+    /// A resume for a task that is not paused.
+    NotPaused,
 }
 
 impl Ignored {
@@ -177,6 +237,8 @@ impl Ignored {
             Ignored::AlreadyCancelling => "already_cancelling",
             Ignored::NotRunning => "not_running",
             Ignored::AlreadyFinished => "already_finished",
+            Ignored::AlreadyPaused => "already_paused",
+            Ignored::NotPaused => "not_paused",
         }
     }
 }
@@ -223,6 +285,9 @@ pub fn create(id: String, submit: &SubmitTask, source: ImageSource, trace_id: Tr
         timer: None,
         cancel_requested: None,
         failure: None,
+        pause_requested: None,
+        paused: None,
+        generation: 0,
     };
     let mut t = Transition::new(&task, now);
     t.task.version = 1;
@@ -268,6 +333,65 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
                 t.cancel()
             }
         }
+        Input::Pause { reason } => {
+            if task.state.is_terminal() {
+                return Err(illegal(format!("the task is already {}", task.state)));
+            }
+            if task.state == TaskState::Paused || task.pause_requested.is_some() {
+                return Ok(Verdict::Ignore(Ignored::AlreadyPaused));
+            }
+            let mut t = Transition::new(task, ctx.now);
+            t.task.pause_requested = Some(PendingPause { reason: reason.clone(), at: ctx.now });
+            match task.timer {
+                Some(Timer { kind: TimerKind::Deadline, step, attempt, .. }) => {
+                    t.finish(Some(task.state), HistoryEvent::PauseRequested, Some(step), Some(attempt), reason.clone())
+                }
+                Some(Timer { kind: TimerKind::Retry, step, attempt, .. }) => t.pause(Some(step), attempt),
+                None => t.pause(None, 0),
+            }
+        }
+        Input::Resume => {
+            if task.state != TaskState::Paused {
+                if task.pause_requested.is_none() {
+                    return Ok(Verdict::Ignore(Ignored::NotPaused));
+                }
+                let mut t = Transition::new(task, ctx.now);
+                t.task.pause_requested = None;
+                let step = task.state.step();
+                return Ok(Verdict::Apply(Box::new(t.finish(
+                    Some(task.state),
+                    HistoryEvent::Resumed,
+                    step,
+                    step.map(|_| task.current_attempt()),
+                    Some("the pending pause was withdrawn".into()),
+                ))));
+            }
+            let mut t = Transition::new(task, ctx.now);
+            let at = t.task.paused.take();
+            let (step, attempt) = at.as_ref().map_or((None, 0), |p| (p.step, p.attempt));
+            match step {
+                Some(step) => t.dispatch(step, attempt.max(1), policy).map_err(illegal)?,
+                None => t.task.state = TaskState::Queued,
+            }
+            let labels = t.task.labels.clone();
+            t.event(ordinal(task.version + 1), TaskResumed { step, labels });
+            t.finish(Some(task.state), HistoryEvent::Resumed, step, step.map(|_| attempt.max(1)), None)
+        }
+        Input::Reprocess { from, priority } => {
+            if !task.state.is_terminal() {
+                return Err(illegal(format!(
+                    "the task is {}: only a completed, failed or cancelled task can be reprocessed",
+                    task.state
+                )));
+            }
+            if *from != Step::Download && task.blob_key().is_none() {
+                return Err(illegal(format!(
+                    "reprocessing from {from} needs the download's output, which the task lacks"
+                )));
+            }
+            let t = Transition::new(task, ctx.now);
+            t.reprocess(*from, *priority, policy).map_err(illegal)?
+        }
         Input::Result(result) => return on_result(task, result, ctx, policy).map_err(illegal),
         Input::Redispatch => {
             let Some(Timer { kind: TimerKind::Deadline, step, attempt, .. }) = task.timer else {
@@ -302,6 +426,17 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
             }
             let mut t = Transition::new(task, ctx.now);
             match timer.kind {
+                TimerKind::Deadline if ctx.paused.contains(timer.step) => {
+                    let deadline = policy.step(timer.step).deadline;
+                    t.task.timer = Some(Timer { due_at: ctx.now.saturating_add(millis(deadline)), ..*timer });
+                    t.finish(
+                        Some(task.state),
+                        HistoryEvent::DeadlinePostponed,
+                        Some(timer.step),
+                        Some(timer.attempt),
+                        Some(format!("the {} queue is paused", timer.step)),
+                    )
+                }
                 TimerKind::Deadline => {
                     let deadline = policy.step(timer.step).deadline;
                     let error = StepError::new(
@@ -478,6 +613,7 @@ impl Transition {
         }
         let from = Some(self.from);
         match step.next() {
+            Some(next) if self.task.pause_requested.is_some() => Ok(self.pause(Some(next), 1)),
             Some(next) => {
                 self.dispatch(next, 1, policy)?;
                 Ok(self.finish(from, HistoryEvent::StepSucceeded, Some(step), Some(attempt), None))
@@ -499,7 +635,7 @@ impl Transition {
                     callback_url: self.task.callback_url.clone(),
                     labels: self.task.labels.clone(),
                 };
-                self.event(0, payload);
+                self.event(self.task.generation, payload);
                 Ok(self.finish(from, HistoryEvent::Completed, Some(step), Some(attempt), None))
             }
         }
@@ -519,10 +655,14 @@ impl Transition {
             return self.cancel();
         }
         let max = policy.step(step).max_attempts;
-        if attempt >= max {
+        let used = attempt.saturating_sub(self.task.steps.get(step).attempt_base);
+        if used >= max {
             let error =
-                StepError::new(error.code, format!("{} (gave up after {attempt} of {max} attempts)", error.message));
+                StepError::new(error.code, format!("{} (gave up after {used} of {max} attempts)", error.message));
             return self.fail(step, attempt, error);
+        }
+        if self.task.pause_requested.is_some() {
+            return self.pause(Some(step), attempt + 1);
         }
         let delay = millis(policy.backoff(attempt, ctx.seed))
             .max(retry_after_ms.unwrap_or(0))
@@ -550,6 +690,9 @@ impl Transition {
         if self.task.cancel_requested.is_some() {
             return self.cancel();
         }
+        if self.task.pause_requested.is_some() {
+            return self.pause(Some(step), attempt);
+        }
         let delay = retry_after_ms.min(millis(policy.backoff.max()));
         self.task.steps.get_mut(step).deferrals += 1;
         self.task.timer = Some(Timer { kind: TimerKind::Retry, step, attempt, due_at: self.now.saturating_add(delay) });
@@ -575,9 +718,53 @@ impl Transition {
             callback_url: self.task.callback_url.clone(),
             labels: self.task.labels.clone(),
         };
-        self.event(0, payload);
+        self.event(self.task.generation, payload);
         let from = Some(self.from);
         self.finish(from, HistoryEvent::Failed, Some(step), Some(attempt), Some(detail))
+    }
+
+    /// Stops the task at a step boundary: `step`'s attempt `attempt` is what a resume sends
+    /// (`None`: the task had not started). No timer runs while paused.
+    fn pause(mut self, step: Option<Step>, attempt: u32) -> Decision {
+        let reason = self.task.pause_requested.take().and_then(|p| p.reason);
+        self.task.state = TaskState::Paused;
+        self.task.timer = None;
+        self.task.paused = Some(PausedAt { step, attempt, reason: reason.clone(), at: self.now });
+        let labels = self.task.labels.clone();
+        self.event(ordinal(self.task.version), TaskPaused { step, reason: reason.clone(), labels });
+        let from = Some(self.from);
+        self.finish(from, HistoryEvent::Paused, step, step.map(|_| attempt), reason)
+    }
+
+    /// A new generation of a finished task from step `from`: the outputs of `from` and later
+    /// are dropped, their attempt numbers go on (so the new events get new ids), and `from`
+    /// is dispatched.
+    fn reprocess(mut self, from: Step, priority: Option<Priority>, policy: &Policy) -> Result<Decision, String> {
+        self.task.generation += 1;
+        if let Some(priority) = priority {
+            self.task.priority = priority;
+        }
+        for step in Step::ALL.into_iter().filter(|s| *s >= from) {
+            let record = self.task.steps.get_mut(step);
+            *record = StepRecord { attempts: record.attempts, attempt_base: record.attempts, ..StepRecord::default() };
+            match step {
+                Step::Download => self.task.outputs.download = None,
+                Step::Metadata => self.task.outputs.metadata = None,
+                Step::Analyze => self.task.outputs.analysis = None,
+            }
+        }
+        self.task.failure = None;
+        self.task.cancel_requested = None;
+        self.task.pause_requested = None;
+        self.task.paused = None;
+        let attempt = self.task.steps.get(from).attempts + 1;
+        if from == Step::Download {
+            self.task.outputs = Outputs::default();
+        }
+        self.dispatch(from, attempt, policy)?;
+        let detail = format!("generation {} from {from} ({} priority)", self.task.generation, self.task.priority);
+        let from_state = Some(self.from);
+        Ok(self.finish(from_state, HistoryEvent::Reprocessed, Some(from), Some(attempt), Some(detail)))
     }
 
     fn cancel(mut self) -> Decision {
@@ -592,7 +779,7 @@ impl Transition {
             callback_url: self.task.callback_url.clone(),
             labels: self.task.labels.clone(),
         };
-        self.event(0, payload);
+        self.event(self.task.generation, payload);
         let from = Some(self.from);
         self.finish(from, HistoryEvent::Cancelled, step, attempt, reason)
     }

@@ -26,22 +26,26 @@ pub enum TaskState {
     Failed,
     /// Cancelled through the API.
     Cancelled,
+    /// Stopped at a step boundary through the API; resumed into the step it stopped before.
+    Paused,
 }
 
 impl TaskState {
     /// Every state, in pipeline order.
-    pub const ALL: [TaskState; 7] = [
+    pub const ALL: [TaskState; 8] = [
         Self::Queued,
         Self::Downloading,
         Self::ExtractingMetadata,
         Self::Analyzing,
+        Self::Paused,
         Self::Completed,
         Self::Failed,
         Self::Cancelled,
     ];
 
-    /// The states of a started, unfinished task: the ones the in-flight cap counts.
-    pub const IN_FLIGHT: [TaskState; 3] = [Self::Downloading, Self::ExtractingMetadata, Self::Analyzing];
+    /// The states of a started, unfinished task: the ones the in-flight cap counts. A paused
+    /// task keeps its place: resuming it never waits for room.
+    pub const IN_FLIGHT: [TaskState; 4] = [Self::Downloading, Self::ExtractingMetadata, Self::Analyzing, Self::Paused];
 
     /// The wire name, e.g. `extracting_metadata`.
     pub const fn as_str(self) -> &'static str {
@@ -53,6 +57,7 @@ impl TaskState {
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
+            Self::Paused => "paused",
         }
     }
 
@@ -85,6 +90,11 @@ impl TaskState {
         use TaskState::*;
         match (self, to) {
             (from, Failed | Cancelled) => !from.is_terminal(),
+            (Paused, Paused) => false,
+            (from, Paused) => !from.is_terminal(),
+            (Paused, Queued | Downloading | ExtractingMetadata | Analyzing) => true,
+            // Reprocessing runs a finished task's step again.
+            (Completed | Failed | Cancelled, Downloading | ExtractingMetadata | Analyzing) => true,
             (Queued, Downloading) | (Downloading, ExtractingMetadata) | (ExtractingMetadata, Analyzing) => true,
             (Analyzing, Completed) => true,
             (from, to) => from == to && !from.is_terminal(),
@@ -101,7 +111,7 @@ impl fmt::Display for TaskState {
 /// A string that names no task state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown task state {0:?}; expected one of queued, downloading, extracting_metadata, analyzing, completed, failed, cancelled"
+    "unknown task state {0:?}; expected one of queued, downloading, extracting_metadata, analyzing, paused, completed, failed, cancelled"
 )]
 pub struct UnknownState(pub String);
 
@@ -132,6 +142,10 @@ pub struct StepRecord {
     /// attempt gets its own message id from it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub deferrals: u32,
+    /// Attempts of earlier generations (see [`Task::generation`]): attempt numbers go on
+    /// across a reprocessing, so its events get new ids, and the retry budget counts from here.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt_base: u32,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -270,6 +284,43 @@ pub struct Task {
     /// Why the task failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<TaskFailure>,
+    /// Set when a pause was asked while an attempt ran: the task pauses at the step boundary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_requested: Option<PendingPause>,
+    /// Where a paused task goes on when resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<PausedAt>,
+    /// How many times the task was reprocessed (`POST /v1/reprocess`): 0 for its first run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u32,
+}
+
+/// A pending pause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingPause {
+    /// Why, as given by whoever paused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When it was asked, Unix ms.
+    pub at: u64,
+}
+
+/// Where a paused task stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PausedAt {
+    /// The step to dispatch on resume; `None` when the task had not started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<Step>,
+    /// The attempt of `step` to dispatch.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt: u32,
+    /// Why, as given by whoever paused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Since when, Unix ms.
+    pub at: u64,
 }
 
 /// A pending cancellation.
@@ -283,7 +334,22 @@ pub struct PendingCancel {
     pub at: u64,
 }
 
+/// Width of one priority band of the queued index: more than any Unix-ms time of the next
+/// thousand years, small enough that three bands stay exact in an `f64` (Redis scores).
+const QUEUED_BAND: u64 = 1 << 46;
+
 impl Task {
+    /// Where the task sorts in its state's index: its creation time, except while queued, when
+    /// higher priorities sort first (then creation time), so the start loop takes a `high`
+    /// task before a backlog of `low` ones.
+    pub fn index_at(&self) -> u64 {
+        if self.state == TaskState::Queued {
+            (self.priority.index() as u64) * QUEUED_BAND + self.created_at
+        } else {
+            self.created_at
+        }
+    }
+
     /// The attempt of the current step that was dispatched last (0 outside a step).
     pub fn current_attempt(&self) -> u32 {
         self.state.step().map_or(0, |s| self.steps.get(s).attempts)
@@ -337,6 +403,16 @@ pub enum HistoryEvent {
     AttemptDispatched,
     /// Cancellation was asked while an attempt ran.
     CancelRequested,
+    /// A pause was asked while an attempt ran.
+    PauseRequested,
+    /// The task stopped at a step boundary.
+    Paused,
+    /// The task went on after a pause (or a pending pause was withdrawn).
+    Resumed,
+    /// A step deadline came due while the step's queue was paused: it starts over.
+    DeadlinePostponed,
+    /// A finished task runs a step again, as a new generation.
+    Reprocessed,
     /// A worker deferred the attempt (its host was busy); it is sent again later, uncharged.
     Deferred,
     /// The task completed.

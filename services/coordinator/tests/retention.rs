@@ -133,6 +133,7 @@ async fn a_stopped_coordinator_leaves_no_events_consumer_on_nats() {
         worker,
         max_batch: loops::MAX_BATCH,
         consumer: consumer_config(),
+        shares: imagepipe_bus::Shares::default(),
         sweep_interval: Duration::from_secs(1),
         cap_recheck: Duration::from_millis(100),
         dlq_groups: Vec::new(),

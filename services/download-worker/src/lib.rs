@@ -12,17 +12,13 @@
 pub mod error;
 pub mod handler;
 
-use std::sync::Arc;
-
 use imagepipe_blob::BlobConfigError;
-use imagepipe_bus::{Bus, BusError};
+use imagepipe_bus::Bus;
 use imagepipe_contracts::names::queues;
 use imagepipe_net::{BuildError, ClientBuilder, GuardedClient};
-use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::config::{ConfigError, Outbound};
-use imagepipe_runtime::step::{Reporting, StepReporter};
-use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
+use imagepipe_runtime::step::{StepRunError, run_step};
+use imagepipe_runtime::{Service, Settings, Shutdown, error_chain};
 
 pub use error::DownloadError;
 pub use handler::DownloadHandler;
@@ -69,12 +65,9 @@ pub enum RunError {
     /// The HTTP client could not be built.
     #[error(transparent)]
     Client(#[from] BuildError),
-    /// The `tasks.download` consumer could not be opened.
-    #[error("opening the {} consumer", queues::DOWNLOAD)]
-    Consume(#[source] BusError),
-    /// The worker loop stopped with an error.
-    #[error("running the download worker")]
-    Worker(#[source] WorkerError),
+    /// The worker stopped with an error.
+    #[error(transparent)]
+    Step(#[from] StepRunError),
 }
 
 /// The HTTP client `settings` describe (`download.*` limits, `download.allow_cidrs` or else
@@ -108,12 +101,6 @@ pub async fn run_with_client(
     shutdown: Shutdown,
 ) -> Result<(), RunError> {
     metrics::describe();
-    let consumer =
-        bus.queues.consume(queues::DOWNLOAD, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
-    let handler = Reporting::new(
-        DownloadHandler::new(client, settings.blob.open().map_err(RunError::BlobStore)?),
-        StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
-    );
-    let config = LoopConfig::from_settings(queues::DOWNLOAD, &settings.worker);
-    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+    let step = DownloadHandler::new(client, settings.blob.open().map_err(RunError::BlobStore)?);
+    Ok(run_step(bus, settings, queues::DOWNLOAD, SERVICE, step, shutdown).await?)
 }

@@ -119,7 +119,10 @@ impl Pipeline {
         let service = Service::start_with(NAME, settings, Shutdown::new()).await.map_err(PipelineError::from)?;
         let (bus, settings) = (service.bus.clone(), service.settings.clone());
         let store = open_store(&settings).await.map_err(PipelineError::Store)?;
-        let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock));
+        let control = imagepipe_runtime::control::connect(&settings)
+            .await
+            .map_err(|e| PipelineError::Service { service: "coordinator", source: Box::new(e) })?;
+        let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock)).with_control(control);
         let engine = coordinator.engine.clone();
         if settings.bus.kind == BusKind::Memory {
             // The in-process bus lost the commands that were in flight when the last run ended.

@@ -23,15 +23,11 @@ pub mod heif;
 pub mod phash;
 pub mod thumbnail;
 
-use std::sync::Arc;
-
 use imagepipe_blob::BlobConfigError;
-use imagepipe_bus::{Bus, BusError};
+use imagepipe_bus::Bus;
 use imagepipe_contracts::names::queues;
-use imagepipe_runtime::clock::SystemClock;
-use imagepipe_runtime::step::{Reporting, StepReporter};
-use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker};
+use imagepipe_runtime::step::{StepRunError, run_step};
+use imagepipe_runtime::{Service, Settings, Shutdown};
 
 pub use error::ExtractError;
 pub use extract::{Extracted, extract};
@@ -69,12 +65,9 @@ pub enum RunError {
     /// The blob store of `blob.*` could not be opened.
     #[error("opening the blob store")]
     BlobStore(#[source] BlobConfigError),
-    /// The `tasks.metadata` consumer could not be opened.
-    #[error("opening the {} consumer", queues::METADATA)]
-    Consume(#[source] BusError),
-    /// The worker loop stopped with an error.
-    #[error("running the metadata worker")]
-    Worker(#[source] WorkerError),
+    /// The worker stopped with an error.
+    #[error(transparent)]
+    Step(#[from] StepRunError),
 }
 
 /// The service as its binary runs it, on a started [`Service`]: consumes `tasks.metadata` until
@@ -87,13 +80,7 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
 /// `shutdown` fires and in-flight images are finished.
 pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
     metrics::describe();
-    let consumer =
-        bus.queues.consume(queues::METADATA, settings.worker.consumer_config()).await.map_err(RunError::Consume)?;
     let blobs = settings.blob.open().map_err(RunError::BlobStore)?;
-    let handler = Reporting::new(
-        MetadataHandler::new(blobs, settings.metadata.clone(), settings.worker.concurrency),
-        StepReporter::new(bus, SERVICE, Arc::new(SystemClock)),
-    );
-    let config = LoopConfig::from_settings(queues::METADATA, &settings.worker);
-    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+    let step = MetadataHandler::new(blobs, settings.metadata.clone(), settings.worker.concurrency);
+    Ok(run_step(bus, settings, queues::METADATA, SERVICE, step, shutdown).await?)
 }

@@ -13,6 +13,8 @@
 //! deadline), [`Delivery::terminate`] (straight to the dead-letter queue with a reason).
 //! A message delivered `max_deliveries` times without an ack is dead-lettered too.
 //!
+//! [`Lanes`] reads a queue's priority lanes as one consumer, with guaranteed shares.
+//!
 //! [`TaskQueue::backlog`] says how many messages of a queue wait; `nats::inspect` and
 //! `kafka::inspect` report what the broker holds for a prefix ([`BrokerReport`]) without
 //! creating anything.
@@ -26,6 +28,7 @@ mod config;
 mod delivery;
 mod error;
 mod inspect;
+mod lanes;
 mod message;
 mod opening;
 mod selector;
@@ -48,6 +51,7 @@ pub use config::{
 pub use delivery::{AckHandle, Delivery};
 pub use error::{BoxError, BusError};
 pub use inspect::{Backlog, BrokerReport, ConsumerReport, OtherPrefix, StoreReport};
+pub use lanes::{Lanes, Shares};
 pub use message::{Headers, Message};
 pub use selector::{InvalidSelector, Selector};
 pub use traits::{Consumer, EventBus, TaskQueue};

@@ -62,11 +62,23 @@ pub enum EventType {
     /// The task was cancelled.
     #[serde(rename = "task.cancelled")]
     TaskCancelled,
+    /// The task stopped at a step boundary, as asked through the API.
+    #[serde(rename = "task.paused")]
+    TaskPaused,
+    /// A paused task goes on.
+    #[serde(rename = "task.resumed")]
+    TaskResumed,
+    /// An operator paused a stage queue: no replica takes new messages from it.
+    #[serde(rename = "queue.paused")]
+    QueuePaused,
+    /// A paused stage queue is served again.
+    #[serde(rename = "queue.resumed")]
+    QueueResumed,
 }
 
 impl EventType {
     /// Every event type.
-    pub const ALL: [EventType; 8] = [
+    pub const ALL: [EventType; 12] = [
         Self::ImageDownloaded,
         Self::ImageMetadataExtracted,
         Self::ImageAnalyzed,
@@ -75,6 +87,10 @@ impl EventType {
         Self::TaskCompleted,
         Self::TaskFailed,
         Self::TaskCancelled,
+        Self::TaskPaused,
+        Self::TaskResumed,
+        Self::QueuePaused,
+        Self::QueueResumed,
     ];
 
     /// The wire name, e.g. `image.downloaded`.
@@ -88,6 +104,10 @@ impl EventType {
             Self::TaskCompleted => "task.completed",
             Self::TaskFailed => "task.failed",
             Self::TaskCancelled => "task.cancelled",
+            Self::TaskPaused => "task.paused",
+            Self::TaskResumed => "task.resumed",
+            Self::QueuePaused => "queue.paused",
+            Self::QueueResumed => "queue.resumed",
         }
     }
 }
@@ -218,7 +238,11 @@ mod tests {
                 "task.retrying",
                 "task.completed",
                 "task.failed",
-                "task.cancelled"
+                "task.cancelled",
+                "task.paused",
+                "task.resumed",
+                "queue.paused",
+                "queue.resumed"
             ]
         );
         for t in EventType::ALL {

@@ -71,9 +71,11 @@ pub mod headers {
 /// Prefix of every dead-letter queue name.
 pub const DLQ: &str = "dlq";
 
-/// The dead-letter queue of a task queue (`tasks.download` → `dlq.tasks.download`).
+/// The dead-letter queue of a task queue (`tasks.download` → `dlq.tasks.download`). Every
+/// priority lane of a queue shares its queue's (`tasks.download.high` → `dlq.tasks.download`);
+/// a dead letter's source header still names the lane it came from.
 pub fn dead_letter_queue(queue: &str) -> String {
-    format!("{DLQ}.{queue}")
+    format!("{DLQ}.{}", crate::lane_of(queue).0)
 }
 
 /// The dead-letter queue of an event subscriber group (`analytics` → `dlq.events.analytics`).

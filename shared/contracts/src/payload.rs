@@ -135,6 +135,55 @@ pub struct TaskCancelled {
     pub labels: Labels,
 }
 
+/// Payload of `task.paused`: where the task stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskPaused {
+    /// The step it runs when resumed; absent when it had not started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<Step>,
+    /// Why, as given by whoever paused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Payload of `task.resumed`: where the task goes on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskResumed {
+    /// The step dispatched now; absent when the task waits for its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<Step>,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Payload of `queue.paused` and `queue.resumed` (no `taskId`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueChanged {
+    /// The stage queue (`tasks.download`, `tasks.metadata`, `tasks.ai`); every priority lane of
+    /// it.
+    pub queue: String,
+    /// Who asked, as given to the API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Payload of `queue.paused`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct QueuePaused(pub QueueChanged);
+
+/// Payload of `queue.resumed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct QueueResumed(pub QueueChanged);
+
 macro_rules! payload_of {
     ($($ty:ident => $event:ident),* $(,)?) => {
         $(impl EventPayload for $ty {
@@ -152,4 +201,8 @@ payload_of! {
     TaskCompleted => TaskCompleted,
     TaskFailed => TaskFailed,
     TaskCancelled => TaskCancelled,
+    TaskPaused => TaskPaused,
+    TaskResumed => TaskResumed,
+    QueuePaused => QueuePaused,
+    QueueResumed => QueueResumed,
 }

@@ -6,8 +6,8 @@
 use schemars::{JsonSchema, Schema, schema_for};
 
 use crate::payload::{
-    ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted, TaskCancelled, TaskCompleted, TaskCreated, TaskFailed,
-    TaskRetrying,
+    ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted, QueuePaused, QueueResumed, TaskCancelled, TaskCompleted,
+    TaskCreated, TaskFailed, TaskPaused, TaskResumed, TaskRetrying,
 };
 use crate::{AnalyzeCommand, DownloadCommand, Event, EventPayload, MetadataCommand, StepResult, SubmitTask};
 
@@ -30,6 +30,10 @@ pub fn all() -> Vec<(String, Schema)> {
         payload::<TaskCompleted>(),
         payload::<TaskFailed>(),
         payload::<TaskCancelled>(),
+        payload::<TaskPaused>(),
+        payload::<TaskResumed>(),
+        payload::<QueuePaused>(),
+        payload::<QueueResumed>(),
     ]);
     schemas
 }

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use imagepipe_contracts::payload::{
-    ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted, TaskCancelled, TaskCompleted, TaskCreated, TaskFailed,
-    TaskRetrying,
+    ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted, QueuePaused, QueueResumed, TaskCancelled, TaskCompleted,
+    TaskCreated, TaskFailed, TaskPaused, TaskResumed, TaskRetrying,
 };
 use imagepipe_contracts::{
     AnalyzeCommand, DownloadCommand, Event, EventPayload, EventType, MetadataCommand, StepResult, SubmitTask, decode,
@@ -51,6 +51,10 @@ fn every_event_type_round_trips() {
     event_round_trip::<TaskCompleted>();
     event_round_trip::<TaskFailed>();
     event_round_trip::<TaskCancelled>();
+    event_round_trip::<TaskPaused>();
+    event_round_trip::<TaskResumed>();
+    event_round_trip::<QueuePaused>();
+    event_round_trip::<QueueResumed>();
 }
 
 #[test]
@@ -83,6 +87,7 @@ fn step_results_round_trip() {
         "result.analyze.ok.json",
         "result.download.retryable.json",
         "result.metadata.permanent.json",
+        "result.download.deferred.json",
     ] {
         let result: StepResult = round_trip(name);
         if let imagepipe_contracts::StepOutcome::Ok { output } = &result.outcome {

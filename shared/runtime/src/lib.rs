@@ -1,7 +1,7 @@
 //! What every imagepipe service runs on: one configuration schema ([`config`]), logs and
 //! traces ([`telemetry`]), Prometheus metrics ([`metrics`]) and the health server ([`http`]),
 //! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), connecting with retries at
-//! start ([`connect`]), time ([`clock`]), memory
+//! start ([`connect`]), operator control state ([`control`]), time ([`clock`]), memory
 //! budgets for decoding ([`budget`]), the embedded store's files ([`embedded`]), subscriber
 //! dedup ([`dedup`]), the worker loop ([`worker`]) and the start-up that ties them together
 //! ([`service`]).
@@ -11,6 +11,7 @@ pub mod budget;
 pub mod clock;
 pub mod config;
 pub mod connect;
+pub mod control;
 pub mod dedup;
 pub mod embedded;
 pub mod http;

@@ -16,6 +16,8 @@ pub const MESSAGES_HANDLED: &str = "imagepipe_messages_handled_total";
 pub const HANDLER_DURATION: &str = "imagepipe_handler_duration_seconds";
 /// Messages fetched and not yet settled, by `source`.
 pub const MESSAGES_IN_FLIGHT: &str = "imagepipe_messages_in_flight";
+/// 1 while the worker's queue is paused by an operator, else 0, by `source`.
+pub const QUEUE_PAUSED: &str = "imagepipe_queue_paused";
 /// Messages moved to a dead-letter queue, by `source` and `reason`.
 pub const MESSAGES_DEAD_LETTERED: &str = "imagepipe_messages_dead_lettered_total";
 /// Failed fetches from the broker, by `source`.
@@ -115,6 +117,7 @@ fn describe() {
     describe_counter!(MESSAGES_HANDLED, Unit::Count, "Messages a worker finished with, by source and outcome.");
     describe_histogram!(HANDLER_DURATION, Unit::Seconds, "Time a handler took, by source and outcome.");
     describe_gauge!(MESSAGES_IN_FLIGHT, Unit::Count, "Messages fetched and not yet settled, by source.");
+    describe_gauge!(QUEUE_PAUSED, Unit::Count, "1 while an operator has paused the worker's queue, else 0, by source.");
     describe_counter!(
         MESSAGES_DEAD_LETTERED,
         Unit::Count,

@@ -200,6 +200,12 @@ impl Service {
         self.bus.queues.consume(queue, self.settings.worker.consumer_config()).await
     }
 
+    /// Opens a consumer on every priority lane of the stage queue `queue`, read with the
+    /// `worker.priority_shares`.
+    pub async fn consume_lanes(&self, queue: &str) -> Result<Box<dyn Consumer>, BusError> {
+        crate::worker::consume_lanes(&self.bus, queue, &self.settings.worker).await
+    }
+
     /// The worker loop settings for the worker called `name`, from the `worker` settings.
     pub fn loop_config(&self, name: &str) -> LoopConfig {
         LoopConfig::from_settings(name, &self.settings.worker)

@@ -11,7 +11,7 @@ fn policy() -> Policy {
 }
 
 fn ctx(now: u64) -> Context {
-    Context { now, seed: 7 }
+    Context { now, seed: 7, ..Context::default() }
 }
 
 fn new_task() -> Task {
@@ -428,7 +428,7 @@ proptest! {
         let mut completed_events = 0;
         let mut step = |task: &mut Task, input: Input, now: u64| {
             let before = task.clone();
-            let decided = decide(task, &input, &Context { now, seed }, &policy);
+            let decided = decide(task, &input, &Context { now, seed, ..Context::default() }, &policy);
             if let Some(why) = expected_illegal(&before, &input) {
                 assert!(decided.is_err(), "{input:?} on a {} task ({why}) was not refused: {decided:?}", before.state);
                 return;

@@ -93,8 +93,8 @@ fn at_key(at: u64, id: &str) -> String {
     format!("{at:020}{SEP}{id}")
 }
 
-fn state_key(state: TaskState, created_at: u64, id: &str) -> String {
-    format!("{}{SEP}{}", state.as_str(), at_key(created_at, id))
+fn state_key(state: TaskState, index_at: u64, id: &str) -> String {
+    format!("{}{SEP}{}", state.as_str(), at_key(index_at, id))
 }
 
 fn id_of(composite: &str) -> &str {
@@ -174,13 +174,13 @@ fn write_transition(
     let mut by_state = txn.open_table(BY_STATE).map_err(|e| err("indexing", e))?;
     if let Some(previous) = previous {
         by_state
-            .remove(state_key(previous.state, previous.created_at, &previous.id).as_str())
+            .remove(state_key(previous.state, previous.index_at(), &previous.id).as_str())
             .map_err(|e| err("indexing", e))?;
     } else {
         let mut by_creation = txn.open_table(BY_CREATION).map_err(|e| err("indexing", e))?;
         by_creation.insert(at_key(task.created_at, &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
     }
-    by_state.insert(state_key(task.state, task.created_at, &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
+    by_state.insert(state_key(task.state, task.index_at(), &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
     if task.state.is_terminal() {
         let mut finished = txn.open_table(FINISHED).map_err(|e| err("indexing", e))?;
         finished.insert(at_key(task.updated_at, &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
@@ -231,7 +231,7 @@ fn forget_task(txn: &WriteTransaction, task: &Task) -> Result<(), StoreError> {
         }
     }
     let mut by_state = txn.open_table(BY_STATE).map_err(|e| err(op, e))?;
-    by_state.remove(state_key(task.state, task.created_at, id).as_str()).map_err(|e| err(op, e))?;
+    by_state.remove(state_key(task.state, task.index_at(), id).as_str()).map_err(|e| err(op, e))?;
     let mut by_creation = txn.open_table(BY_CREATION).map_err(|e| err(op, e))?;
     by_creation.remove(at_key(task.created_at, id).as_str()).map_err(|e| err(op, e))?;
     for (times, order) in [(DUE, DUE_ORDER), (CLAIMED, CLAIMED_ORDER)] {
@@ -393,7 +393,8 @@ impl TaskStore for EmbeddedStore {
                     tasks.push(task);
                 }
             }
-            let next_cursor = more.then(|| tasks.last().map(|t| make_cursor(t.created_at, &t.id))).flatten();
+            let at = |t: &Task| if query.state.is_some() { t.index_at() } else { t.created_at };
+            let next_cursor = more.then(|| tasks.last().map(|t| make_cursor(at(t), &t.id))).flatten();
             Ok(TaskPage { tasks, next_cursor })
         })
         .await

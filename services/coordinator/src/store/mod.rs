@@ -299,15 +299,18 @@ pub fn wake_at(task: &Task, has_outbox: bool, now: u64, relay_grace: Duration) -
     }
 }
 
-/// The position of a state in the pipeline: a task's state never moves to a lower rank, and
-/// terminal states rank last.
+/// The position of a state in the pipeline, terminal states last. Index entries of lower ranks
+/// are pruned after a transition. The moves back (a resumed pause, a reprocessed task) leave
+/// their old state's entry behind: harmless, as listings check each task's actual state, and
+/// gone when the task expires.
 pub(crate) fn rank(state: TaskState) -> u8 {
     match state {
         TaskState::Queued => 0,
         TaskState::Downloading => 1,
         TaskState::ExtractingMetadata => 2,
         TaskState::Analyzing => 3,
-        TaskState::Completed | TaskState::Failed | TaskState::Cancelled => 4,
+        TaskState::Paused => 4,
+        TaskState::Completed | TaskState::Failed | TaskState::Cancelled => 5,
     }
 }
 

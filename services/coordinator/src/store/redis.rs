@@ -269,7 +269,7 @@ impl RedisStore {
         pipe.cmd("MULTI").ignore();
         for decision in decisions {
             let task = &decision.task;
-            pipe.zadd(self.state_key(task.state), &task.id, task.created_at).ignore();
+            pipe.zadd(self.state_key(task.state), &task.id, task.index_at()).ignore();
             if TaskState::IN_FLIGHT.contains(&task.state) {
                 pipe.zadd(self.index_key("in_flight"), &task.id, task.created_at).ignore();
             }
@@ -561,7 +561,8 @@ impl TaskStore for RedisStore {
                 break;
             }
         }
-        let next_cursor = more.then(|| tasks.last().map(|t| make_cursor(t.created_at, &t.id))).flatten();
+        let at = |t: &Task| if query.state.is_some() { t.index_at() } else { t.created_at };
+        let next_cursor = more.then(|| tasks.last().map(|t| make_cursor(at(t), &t.id))).flatten();
         Ok(TaskPage { tasks, next_cursor })
     }
 
@@ -816,7 +817,7 @@ pub(crate) mod tests {
         );
         assert_eq!(store.create(&created).await.unwrap(), Created::New);
         let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut store.conn.clone()).await.unwrap();
-        let ctx = machine::Context { now: T0 + 1, seed: 0 };
+        let ctx = machine::Context { now: T0 + 1, seed: 0, ..machine::Context::default() };
         let machine::Verdict::Apply(start) =
             machine::decide(&created.task, &machine::Input::Start, &ctx, &machine::Policy::default()).unwrap()
         else {
@@ -865,7 +866,7 @@ pub(crate) mod tests {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let ctx = machine::Context { now: T0 + 1, seed: 0 };
+        let ctx = machine::Context { now: T0 + 1, seed: 0, ..machine::Context::default() };
         let cancel = machine::Input::Cancel { reason: None };
         let machine::Verdict::Apply(cancelled) =
             machine::decide(&created.task, &cancel, &ctx, &machine::Policy::default()).unwrap()

@@ -59,7 +59,7 @@ fn created(id: &str, key: Option<&str>, at: u64) -> Decision {
 }
 
 fn next(task: &Task, input: Input, now: u64) -> Decision {
-    match machine::decide(task, &input, &Context { now, seed: 1 }, &Policy::default()).unwrap() {
+    match machine::decide(task, &input, &Context { now, seed: 1, ..Context::default() }, &Policy::default()).unwrap() {
         Verdict::Apply(d) => *d,
         Verdict::Ignore(why) => panic!("ignored: {why:?}"),
     }

@@ -157,7 +157,8 @@ fn inspect_blocking(prefix: &str, config: &KafkaConfig) -> Result<BrokerReport, 
         });
     }
     let mut consumers = Vec::new();
-    for queue in queues::ALL {
+    for queue in queues::all_lanes() {
+        let queue = queue.as_str();
         let topic = names.queue_topic(queue)?;
         let group = names.group_id(queue);
         let backlog = match partitions.get(&topic) {

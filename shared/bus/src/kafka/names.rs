@@ -73,12 +73,15 @@ impl Names {
     /// The topics every bus of this prefix creates at start: the task queues, their dead-letter
     /// queues and the event topics.
     pub(crate) fn standard_topics(&self) -> Vec<String> {
-        let queues = imagepipe_contracts::names::queues::ALL;
+        let queues = imagepipe_contracts::names::queues::all_lanes();
         let mut out: Vec<String> = queues.iter().map(|q| format!("{}.{q}", self.prefix)).collect();
         out.extend(
             queues.iter().map(|q| format!("{}.{}", self.prefix, imagepipe_contracts::names::dead_letter_queue(q))),
         );
         out.extend([topics::IMAGE_EVENTS, topics::TASK_EVENTS].map(|t| format!("{}.{t}", self.prefix)));
+        // The lanes of a queue share its dead-letter queue.
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|topic| seen.insert(topic.clone()));
         out
     }
 

@@ -74,7 +74,8 @@ pub async fn inspect(prefix: &str, config: &NatsConfig) -> Result<BrokerReport, 
             .get_stream(names.tasks_stream())
             .await
             .map_err(|e| inspect_error(format!("stream {}", names.tasks_stream()), Box::new(e)))?;
-        for queue in queues::ALL {
+        for queue in queues::all_lanes() {
+            let queue = queue.as_str();
             let durable = durable_name(queue);
             let backlog = consumer_backlog(&tasks, &durable).await?;
             consumers.push(ConsumerReport { serves: (*queue).to_owned(), name: durable, backlog });

@@ -48,7 +48,7 @@ pub use notification::{InvalidWebhookSecret, NotificationConfig, WebhookSecret, 
 pub use secret::{MASK, Secret, SecretUrl, mask_url_credentials};
 pub use store::{RedisConfig, StoreConfig, StoreKind};
 pub use telemetry::TelemetryConfig;
-pub use worker::WorkerConfig;
+pub use worker::{PriorityShares, WorkerConfig};
 
 use validate::{memory_budget, non_empty_path, positive};
 

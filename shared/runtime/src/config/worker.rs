@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use imagepipe_bus::ConsumerConfig;
+use imagepipe_bus::{ConsumerConfig, Shares};
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, positive};
@@ -24,6 +24,35 @@ pub struct WorkerConfig {
     /// On shutdown, how long in-flight handlers may take to finish.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Shares of the priority lanes under backlog (`high`, `normal`, `low`): the guaranteed
+    /// part of the messages a worker takes while every lane waits.
+    pub priority_shares: PriorityShares,
+}
+
+/// `worker.priority_shares`: relative shares of the priority lanes under backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PriorityShares {
+    /// Share of the `high` lane (default 70).
+    pub high: u32,
+    /// Share of the `normal` lane (default 20).
+    pub normal: u32,
+    /// Share of the `low` lane (default 10); at least 1, so a backfill is never starved.
+    pub low: u32,
+}
+
+impl Default for PriorityShares {
+    fn default() -> Self {
+        let Shares([high, normal, low]) = Shares::default();
+        Self { high, normal, low }
+    }
+}
+
+impl PriorityShares {
+    /// The shares as the bus's [`Lanes`](imagepipe_bus::Lanes) take them.
+    pub fn shares(&self) -> Shares {
+        Shares([self.high, self.normal, self.low])
+    }
 }
 
 impl Default for WorkerConfig {
@@ -35,6 +64,7 @@ impl Default for WorkerConfig {
             max_deliveries: 5,
             handler_timeout: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(25),
+            priority_shares: PriorityShares::default(),
         }
     }
 }
@@ -53,6 +83,18 @@ impl WorkerConfig {
         }
         if self.max_deliveries == 0 {
             return Err(ConfigError::invalid("worker.max_deliveries", "must be at least 1"));
+        }
+        let PriorityShares { high, normal, low } = self.priority_shares;
+        if low == 0 || normal == 0 || high == 0 {
+            return Err(ConfigError::invalid(
+                "worker.priority_shares",
+                format!(
+                    "every lane needs a share of at least 1, or it could starve (got high {high}, normal {normal}, low {low})"
+                ),
+            ));
+        }
+        if u64::from(high) + u64::from(normal) + u64::from(low) > 1_000_000 {
+            return Err(ConfigError::invalid("worker.priority_shares", "the shares must add up to at most 1000000"));
         }
         positive("worker.ack_wait", self.ack_wait)?;
         positive("worker.handler_timeout", self.handler_timeout)

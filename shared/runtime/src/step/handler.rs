@@ -8,6 +8,7 @@ use imagepipe_bus::Delivery;
 use imagepipe_contracts::{StepCommand, decode};
 
 use super::{Attempt, StepFailure, StepReporter};
+use crate::control::CancelRegistry;
 use crate::worker::{Handler, Outcome, error_chain};
 
 /// A pipeline step's own work: from its command to its output, or how it failed.
@@ -25,12 +26,24 @@ pub trait StepHandler: Send + Sync + 'static {
 pub struct Reporting<H> {
     step: H,
     reporter: StepReporter,
+    cancels: Option<CancelRegistry>,
 }
+
+/// The error code a step reports when an operator cancelled its task while it ran.
+pub const CANCELLED: &str = "cancelled";
 
 impl<H: StepHandler> Reporting<H> {
     /// `step`, reporting through `reporter`.
     pub fn new(step: H, reporter: StepReporter) -> Self {
-        Self { step, reporter }
+        Self { step, reporter, cancels: None }
+    }
+
+    /// Registers every running step in `cancels`, so cancelling its task stops it at once: the
+    /// step's work is dropped and the attempt reported as failed with code [`CANCELLED`] (the
+    /// coordinator, which asked for it, then cancels the task).
+    pub fn with_cancels(mut self, cancels: CancelRegistry) -> Self {
+        self.cancels = Some(cancels);
+        self
     }
 
     /// The step's own handler.
@@ -48,7 +61,19 @@ impl<H: StepHandler> Handler for Reporting<H> {
         };
         let attempt = Attempt::of(&command);
         let (task_id, step) = (attempt.task_id.as_str(), attempt.step);
-        let reported = match self.step.process(&command).await {
+        let running = self.cancels.as_ref().map(|c| c.register(task_id));
+        let processed = match &running {
+            Some(running) => tokio::select! {
+                processed = self.step.process(&command) => processed,
+                () = running.cancelled() => {
+                    tracing::info!(task_id, %step, "step stopped: its task was cancelled");
+                    Err(StepFailure::retryable(CANCELLED, "the task was cancelled while the step ran"))
+                }
+            },
+            None => self.step.process(&command).await,
+        };
+        drop(running);
+        let reported = match processed {
             Ok(output) => {
                 tracing::info!(task_id, %step, attempt = attempt.attempt, "step succeeded");
                 let (event, output) = command.announce(output);

@@ -9,7 +9,9 @@
 mod failure;
 mod handler;
 mod report;
+mod serve;
 
 pub use failure::{StepFailure, blob_code, codes, read_blob};
-pub use handler::{Reporting, StepHandler};
+pub use handler::{CANCELLED, Reporting, StepHandler};
 pub use report::{Attempt, StepReporter, outgoing};
+pub use serve::{StepRunError, run_step};

@@ -31,7 +31,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use imagepipe_bus::{BusError, Consumer, Delivery};
+use imagepipe_bus::{Bus, BusError, Consumer, Delivery, Lanes};
+use std::sync::atomic::Ordering;
+
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
@@ -39,6 +41,7 @@ pub use batch::{BatchHandler, BatchWorker};
 
 use crate::backoff::ExponentialBackoff;
 use crate::config::WorkerConfig;
+use crate::control::{Control, ControlHandle};
 use ::metrics::{counter, gauge};
 
 use crate::metrics::{self, labels};
@@ -196,12 +199,24 @@ pub struct Worker<H> {
     consumer: Box<dyn Consumer>,
     handler: Arc<H>,
     config: Arc<LoopConfig>,
+    control: Option<Control>,
 }
+
+/// Longest fetch wait of a controlled worker, so a pause applies within about a second.
+const CONTROLLED_FETCH_WAIT: Duration = Duration::from_secs(1);
 
 impl<H: Handler> Worker<H> {
     /// A worker handling `consumer`'s deliveries with `handler`.
     pub fn new(consumer: Box<dyn Consumer>, handler: H, config: LoopConfig) -> Self {
-        Self { consumer, handler: Arc::new(handler), config: Arc::new(config) }
+        Self { consumer, handler: Arc::new(handler), config: Arc::new(config), control: None }
+    }
+
+    /// Follows the operator controls of its queue: while the queue is paused it takes no new
+    /// messages (those it holds finish), it runs at the queue's per-replica concurrency when
+    /// one is set, and it reports its consumers, messages in flight and rate.
+    pub fn controlled(mut self, control: Control) -> Self {
+        self.control = Some(control);
+        self
     }
 
     /// Runs until `shutdown` fires and fetched deliveries are finished (or the grace period
@@ -218,10 +233,23 @@ impl<H: Handler> Worker<H> {
         };
         let mut fetch_failures = config.fetch_backoff.attempts();
         tracing::info!(worker = %config.name, scheduling = ?config.scheduling, concurrency = config.concurrency, "worker started");
+        let mut control = match self.control {
+            Some(control) => Some(control.start().await),
+            None => None,
+        };
+        let mut capacity = config.concurrency;
+        let fetch_wait =
+            if control.is_some() { config.fetch_wait.min(CONTROLLED_FETCH_WAIT) } else { config.fetch_wait };
 
         let result = loop {
             while let Some(joined) = tasks.try_join_next() {
                 log_task_failure(&config.name, joined);
+            }
+            if let Some(control) = &mut control {
+                capacity = resize(&permits, capacity, control, config);
+                if !wait_while_paused(control, &permits, capacity, config, &shutdown).await {
+                    break Ok(());
+                }
             }
             let first = tokio::select! {
                 biased;
@@ -229,7 +257,7 @@ impl<H: Handler> Worker<H> {
                 permit = permits.clone().acquire_owned() => permit.expect("the worker never closes its semaphore"),
             };
             let mut held = vec![first];
-            while held.len() < config.concurrency {
+            while held.len() < capacity {
                 match permits.clone().try_acquire_owned() {
                     Ok(permit) => held.push(permit),
                     Err(_) => break,
@@ -238,11 +266,14 @@ impl<H: Handler> Worker<H> {
             let fetched = tokio::select! {
                 biased;
                 () = shutdown.wait() => break Ok(()),
-                fetched = self.consumer.fetch(held.len(), config.fetch_wait) => fetched,
+                fetched = self.consumer.fetch(held.len(), fetch_wait) => fetched,
             };
             match fetched {
                 Ok(deliveries) => {
                     fetch_failures.reset();
+                    if let Some(control) = &control {
+                        control.stats.taken.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
+                    }
                     for delivery in deliveries {
                         let permit = match held.pop() {
                             Some(permit) => permit,
@@ -267,6 +298,68 @@ impl<H: Handler> Worker<H> {
         tracing::info!(worker = %config.name, "worker stopped");
         result
     }
+}
+
+/// Opens a consumer on every priority lane of the stage queue `queue` (`tasks.download`,
+/// `tasks.download.high`, `tasks.download.low`), read as one with `worker.priority_shares`.
+pub async fn consume_lanes(bus: &Bus, queue: &str, worker: &WorkerConfig) -> Result<Box<dyn Consumer>, BusError> {
+    let lanes = Lanes::open(&*bus.queues, queue, worker.consumer_config(), worker.priority_shares.shares()).await?;
+    Ok(Box::new(lanes))
+}
+
+/// Applies the queue's per-replica concurrency (or `worker.concurrency` when none is set) to
+/// `permits`, which hold `capacity` now; returns the new capacity. Permits taken away are
+/// taken as messages in flight finish.
+fn resize(permits: &Arc<Semaphore>, capacity: usize, control: &ControlHandle, config: &LoopConfig) -> usize {
+    let wanted =
+        control.rx.borrow().per_replica.map_or(config.concurrency, |n| n as usize).clamp(1, Semaphore::MAX_PERMITS);
+    if wanted > capacity {
+        permits.add_permits(wanted - capacity);
+    } else if wanted < capacity {
+        let (permits, surplus) = (permits.clone(), u32::try_from(capacity - wanted).unwrap_or(u32::MAX));
+        tokio::spawn(async move {
+            if let Ok(taken) = permits.acquire_many_owned(surplus).await {
+                taken.forget();
+            }
+        });
+    }
+    if wanted != capacity {
+        tracing::info!(worker = %config.name, from = capacity, to = wanted, "concurrency changed");
+    }
+    control.stats.concurrency.store(u32::try_from(wanted).unwrap_or(u32::MAX), Ordering::Relaxed);
+    wanted
+}
+
+/// While the queue is paused, waits for a change of its control state, keeping the
+/// in-flight count reported; false if `shutdown` fired meanwhile.
+async fn wait_while_paused(
+    control: &mut ControlHandle,
+    permits: &Semaphore,
+    capacity: usize,
+    config: &LoopConfig,
+    shutdown: &Shutdown,
+) -> bool {
+    let report = |control: &ControlHandle| {
+        let in_flight = capacity.saturating_sub(permits.available_permits());
+        control.stats.in_flight.store(u32::try_from(in_flight).unwrap_or(u32::MAX), Ordering::Relaxed);
+    };
+    report(control);
+    if !control.rx.borrow().paused {
+        return true;
+    }
+    tracing::info!(worker = %config.name, "queue paused: taking no new messages");
+    gauge!(metrics::QUEUE_PAUSED, labels::SOURCE => config.name.clone()).set(1.0);
+    while control.rx.borrow().paused {
+        tokio::select! {
+            biased;
+            () = shutdown.wait() => return false,
+            changed = control.rx.changed() => if changed.is_err() { break },
+            () = tokio::time::sleep(Duration::from_millis(500)) => report(control),
+        }
+    }
+    gauge!(metrics::QUEUE_PAUSED, labels::SOURCE => config.name.clone()).set(0.0);
+    tracing::info!(worker = %config.name, "queue resumed");
+    true
 }
 
 /// Counts and logs a failed fetch, then waits the backoff's next delay before the worker

@@ -1,0 +1,154 @@
+//! [`QueueControls`]: the coordinator's side of the operator controls. It writes the control
+//! state ([`imagepipe_runtime::control`]) for the API, announces pauses on the bus
+//! (`queue.paused` / `queue.resumed`), asks workers to stop cancelled steps, and keeps the set
+//! of paused stages the state machine reads, so deadlines of tasks waiting in a paused queue
+//! start over instead of firing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use imagepipe_bus::{Bus, BusError};
+use imagepipe_contracts::payload::{QueueChanged, QueuePaused, QueueResumed};
+use imagepipe_contracts::{Event, EventPayload, Step, TraceId};
+use imagepipe_runtime::clock::Clock;
+use imagepipe_runtime::control::{ControlError, ControlState, ControlStore, MemoryControl};
+use imagepipe_runtime::shutdown::Shutdown;
+use imagepipe_runtime::step::outgoing;
+
+use crate::machine::{PausedSteps, SOURCE};
+
+/// How often the coordinator reads the control state (pauses other replicas set reach its
+/// deadlines within it).
+pub const REFRESH: Duration = Duration::from_millis(500);
+
+/// A control change failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlFailure {
+    /// The control state could not be written.
+    #[error("writing the control state")]
+    Store(#[from] ControlError),
+    /// The change was written but its event could not be published.
+    #[error("publishing {event_type}")]
+    Publish {
+        /// The event.
+        event_type: &'static str,
+        /// Why.
+        #[source]
+        source: BusError,
+    },
+}
+
+/// The coordinator's side of the operator controls (see the module docs).
+#[derive(Clone)]
+pub struct QueueControls {
+    store: Arc<dyn ControlStore>,
+    paused: Arc<AtomicU8>,
+}
+
+impl Default for QueueControls {
+    fn default() -> Self {
+        Self::new(Arc::new(MemoryControl::ephemeral()))
+    }
+}
+
+impl QueueControls {
+    /// Controls kept in `store`.
+    pub fn new(store: Arc<dyn ControlStore>) -> Self {
+        Self { store, paused: Arc::default() }
+    }
+
+    /// The control store.
+    pub fn store(&self) -> &Arc<dyn ControlStore> {
+        &self.store
+    }
+
+    /// The steps whose queues were paused at the last read.
+    pub fn paused_steps(&self) -> PausedSteps {
+        let bits = self.paused.load(Ordering::Relaxed);
+        PausedSteps::of(Step::ALL.into_iter().enumerate().filter(|(i, _)| bits & (1 << i) != 0).map(|(_, s)| s))
+    }
+
+    fn remember(&self, state: &ControlState) {
+        let bits = Step::ALL
+            .into_iter()
+            .enumerate()
+            .filter(|(_, step)| state.is_paused(step.queue()))
+            .fold(0u8, |bits, (i, _)| bits | (1 << i));
+        self.paused.store(bits, Ordering::Relaxed);
+    }
+
+    /// Reads the control state and remembers which stages are paused.
+    pub async fn refresh(&self) -> Result<ControlState, ControlError> {
+        let state = self.store.state().await?;
+        self.remember(&state);
+        Ok(state)
+    }
+
+    /// Pauses or resumes stage queue `queue` (every lane of it) and, when that changed
+    /// anything, publishes `queue.paused` / `queue.resumed`; whether it changed.
+    pub async fn set_paused(
+        &self,
+        bus: &Bus,
+        clock: &dyn Clock,
+        queue: &str,
+        paused: bool,
+        reason: Option<String>,
+    ) -> Result<bool, ControlFailure> {
+        let now = clock.unix_ms();
+        let changed = self.store.set_paused(queue, paused, now).await?;
+        self.refresh().await?;
+        if changed {
+            let change = QueueChanged { queue: queue.to_owned(), reason };
+            if paused {
+                publish(bus, now, queue, QueuePaused(change)).await?;
+            } else {
+                publish(bus, now, queue, QueueResumed(change)).await?;
+            }
+            tracing::info!(queue, paused, "queue control changed");
+        }
+        Ok(changed)
+    }
+
+    /// Reads the state every [`REFRESH`] until `shutdown`.
+    pub async fn run_refresher(self, shutdown: Shutdown) {
+        let mut failing = false;
+        loop {
+            match self.refresh().await {
+                Ok(_) if failing => {
+                    failing = false;
+                    tracing::info!("the control state is readable again");
+                }
+                Ok(_) => {}
+                Err(error) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %imagepipe_runtime::error_chain(&error), "reading the control state failed; keeping the last one");
+                }
+                Err(_) => {}
+            }
+            if !shutdown.sleep(REFRESH).await {
+                return;
+            }
+        }
+    }
+}
+
+/// Publishes a queue event, keyed by `queue`: the standard envelope without a task id, its id
+/// random (each change is news), its trace a new one.
+async fn publish<P: EventPayload>(bus: &Bus, now: u64, queue: &str, payload: P) -> Result<(), ControlFailure> {
+    let event = Event {
+        event_id: uuid::Uuid::new_v4(),
+        event_type: P::EVENT_TYPE,
+        task_id: None,
+        trace_id: TraceId::random(),
+        timestamp: now,
+        source: SOURCE.to_owned(),
+        payload,
+    };
+    let id = event.event_id.to_string();
+    let message = outgoing(&event, queue, id);
+    bus.events
+        .publish(P::EVENT_TYPE.as_str(), message)
+        .await
+        .map_err(|source| ControlFailure::Publish { event_type: P::EVENT_TYPE.as_str(), source })
+}

@@ -1,0 +1,125 @@
+//! The same cases against [`MemoryControl`] and [`RedisControl`] (a real Redis, unique
+//! prefix per test).
+
+use std::sync::Arc;
+
+use super::*;
+
+const T0: u64 = 1_763_800_000_000;
+
+async fn redis(test: &str) -> Option<Arc<dyn ControlStore>> {
+    let url = std::env::var("IMAGEPIPE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let client = ::redis::Client::open(url.as_str()).unwrap();
+    match ::redis::aio::ConnectionManager::new(client).await {
+        Ok(connection) => {
+            let prefix = format!("test-control-{test}-{}", uuid::Uuid::new_v4().simple());
+            Some(Arc::new(RedisControl::new(connection, &prefix)))
+        }
+        Err(error) => {
+            imagepipe_contracts::testing::environment_missing(&format!("Redis at {url}: {error}"));
+            None
+        }
+    }
+}
+
+async fn both(test: &str) -> Vec<Arc<dyn ControlStore>> {
+    let mut stores: Vec<Arc<dyn ControlStore>> = vec![Arc::new(MemoryControl::ephemeral())];
+    stores.extend(redis(test).await);
+    stores
+}
+
+#[tokio::test]
+async fn pausing_and_resuming_a_queue_says_whether_it_changed() {
+    for store in both("pause").await {
+        assert!(!store.state().await.unwrap().is_paused("tasks.metadata"));
+        assert!(store.set_paused("tasks.metadata", true, T0).await.unwrap());
+        assert!(!store.set_paused("tasks.metadata", true, T0 + 1).await.unwrap(), "already paused");
+        let state = store.state().await.unwrap();
+        assert!(state.is_paused("tasks.metadata") && !state.is_paused("tasks.ai"));
+        assert_eq!(state.queue("tasks.metadata").updated_at, T0);
+        assert!(store.set_paused("tasks.metadata", false, T0 + 2).await.unwrap());
+        assert!(!store.state().await.unwrap().is_paused("tasks.metadata"));
+    }
+}
+
+#[tokio::test]
+async fn concurrency_is_set_and_cleared_without_touching_the_pause() {
+    for store in both("concurrency").await {
+        store.set_paused("tasks.ai", true, T0).await.unwrap();
+        store.set_concurrency("tasks.ai", Some(3), T0 + 1).await.unwrap();
+        let q = store.state().await.unwrap().queue("tasks.ai");
+        assert_eq!((q.paused, q.per_replica), (true, Some(3)));
+        store.set_concurrency("tasks.ai", None, T0 + 2).await.unwrap();
+        let q = store.state().await.unwrap().queue("tasks.ai");
+        assert_eq!((q.paused, q.per_replica), (true, None));
+    }
+}
+
+#[tokio::test]
+async fn beats_count_live_consumers_and_the_rate_over_a_minute() {
+    for store in both("beats").await {
+        let beat = |at, in_flight, taken| Beat { at, in_flight, concurrency: 4, taken };
+        store.beat("tasks.download", "a", beat(T0, 2, 30)).await.unwrap();
+        store.beat("tasks.download", "b", beat(T0 + 500, 1, 30)).await.unwrap();
+        let now = T0 + 1_000;
+        let activity = store.activity("tasks.download", now).await.unwrap();
+        assert_eq!((activity.consumers, activity.in_flight, activity.concurrency), (2, 3, 8));
+        assert!(activity.rate_per_sec > 0.0, "{activity:?}");
+        let later = T0 + BEAT_TTL.as_millis() as u64 + 600;
+        let activity = store.activity("tasks.download", later).await.unwrap();
+        assert_eq!(activity.consumers, 0, "both beats are older than the TTL");
+        let much_later = T0 + RATE_WINDOW.as_millis() as u64 + 20_000;
+        assert_eq!(store.activity("tasks.download", much_later).await.unwrap().rate_per_sec, 0.0);
+        assert_eq!(store.activity("tasks.ai", now).await.unwrap(), QueueActivity::default());
+    }
+}
+
+#[tokio::test]
+async fn cancellations_are_seen_until_they_expire() {
+    for store in both("cancel").await {
+        let ids = vec!["tsk_a".to_owned(), "tsk_b".to_owned()];
+        assert_eq!(store.cancelled(&ids, T0).await.unwrap(), vec![false, false]);
+        store.request_cancel("tsk_b", T0).await.unwrap();
+        assert_eq!(store.cancelled(&ids, T0 + 1).await.unwrap(), vec![false, true]);
+        let expired = T0 + CANCEL_TTL.as_millis() as u64 + 1;
+        assert_eq!(store.cancelled(&ids, expired).await.unwrap(), vec![false, false]);
+        assert!(store.cancelled(&[], T0).await.unwrap().is_empty());
+    }
+}
+
+#[test]
+fn the_rate_is_taken_over_the_window() {
+    let now = 120 * RATE_BUCKET_MS + 2_500;
+    let current = now / RATE_BUCKET_MS;
+    let buckets: Vec<(u64, u64)> = (0..12).map(|i| (current - i, 30)).collect();
+    let rate = rate_from_buckets(&buckets, now);
+    // 12 buckets × 30 over 11 full buckets and half of the current one: 360 / 57.5 s.
+    assert!((rate - 360.0 / 57.5).abs() < 1e-9, "{rate}");
+    assert_eq!(rate_from_buckets(&[(current - 20, 1_000)], now), 0.0, "outside the window");
+}
+
+#[test]
+fn the_memory_store_keeps_queue_settings_in_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(memory::CONTROL_FILE);
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    runtime.block_on(async {
+        let store = MemoryControl::in_file(file.clone()).unwrap();
+        store.set_paused("tasks.download", true, T0).await.unwrap();
+        store.set_concurrency("tasks.download", Some(2), T0).await.unwrap();
+        let again = MemoryControl::in_file(file.clone()).unwrap();
+        let q = again.state().await.unwrap().queue("tasks.download");
+        assert_eq!((q.paused, q.per_replica), (true, Some(2)));
+    });
+    std::fs::write(&file, b"{not json").unwrap();
+    assert!(matches!(MemoryControl::in_file(file), Err(ControlError::Corrupt { .. })));
+}
+
+#[tokio::test]
+async fn one_directory_has_one_control_state_per_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = MemoryControl::for_dir(dir.path()).unwrap();
+    let b = MemoryControl::for_dir(dir.path()).unwrap();
+    a.set_paused("tasks.ai", true, T0).await.unwrap();
+    assert!(b.state().await.unwrap().is_paused("tasks.ai"));
+}
