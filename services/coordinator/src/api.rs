@@ -6,6 +6,7 @@
 pub mod blobs;
 pub mod forward;
 mod openapi;
+pub mod queue_control;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -62,6 +63,12 @@ pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_uplo
         .route("/v1/tasks/{id}", get(get_task))
         .route("/v1/tasks/{id}/history", get(history))
         .route("/v1/tasks/{id}/cancel", post(cancel))
+        .route("/v1/tasks/{id}/pause", post(pause))
+        .route("/v1/tasks/{id}/resume", post(resume))
+        .route("/v1/queues", get(queue_control::list))
+        .route("/v1/queues/{queue}/pause", post(queue_control::pause))
+        .route("/v1/queues/{queue}/resume", post(queue_control::resume))
+        .route("/v1/queues/{queue}/concurrency", axum::routing::put(queue_control::concurrency))
         .route("/v1/events", get(events))
         .route("/v1/dlq", get(dead_letters))
         .route("/v1/dlq/{id}", axum::routing::delete(purge_dead_letter))
@@ -240,11 +247,12 @@ async fn list(
     Ok(Json(state.engine.store().list(&query).await?))
 }
 
-/// Body of `POST /v1/tasks/{id}/cancel` (optional).
+/// Body of `POST /v1/tasks/{id}/cancel`, `/pause` and `POST /v1/queues/{queue}/pause|resume`
+/// (optional).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CancelRequest {
-    /// Why; shown in the history and the `task.cancelled` event.
+    /// Why; shown in the history and the event (`task.cancelled`, `task.paused`, `queue.paused`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -255,20 +263,57 @@ async fn cancel(
     WholeBody(body): WholeBody,
 ) -> Result<(StatusCode, Json<TaskView>), ApiError> {
     let id = task_id(path)?;
-    let request: CancelRequest = if body.is_empty() { CancelRequest::default() } else { decode_object(&body)? };
+    let reason = reason(&body)?;
+    let task = control_task(&state, &id, Input::Cancel { reason }).await?;
+    if task.cancel_requested.is_some() && !task.state.is_terminal() {
+        // A step is running: its worker stops it within a refresh of the control state.
+        let now = state.engine.clock().unix_ms();
+        state.engine.controls().store().request_cancel(&id, now).await.map_err(ApiError::unavailable)?;
+    }
+    Ok((StatusCode::ACCEPTED, Json(task.into())))
+}
+
+async fn pause(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+    WholeBody(body): WholeBody,
+) -> Result<(StatusCode, Json<TaskView>), ApiError> {
+    let id = task_id(path)?;
+    let reason = reason(&body)?;
+    let task = control_task(&state, &id, Input::Pause { reason }).await?;
+    Ok((StatusCode::ACCEPTED, Json(task.into())))
+}
+
+async fn resume(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<(StatusCode, Json<TaskView>), ApiError> {
+    let id = task_id(path)?;
+    let task = control_task(&state, &id, Input::Resume).await?;
+    Ok((StatusCode::ACCEPTED, Json(task.into())))
+}
+
+/// The optional `{"reason": ...}` body of the task and queue controls.
+fn reason(body: &[u8]) -> Result<Option<String>, ApiError> {
+    let request: CancelRequest = if body.is_empty() { CancelRequest::default() } else { decode_object(body)? };
     if request.reason.as_ref().is_some_and(|r| r.len() > 1024) {
         return Err(ApiError::invalid("`reason` must be at most 1024 bytes"));
     }
-    let task = match state.engine.handle(&id, Input::Cancel { reason: request.reason }).await {
-        Ok(Handled::Applied(task)) => *task,
+    Ok(request.reason)
+}
+
+/// Applies an operator's `input` to task `id`: the task after it (as it is, when the input
+/// changed nothing), 404 for no such task, 409 when the task's state has no such edge.
+async fn control_task(state: &ApiState, id: &str, input: Input) -> Result<Task, ApiError> {
+    match state.engine.handle(id, input).await {
+        Ok(Handled::Applied(task)) => Ok(*task),
         Ok(Handled::Ignored(_)) => {
-            state.engine.store().get(&id).await?.ok_or_else(|| ApiError::not_found(format!("no task {id}")))?
+            state.engine.store().get(id).await?.ok_or_else(|| ApiError::not_found(format!("no task {id}")))
         }
-        Err(EngineError::UnknownTask(_)) => return Err(ApiError::not_found(format!("no task {id}"))),
-        Err(EngineError::Illegal(e)) => return Err(ApiError::conflict(e.reason)),
-        Err(e) => return Err(ApiError::unavailable(e)),
-    };
-    Ok((StatusCode::ACCEPTED, Json(task.into())))
+        Err(EngineError::UnknownTask(_)) => Err(ApiError::not_found(format!("no task {id}"))),
+        Err(EngineError::Illegal(e)) => Err(ApiError::conflict(e.reason)),
+        Err(e) => Err(ApiError::unavailable(e)),
+    }
 }
 
 /// Query of `GET /v1/events`.

@@ -8,6 +8,7 @@
 //! - [`control`]: the operator controls (paused stages, live concurrency, cancelling running
 //!   steps) the API writes and the machine reads.
 //! - [`consumers`]: handlers of `tasks.submit`, `tasks.results` and the dead-letter queues.
+//! - [`reprocess`]: reprocessing jobs (`POST /v1/reprocess`).
 //! - [`retention`]: deletes finished tasks and old dead letters.
 //! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`loops`]: the loops; [`gauges`]:
 //!   queue depth, consumer lag and dead-letter gauges;
@@ -23,6 +24,7 @@ pub mod gauges;
 pub mod loops;
 pub mod machine;
 pub mod metrics;
+pub mod reprocess;
 pub mod retention;
 pub mod store;
 pub mod task;

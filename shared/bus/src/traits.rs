@@ -50,6 +50,13 @@ pub trait TaskQueue: Send + Sync {
         let _ = queue;
         Ok(None)
     }
+
+    /// When the oldest message `queue` still holds (waiting or being handled) was enqueued,
+    /// Unix ms; `None` when it holds none or the backend cannot say (Kafka).
+    async fn oldest(&self, queue: &str) -> Result<Option<u64>, BusError> {
+        let _ = queue;
+        Ok(None)
+    }
 }
 
 /// Event topics: every subscriber group gets every event its selector accepts.

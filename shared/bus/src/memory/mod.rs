@@ -148,6 +148,11 @@ impl TaskQueue for MemoryBus {
         let queues = self.shared.queues.lock().expect("memory bus registry lock poisoned");
         Ok(queues.get(queue).map(|q| q.backlog()))
     }
+
+    async fn oldest(&self, queue: &str) -> Result<Option<u64>, BusError> {
+        let queues = self.shared.queues.lock().expect("memory bus registry lock poisoned");
+        Ok(queues.get(queue).and_then(|q| q.oldest()))
+    }
 }
 
 #[async_trait]

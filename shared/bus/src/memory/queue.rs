@@ -103,6 +103,11 @@ impl Queue {
         Backlog { waiting: waiting as u64, unacked: unacked as u64 }
     }
 
+    /// When the oldest message still held (waiting or in flight) was enqueued, Unix ms.
+    pub(super) fn oldest(&self) -> Option<u64> {
+        self.lock().entries.values().map(|e| e.enqueued_at).min()
+    }
+
     /// Whether another message fits.
     pub(super) fn has_room(&self) -> bool {
         self.lock().entries.len() < self.capacity
@@ -394,6 +399,8 @@ struct Entry {
     message: Message,
     deliveries: u32,
     status: Status,
+    /// When it was enqueued, Unix ms.
+    enqueued_at: u64,
 }
 
 /// The queue's contents. Invariant: a message is in `ready` iff its status is `Ready`, and in
@@ -422,7 +429,8 @@ impl State {
     fn insert(&mut self, message: Message) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.entries.insert(seq, Entry { message, deliveries: 0, status: Status::Ready });
+        let enqueued_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.entries.insert(seq, Entry { message, deliveries: 0, status: Status::Ready, enqueued_at });
         self.ready.insert(seq);
     }
 

@@ -75,4 +75,19 @@ impl TaskQueue for NatsBus {
         };
         consumer_backlog(stream, &durable_name(queue)).await
     }
+
+    async fn oldest(&self, queue: &str) -> Result<Option<u64>, BusError> {
+        self.shared.check_open()?;
+        let (kind, subject) = self.shared.names.queue_subject(queue)?;
+        let stream = match kind {
+            QueueKind::Tasks => &self.shared.streams.tasks,
+            QueueKind::DeadLetters => &self.shared.streams.dlq,
+        };
+        // A work queue keeps only unfinished messages: its first one of the subject is the oldest.
+        match stream.get_first_raw_message_by_subject(&subject, 1).await {
+            Ok(message) => Ok(Some(u64::try_from(message.time.unix_timestamp_nanos() / 1_000_000).unwrap_or(0))),
+            Err(error) if error.kind() == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(error) => Err(BusError::Receive { source_name: queue.to_owned(), source: Box::new(error) }),
+        }
+    }
 }

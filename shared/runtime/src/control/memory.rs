@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use async_trait::async_trait;
 
 use super::{
-    BEAT_TTL, Beat, CANCEL_TTL, ControlError, ControlState, ControlStore, QueueActivity, QueueControl, RATE_BUCKET_MS,
+    BEAT_TTL, Beat, CANCEL_TTL, ControlError, JOB_TTL, ControlState, ControlStore, QueueActivity, QueueControl, RATE_BUCKET_MS,
     RATE_WINDOW, rate_from_buckets,
 };
 use crate::clock::millis;
@@ -23,6 +23,8 @@ struct Inner {
     rates: HashMap<String, Vec<(u64, u64)>>,
     /// Task id → when its cancellation was asked.
     cancels: HashMap<String, u64>,
+    /// Job id → (last update, record).
+    jobs: HashMap<String, (std::time::Instant, String)>,
 }
 
 /// The control state of one process (see the module docs); with a file, the queue settings
@@ -159,5 +161,16 @@ impl ControlStore for MemoryControl {
         let inner = self.lock();
         let expired = now.saturating_sub(millis(CANCEL_TTL));
         Ok(task_ids.iter().map(|id| inner.cancels.get(id).is_some_and(|at| *at >= expired)).collect())
+    }
+
+    async fn put_job(&self, id: &str, record: &str) -> Result<(), ControlError> {
+        let mut inner = self.lock();
+        inner.jobs.retain(|_, (at, _)| at.elapsed() < JOB_TTL);
+        inner.jobs.insert(id.to_owned(), (std::time::Instant::now(), record.to_owned()));
+        Ok(())
+    }
+
+    async fn job(&self, id: &str) -> Result<Option<String>, ControlError> {
+        Ok(self.lock().jobs.get(id).filter(|(at, _)| at.elapsed() < JOB_TTL).map(|(_, record)| record.clone()))
     }
 }

@@ -151,7 +151,16 @@ pub trait ControlStore: Send + Sync + 'static {
 
     /// Which of `task_ids` were asked to stop (within [`CANCEL_TTL`] of `now`).
     async fn cancelled(&self, task_ids: &[String], now: u64) -> Result<Vec<bool>, ControlError>;
+
+    /// Keeps the JSON `record` of background job `id` (a reprocessing run) for [`JOB_TTL`].
+    async fn put_job(&self, id: &str, record: &str) -> Result<(), ControlError>;
+
+    /// The record of job `id`, while kept.
+    async fn job(&self, id: &str) -> Result<Option<String>, ControlError>;
 }
+
+/// How long a background job's record is kept after its last update.
+pub const JOB_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The control store `settings` call for: Redis keys under `bus.prefix` when
 /// `store.kind = redis`; else the process's [`MemoryControl`] of `store.path` (one per

@@ -6,6 +6,7 @@
 //! | `P:{P:control}:beats:<queue>` | hash: replica → [`Beat`] JSON |
 //! | `P:{P:control}:rate:<queue>:<bucket>` | counter of messages taken, expiring after the window |
 //! | `P:{P:control}:cancels` | hash: task id → Unix ms of the cancellation |
+//! | `P:{P:control}:job:<id>` | a background job's JSON record, expiring after [`JOB_TTL`] |
 //!
 //! Every key carries the hash tag `{P:control}`, so they share one Redis Cluster slot.
 
@@ -14,7 +15,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 
 use super::{
-    BEAT_TTL, Beat, CANCEL_TTL, ControlError, ControlState, ControlStore, QueueActivity, QueueControl, RATE_BUCKET_MS,
+    BEAT_TTL, Beat, CANCEL_TTL, ControlError, JOB_TTL, ControlState, ControlStore, QueueActivity, QueueControl, RATE_BUCKET_MS,
     RATE_WINDOW, rate_from_buckets,
 };
 use crate::clock::millis;
@@ -165,5 +166,14 @@ impl ControlStore for RedisControl {
             .await
             .map_err(redis_err("HMGET"))?;
         Ok(at.into_iter().map(|at| at.is_some_and(|at| at + millis(CANCEL_TTL) >= now)).collect())
+    }
+
+    async fn put_job(&self, id: &str, record: &str) -> Result<(), ControlError> {
+        let key = self.key(&format!("job:{id}"));
+        self.connection.clone().set_ex(key, record, JOB_TTL.as_secs()).await.map_err(redis_err("SET"))
+    }
+
+    async fn job(&self, id: &str) -> Result<Option<String>, ControlError> {
+        self.connection.clone().get(self.key(&format!("job:{id}"))).await.map_err(redis_err("GET"))
     }
 }

@@ -123,3 +123,13 @@ async fn one_directory_has_one_control_state_per_process() {
     a.set_paused("tasks.ai", true, T0).await.unwrap();
     assert!(b.state().await.unwrap().is_paused("tasks.ai"));
 }
+
+#[tokio::test]
+async fn job_records_are_kept_and_replaced() {
+    for store in both("jobs").await {
+        assert_eq!(store.job("rp_1").await.unwrap(), None);
+        store.put_job("rp_1", r#"{"done":false}"#).await.unwrap();
+        store.put_job("rp_1", r#"{"done":true}"#).await.unwrap();
+        assert_eq!(store.job("rp_1").await.unwrap().as_deref(), Some(r#"{"done":true}"#));
+    }
+}

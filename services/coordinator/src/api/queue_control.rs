@@ -1,0 +1,180 @@
+//! The stage queues as operators see and steer them: `GET /v1/queues`,
+//! `POST /v1/queues/{queue}/pause|resume`, `PUT /v1/queues/{queue}/concurrency`.
+
+use axum::Json;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use imagepipe_contracts::Priority;
+use imagepipe_contracts::names::queues;
+use imagepipe_runtime::http::{ApiError, WholeBody};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{ApiState, CancelRequest, decode_object};
+use crate::engine::Engine;
+
+/// Most messages a replica may be set to handle at once.
+pub const MAX_PER_REPLICA: u32 = 1_024;
+
+/// One priority lane of a queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneView {
+    /// `high`, `normal` or `low`.
+    pub priority: Priority,
+    /// The lane's queue (`tasks.download.high`).
+    pub queue: String,
+    /// Messages waiting in the lane; `null` when the broker cannot say (nothing consumed it yet).
+    pub depth: Option<u64>,
+}
+
+/// One stage queue, every lane together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueView {
+    /// The short name operators use: `download`, `metadata`, `ai`.
+    pub name: String,
+    /// The queue (`tasks.download`).
+    pub queue: String,
+    /// Messages waiting in every lane; `null` when the broker cannot say.
+    pub depth: Option<u64>,
+    /// Messages the consumers hold now.
+    pub in_flight: u64,
+    /// How long the oldest unfinished message has been in the queue, ms; `null` when it is
+    /// empty or the broker cannot say (Kafka).
+    pub oldest_wait_ms: Option<u64>,
+    /// Messages taken per second over the last minute.
+    pub rate_per_sec: f64,
+    /// Consumers (worker replicas) alive.
+    pub consumers: u32,
+    /// Messages the live consumers may hold at once, together.
+    pub concurrency: u64,
+    /// The per-replica concurrency an operator set; `null`: each replica's `worker.concurrency`.
+    pub per_replica: Option<u32>,
+    /// No replica takes new messages of the queue.
+    pub paused: bool,
+    /// Each lane, highest first.
+    pub lanes: Vec<LaneView>,
+}
+
+/// Body of `GET /v1/queues`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct QueuesView {
+    /// The stage queues in pipeline order.
+    pub queues: Vec<QueueView>,
+}
+
+/// Body of `PUT /v1/queues/{queue}/concurrency`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConcurrencyRequest {
+    /// Messages each replica handles at once (1 to 1024); `null` returns to each replica's
+    /// `worker.concurrency`.
+    #[schemars(range(min = 1, max = 1024))]
+    pub per_replica: Option<u32>,
+}
+
+/// The stage queue an operator names (`download`, `tasks.download`, ...).
+fn stage(path: Result<Path<String>, PathRejection>) -> Result<&'static str, ApiError> {
+    let Path(name) = path?;
+    queues::stage(&name).ok_or_else(|| {
+        ApiError::not_found(format!("no stage queue {name:?}; the stage queues are download, metadata and ai"))
+    })
+}
+
+/// What `engine` knows of stage queue `queue` now.
+pub async fn view(engine: &Engine, queue: &'static str) -> Result<QueueView, ApiError> {
+    let bus = engine.bus();
+    let now = engine.clock().unix_ms();
+    let lanes = Priority::ALL.map(|p| (p, p.lane(queue)));
+    let backlogs = futures::future::join_all(lanes.iter().map(|(_, lane)| bus.queues.backlog(lane)));
+    let oldest = futures::future::join_all(lanes.iter().map(|(_, lane)| bus.queues.oldest(lane)));
+    let (backlogs, oldest) = tokio::join!(backlogs, oldest);
+    let control = engine.controls().store();
+    let (state, activity) = tokio::join!(control.state(), control.activity(queue, now));
+    let (state, activity) = (state.map_err(ApiError::unavailable)?, activity.map_err(ApiError::unavailable)?);
+    let mut views = Vec::with_capacity(3);
+    let mut depth = Some(0u64);
+    for ((priority, lane), backlog) in lanes.into_iter().zip(backlogs) {
+        let lane_depth = backlog.map_err(ApiError::unavailable)?.map(|b| b.waiting);
+        depth = match (depth, lane_depth) {
+            (Some(total), Some(n)) => Some(total + n),
+            (total, None) => total,
+            (None, Some(n)) => Some(n),
+        };
+        views.push(LaneView { priority, queue: lane, depth: lane_depth });
+    }
+    if views.iter().all(|l| l.depth.is_none()) {
+        depth = None;
+    }
+    let oldest = oldest.into_iter().filter_map(|o| o.ok().flatten()).min();
+    let control = state.queue(queue);
+    Ok(QueueView {
+        name: queue.strip_prefix("tasks.").unwrap_or(queue).to_owned(),
+        queue: queue.to_owned(),
+        depth,
+        in_flight: activity.in_flight,
+        oldest_wait_ms: oldest.map(|at| now.saturating_sub(at)),
+        rate_per_sec: (activity.rate_per_sec * 100.0).round() / 100.0,
+        consumers: activity.consumers,
+        concurrency: activity.concurrency,
+        per_replica: control.per_replica,
+        paused: control.paused,
+        lanes: views,
+    })
+}
+
+pub(super) async fn list(State(state): State<ApiState>) -> Result<Json<QueuesView>, ApiError> {
+    let views = futures::future::try_join_all(
+        [queues::DOWNLOAD, queues::METADATA, queues::AI].map(|queue| view(&state.engine, queue)),
+    )
+    .await?;
+    Ok(Json(QueuesView { queues: views }))
+}
+
+async fn set_paused(state: ApiState, queue: &'static str, body: &[u8], paused: bool) -> Result<Json<QueueView>, ApiError> {
+    let request: CancelRequest = if body.is_empty() { CancelRequest::default() } else { decode_object(body)? };
+    if request.reason.as_ref().is_some_and(|r| r.len() > 1024) {
+        return Err(ApiError::invalid("`reason` must be at most 1024 bytes"));
+    }
+    let engine = &state.engine;
+    engine
+        .controls()
+        .set_paused(engine.bus(), engine.clock().as_ref(), queue, paused, request.reason)
+        .await
+        .map_err(ApiError::unavailable)?;
+    Ok(Json(view(engine, queue).await?))
+}
+
+pub(super) async fn pause(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+    WholeBody(body): WholeBody,
+) -> Result<Json<QueueView>, ApiError> {
+    set_paused(state, stage(path)?, &body, true).await
+}
+
+pub(super) async fn resume(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+    WholeBody(body): WholeBody,
+) -> Result<Json<QueueView>, ApiError> {
+    set_paused(state, stage(path)?, &body, false).await
+}
+
+pub(super) async fn concurrency(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+    WholeBody(body): WholeBody,
+) -> Result<Json<QueueView>, ApiError> {
+    let queue = stage(path)?;
+    let request: ConcurrencyRequest = decode_object(&body)?;
+    if request.per_replica.is_some_and(|n| !(1..=MAX_PER_REPLICA).contains(&n)) {
+        return Err(ApiError::invalid(format!("`perReplica` must be 1 to {MAX_PER_REPLICA}, or null")));
+    }
+    let engine = &state.engine;
+    let now = engine.clock().unix_ms();
+    engine.controls().store().set_concurrency(queue, request.per_replica, now).await.map_err(ApiError::unavailable)?;
+    tracing::info!(queue, per_replica = ?request.per_replica, "queue concurrency changed");
+    Ok(Json(view(engine, queue).await?))
+}

@@ -1,0 +1,334 @@
+//! Reprocessing: `POST /v1/reprocess` runs a step and the ones after it again for every
+//! finished task a filter matches, as a new generation of each ([`Input::Reprocess`]).
+//!
+//! A [`ReprocessJob`] runs in the background of the coordinator that accepted it: it pages
+//! through the tasks, skips what the filter rejects, and reprocesses the rest without passing
+//! the in-flight cap (it waits for room, so a backfill never floods the queues). Its progress
+//! is kept in the control store ([`ControlStore::put_job`]), so `GET /v1/reprocess/{id}`
+//! answers on every replica.
+
+use std::time::Duration;
+
+use imagepipe_contracts::{Labels, Priority, Step};
+use imagepipe_runtime::control::ControlStore;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Engine, EngineError, Handled};
+use crate::machine::Input;
+use crate::store::ListQuery;
+use crate::task::{Task, TaskState};
+
+/// Tasks read per page.
+const PAGE: usize = 256;
+/// How long a job waits for room under the in-flight cap before looking again.
+const ROOM_WAIT: Duration = Duration::from_millis(250);
+/// Progress is saved at least this often (and at the end).
+const SAVE_EVERY: Duration = Duration::from_secs(1);
+
+/// The first step to run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum From {
+    /// Metadata, then analysis (after a thumbnail or preview change).
+    Metadata,
+    /// Analysis only (after a model change).
+    Analyze,
+}
+
+impl From {
+    /// The step.
+    pub fn step(self) -> Step {
+        match self {
+            From::Metadata => Step::Metadata,
+            From::Analyze => Step::Analyze,
+        }
+    }
+}
+
+/// Which of the filtered tasks are reprocessed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Select {
+    /// Those without the step's output: failed or cancelled at or before it, or, for metadata,
+    /// without the preview derivative the AI step reads.
+    #[default]
+    Missing,
+    /// Every one.
+    All,
+}
+
+/// Which tasks a reprocessing considers (every condition must hold). Only finished tasks
+/// (completed, failed, cancelled) are ever reprocessed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Filter {
+    /// Only tasks in this state (`completed`, `failed` or `cancelled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TaskState>,
+    /// Only tasks carrying every one of these labels.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
+    /// Only tasks created after this time, Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_after: Option<u64>,
+    /// `not-current`: only tasks analysed by another model than the one of the most recent
+    /// analysis; any other value: only tasks analysed by another model than this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// Body of `POST /v1/reprocess`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReprocessRequest {
+    /// The first step to run again.
+    pub from: From,
+    /// `missing` (default) or `all`.
+    #[serde(default)]
+    pub select: Select,
+    /// Which tasks to consider.
+    #[serde(default)]
+    pub filter: Filter,
+    /// The lanes the new generations run in (default `low`, behind new work).
+    #[serde(default = "low")]
+    pub priority: Priority,
+}
+
+fn low() -> Priority {
+    Priority::Low
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Still going through the tasks.
+    Running,
+    /// Every task was looked at.
+    Done,
+    /// It stopped early (the store failed, or its coordinator stopped); `error` says why.
+    Failed,
+}
+
+/// A reprocessing run and its progress (`GET /v1/reprocess/{id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReprocessJob {
+    /// The job id (`rp_` and 32 hex digits).
+    pub id: String,
+    /// What was asked.
+    pub request: ReprocessRequest,
+    /// Where it is.
+    pub status: JobStatus,
+    /// Tasks looked at.
+    pub scanned: u64,
+    /// Tasks the filter and `select` matched.
+    pub matched: u64,
+    /// Tasks reprocessed (a new generation dispatched).
+    pub queued: u64,
+    /// Matched tasks that could not be reprocessed (changed meanwhile, no downloaded image).
+    pub skipped: u64,
+    /// When it started, Unix ms.
+    pub started_at: u64,
+    /// When it ended, Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ReprocessRequest {
+    /// Checks what serde cannot: the state filter names a finished state.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.filter.state {
+            Some(state) if !state.is_terminal() => Err(format!(
+                "`filter.state` must be completed, failed or cancelled (only finished tasks are reprocessed), not {state}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `task` is to be reprocessed; `current_model` is the model `not-current` means.
+    fn matches(&self, task: &Task, current_model: Option<&str>) -> bool {
+        let f = &self.filter;
+        if !task.state.is_terminal()
+            || f.state.is_some_and(|s| s != task.state)
+            || f.created_after.is_some_and(|after| task.created_at <= after)
+            || !f.labels.iter().all(|(k, v)| task.labels.get(k) == Some(v))
+        {
+            return false;
+        }
+        if let Some(model) = &f.model {
+            let wanted = if model == "not-current" { current_model } else { Some(model.as_str()) };
+            let analysed_by = task.outputs.analysis.as_ref().map(|a| a.model.as_str());
+            if wanted.is_none() || analysed_by == wanted {
+                return false;
+            }
+        }
+        let from = self.from.step();
+        match self.select {
+            Select::All => true,
+            Select::Missing => match from {
+                Step::Metadata => task.outputs.metadata.as_ref().is_none_or(|m| m.preview_key.is_none()),
+                _ => task.outputs.analysis.is_none(),
+            },
+        }
+    }
+}
+
+/// Starts job `id` for `request` in the background; its first record is saved before this
+/// returns.
+pub async fn start(engine: Engine, request: ReprocessRequest) -> Result<ReprocessJob, String> {
+    let job = ReprocessJob {
+        id: format!("rp_{}", uuid::Uuid::new_v4().simple()),
+        request,
+        status: JobStatus::Running,
+        scanned: 0,
+        matched: 0,
+        queued: 0,
+        skipped: 0,
+        started_at: engine.clock().unix_ms(),
+        finished_at: None,
+        error: None,
+    };
+    save(engine.controls().store().as_ref(), &job).await?;
+    let running = job.clone();
+    tokio::spawn(async move {
+        let store = engine.controls().store().clone();
+        let mut job = running;
+        let outcome = run(&engine, &mut job).await;
+        job.finished_at = Some(engine.clock().unix_ms());
+        match outcome {
+            Ok(()) => job.status = JobStatus::Done,
+            Err(error) => {
+                tracing::warn!(job = %job.id, %error, "reprocessing stopped");
+                job.status = JobStatus::Failed;
+                job.error = Some(error);
+            }
+        }
+        tracing::info!(job = %job.id, matched = job.matched, queued = job.queued, skipped = job.skipped, "reprocessing ended");
+        if let Err(error) = save(store.as_ref(), &job).await {
+            tracing::warn!(job = %job.id, %error, "saving the end of a reprocessing");
+        }
+    });
+    Ok(job)
+}
+
+/// Job `id`'s record, while kept.
+pub async fn get(store: &dyn ControlStore, id: &str) -> Result<Option<ReprocessJob>, String> {
+    match store.job(id).await.map_err(|e| imagepipe_runtime::error_chain(&e))? {
+        Some(json) => serde_json::from_str(&json).map(Some).map_err(|e| format!("job {id} is corrupt: {e}")),
+        None => Ok(None),
+    }
+}
+
+async fn save(store: &dyn ControlStore, job: &ReprocessJob) -> Result<(), String> {
+    let json = serde_json::to_string(job).expect("jobs serialize");
+    store.put_job(&job.id, &json).await.map_err(|e| imagepipe_runtime::error_chain(&e))
+}
+
+/// Every task, page by page: of the filter's state, or all of them.
+struct Pages<'a> {
+    engine: &'a Engine,
+    state: Option<TaskState>,
+    cursor: Option<String>,
+    done: bool,
+}
+
+impl<'a> Pages<'a> {
+    fn new(engine: &'a Engine, state: Option<TaskState>) -> Self {
+        Self { engine, state, cursor: None, done: false }
+    }
+
+    /// The next page; `None` after the last.
+    async fn next(&mut self) -> Result<Option<Vec<Task>>, String> {
+        if self.done {
+            return Ok(None);
+        }
+        let query = ListQuery { state: self.state, limit: PAGE, cursor: self.cursor.take() };
+        let page = self.engine.store().list(&query).await.map_err(|e| imagepipe_runtime::error_chain(&e))?;
+        self.cursor = page.next_cursor;
+        self.done = self.cursor.is_none();
+        Ok(Some(page.tasks))
+    }
+}
+
+async fn run(engine: &Engine, job: &mut ReprocessJob) -> Result<(), String> {
+    let request = job.request.clone();
+    let current_model = match request.filter.model.as_deref() {
+        Some("not-current") => latest_model(engine).await?,
+        _ => None,
+    };
+    let store = engine.controls().store().clone();
+    let mut saved = tokio::time::Instant::now();
+    let mut pages = Pages::new(engine, request.filter.state);
+    while let Some(tasks) = pages.next().await? {
+        for task in tasks {
+            job.scanned += 1;
+            if !request.matches(&task, current_model.as_deref()) {
+                continue;
+            }
+            job.matched += 1;
+            wait_for_room(engine).await?;
+            let input = Input::Reprocess { from: request.from.step(), priority: Some(request.priority) };
+            match engine.handle(&task.id, input).await {
+                Ok(Handled::Applied(_)) => job.queued += 1,
+                Ok(Handled::Ignored(_)) => job.skipped += 1,
+                Err(EngineError::Illegal(_) | EngineError::UnknownTask(_)) => job.skipped += 1,
+                Err(e) => return Err(imagepipe_runtime::error_chain(&e)),
+            }
+        }
+        if saved.elapsed() >= SAVE_EVERY {
+            save(store.as_ref(), job).await?;
+            saved = tokio::time::Instant::now();
+        }
+    }
+    Ok(())
+}
+
+/// The model of the most recent analysis among the completed tasks.
+async fn latest_model(engine: &Engine) -> Result<Option<String>, String> {
+    let mut latest: Option<(u64, String)> = None;
+    let mut pages = Pages::new(engine, Some(TaskState::Completed));
+    while let Some(tasks) = pages.next().await? {
+        for task in tasks {
+            if let (Some(analysis), Some(at)) = (&task.outputs.analysis, task.steps.analyze.finished_at)
+                && latest.as_ref().is_none_or(|(t, _)| at > *t)
+            {
+                latest = Some((at, analysis.model.clone()));
+            }
+        }
+    }
+    Ok(latest.map(|(_, model)| model))
+}
+
+/// Waits until the in-flight cap has room.
+async fn wait_for_room(engine: &Engine) -> Result<(), String> {
+    loop {
+        if engine.has_room().await.map_err(|e| imagepipe_runtime::error_chain(&e))? {
+            return Ok(());
+        }
+        tokio::time::sleep(ROOM_WAIT).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(json: serde_json::Value) -> ReprocessRequest {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn requests_default_to_missing_and_low() {
+        let r = request(serde_json::json!({"from": "analyze"}));
+        assert_eq!((r.select, r.priority), (Select::Missing, Priority::Low));
+        assert!(serde_json::from_value::<ReprocessRequest>(serde_json::json!({"from": "download"})).is_err());
+        assert!(serde_json::from_value::<ReprocessRequest>(serde_json::json!({"from": "analyze", "x": 1})).is_err());
+        let running = request(serde_json::json!({"from": "analyze", "filter": {"state": "analyzing"}}));
+        assert!(running.validate().unwrap_err().contains("finished"));
+    }
+}
