@@ -53,14 +53,16 @@ impl DownloadHandler {
             ImageSource::Url(url) => (metrics::SOURCE_URL, self.fetch(url).await),
             ImageSource::Blob(key) => (metrics::SOURCE_BLOB, self.validate_blob(key).await),
         };
+        // A deferral downloaded nothing and failed nothing: the politeness metrics count it.
+        if matches!(result, Err(DownloadError::Deferred(_))) {
+            return result;
+        }
         ::metrics::histogram!(metrics::DOWNLOAD_DURATION, metrics::SOURCE => kind)
             .record(started.elapsed().as_secs_f64());
         match &result {
             Ok(output) => {
                 ::metrics::counter!(metrics::DOWNLOADED_BYTES, metrics::SOURCE => kind).increment(output.size)
             }
-            // Deferrals are counted by the politeness layer: nothing failed.
-            Err(DownloadError::Deferred(_)) => {}
             Err(error) => ::metrics::counter!(metrics::FAILURES, metrics::CODE => error.code()).increment(1),
         }
         result

@@ -40,7 +40,8 @@ pub const SERVICE: &str = "download-worker";
 
 /// Metric names of the download worker.
 pub mod metrics {
-    /// Seconds one download or blob validation took, by `source`.
+    /// Seconds one download or blob validation took, by `source` (a wait for the host's slot
+    /// included; deferred downloads are not counted).
     pub const DOWNLOAD_DURATION: &str = "imagepipe_download_seconds";
     /// Bytes of images stored, by `source`.
     pub const DOWNLOADED_BYTES: &str = "imagepipe_download_bytes_total";

@@ -30,7 +30,7 @@
 //! host). [`open_limiter`] picks one from the settings.
 //!
 //! If the limiter fails (Redis unreachable or slow), downloads go ahead unlimited, with a
-//! warning and [`metrics::POLITENESS_ERRORS`](crate::metrics::POLITENESS_ERRORS): politeness
+//! warning and [`metrics::POLITENESS_ERRORS`]: politeness
 //! is a courtesy, and a store hiccup must not fail tasks.
 
 mod memory;
