@@ -8,6 +8,8 @@ use imagepipe_contracts::StepError;
 use imagepipe_net::{FetchError, StatusCode};
 use imagepipe_runtime::step::{self, StepFailure};
 
+use crate::politeness::Deferral;
+
 /// Longest `Retry-After` reported; a server asking for more is reported as asking for this. The
 /// coordinator holds a task no longer than `coordinator.retry_max_backoff` whatever is reported.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
@@ -75,6 +77,10 @@ pub enum DownloadError {
     /// The blob store failed or lacks the blob.
     #[error(transparent)]
     Blob(#[from] BlobError),
+    /// The download was not started: its host is at its politeness limits. Reported as a
+    /// deferral (the same attempt is sent again later, charging nothing), not as a failure.
+    #[error("the host is at its limits: {0}")]
+    Deferred(#[from] Deferral),
 }
 
 impl DownloadError {
@@ -97,15 +103,18 @@ impl DownloadError {
             DownloadError::BlobTooLarge { .. } => codes::TOO_LARGE,
             DownloadError::InvalidBlobKey(_) => step::codes::INVALID_BLOB_KEY,
             DownloadError::Blob(error) => step::blob_code(error),
+            DownloadError::Deferred(deferral) => deferral.code,
         };
         code.to_owned()
     }
 
     /// Whether a later attempt may succeed: timeouts, connection and DNS failures, 5xx, 408,
-    /// 425 and 429, and blob store I/O. Everything else (404, 410, 403, other 4xx, not an
-    /// image, too large, refused addresses) fails the task at once.
+    /// 425 and 429, blob store I/O, and a deferral (which is not even an attempt). Everything
+    /// else (404, 410, 403, other 4xx, not an image, too large, refused addresses) fails the
+    /// task at once.
     pub fn is_retryable(&self) -> bool {
         match self {
+            DownloadError::Deferred(_) => true,
             DownloadError::Fetch(error) => error.is_retryable(),
             DownloadError::Status { status, .. } => {
                 status.is_server_error() || matches!(status.as_u16(), 408 | 425 | 429)
@@ -115,10 +124,12 @@ impl DownloadError {
         }
     }
 
-    /// The least delay before the next attempt, from the server's `Retry-After`.
+    /// The least delay before the next attempt, from the server's `Retry-After` (or, for a
+    /// deferral, when the host's limits may let it start).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             DownloadError::Status { retry_after, .. } => *retry_after,
+            DownloadError::Deferred(deferral) => Some(deferral.retry_after),
             _ => None,
         }
     }
@@ -131,6 +142,9 @@ impl DownloadError {
 
 impl From<DownloadError> for StepFailure {
     fn from(error: DownloadError) -> Self {
+        if let DownloadError::Deferred(deferral) = &error {
+            return StepFailure::deferred(deferral.code, deferral.to_string(), deferral.retry_after);
+        }
         let retry_after = error.retry_after();
         let step_error = error.to_step_error();
         if error.is_retryable() {
@@ -164,6 +178,26 @@ mod tests {
             assert!(status(code, None).is_retryable(), "{code}");
         }
         assert_eq!(status(503, Some(7)).retry_after(), Some(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn a_deferral_is_reported_as_deferred_not_as_a_failure() {
+        let deferral = Deferral {
+            code: "host_busy",
+            host: "example.com:443".into(),
+            detail: "4 of 4 downloads running (waited 2s)".into(),
+            retry_after: Duration::from_millis(750),
+        };
+        let error = DownloadError::from(deferral);
+        assert_eq!((error.code().as_str(), error.retry_after()), ("host_busy", Some(Duration::from_millis(750))));
+        assert_eq!(
+            StepFailure::from(error),
+            StepFailure::deferred(
+                "host_busy",
+                "example.com:443: 4 of 4 downloads running (waited 2s)",
+                Duration::from_millis(750)
+            )
+        );
     }
 
     #[test]

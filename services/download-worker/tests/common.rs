@@ -1,5 +1,5 @@
 //! Fixtures shared by the download worker's tests: real images generated with the `image` crate,
-//! and a handler whose client may reach only loopback.
+//! a handler whose client may reach only loopback, and the Redis the per-host limiter shares.
 
 #![allow(dead_code, reason = "each test binary uses part of the fixtures")]
 
@@ -12,6 +12,7 @@ use image::codecs::webp::WebPEncoder;
 use image::{DynamicImage, ExtendedColorType, Frame, ImageEncoder, ImageFormat, Rgb, RgbImage, Rgba, RgbaImage};
 use imagepipe_blob::LocalBlobStore;
 use imagepipe_download_worker::DownloadHandler;
+use imagepipe_download_worker::politeness::{HostPolicy, RedisLimiter};
 use imagepipe_net::testing::LoopbackOnly;
 use imagepipe_net::{GuardedClient, Limits, StaticResolver};
 
@@ -163,4 +164,42 @@ pub async fn handler(
         .unwrap();
     let blobs = Arc::new(LocalBlobStore::new(dir));
     (DownloadHandler::new(client, blobs.clone()), blobs, dial)
+}
+
+/// Where Redis runs for the tests (`scripts/redis.sh`); `IMAGEPIPE_TEST_REDIS_URL` overrides.
+pub fn redis_url() -> String {
+    std::env::var("IMAGEPIPE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A key prefix no other test uses.
+pub fn unique_prefix(test: &str) -> String {
+    format!("test-polite-{test}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A [`RedisLimiter`] on its own connection, keys under `prefix`; `None` (after saying so, or
+/// failing the test unless skips are allowed) when Redis is not running.
+pub async fn redis_limiter(prefix: &str, policy: HostPolicy) -> Option<RedisLimiter> {
+    let url = redis_url();
+    match RedisLimiter::connect(&url, prefix, policy).await {
+        Ok(limiter) => Some(limiter),
+        Err(error) => {
+            imagepipe_contracts::testing::environment_missing(&format!(
+                "Redis at {url} is not reachable ({error}): run scripts/redis.sh"
+            ));
+            None
+        }
+    }
+}
+
+/// Deletes every key under a Redis prefix when dropped.
+pub struct RedisCleanup(pub String);
+
+impl Drop for RedisCleanup {
+    fn drop(&mut self) {
+        let Ok(mut conn) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) else { return };
+        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{}:*", self.0)).query(&mut conn).unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut conn);
+        }
+    }
 }

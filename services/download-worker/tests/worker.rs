@@ -80,6 +80,8 @@ async fn commands_become_events_and_step_results() {
     let dial = LoopbackOnly::new();
     let resolver = StaticResolver::new()
         .with("images.test", [IpAddr::V4(Ipv4Addr::LOCALHOST)])
+        // A host of its own: its 503 pauses it (per-host politeness), not the other tasks' host.
+        .with("busy.test", [IpAddr::V4(Ipv4Addr::LOCALHOST)])
         .with("cloud-metadata.test", [IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254))]);
     let client = client_builder(&settings).unwrap().resolver(resolver).dial_check(dial.clone()).build().unwrap();
 
@@ -98,7 +100,7 @@ async fn commands_become_events_and_step_results() {
     let commands = [
         command("tsk_ok", 2, ImageSource::Url(format!("http://images.test:{port}/cat.jpg"))),
         command("tsk_missing", 1, ImageSource::Url(server.url("/missing.jpg"))),
-        command("tsk_busy", 1, ImageSource::Url(server.url("/busy.jpg"))),
+        command("tsk_busy", 1, ImageSource::Url(format!("http://busy.test:{port}/busy.jpg"))),
         command("tsk_text", 1, ImageSource::Url(server.url("/fake.jpg"))),
         command("tsk_ssrf", 1, ImageSource::Url(server.url("/jump"))),
         command("tsk_blob", 1, ImageSource::Blob(uploaded.to_string())),
@@ -175,7 +177,7 @@ type Change = fn(&mut Settings);
 
 #[test]
 fn download_settings_are_validated_by_key() {
-    let cases: [(Change, &str); 7] = [
+    let cases: [(Change, &str); 11] = [
         (|s| s.download.max_bytes = 0, "download.max_bytes"),
         (|s| s.download.connect_timeout = Duration::ZERO, "download.connect_timeout"),
         (|s| s.download.connect_timeout = s.download.total_timeout * 2, "download.connect_timeout"),
@@ -183,6 +185,10 @@ fn download_settings_are_validated_by_key() {
         (|s| s.download.read_timeout = s.download.total_timeout * 2, "download.read_timeout"),
         (|s| s.download.max_redirects = 21, "download.max_redirects"),
         (|s| s.download.user_agent = "bad\nagent".into(), "download.user_agent"),
+        (|s| s.download.per_host.concurrency = 0, "download.per_host.concurrency"),
+        (|s| s.download.per_host.rate = f64::INFINITY, "download.per_host.rate"),
+        (|s| s.download.per_host.throttle_max = Duration::ZERO, "download.per_host.throttle_max"),
+        (|s| s.download.per_host.lease = Some(s.download.total_timeout / 2), "download.per_host.lease"),
     ];
     for (change, key) in cases {
         let mut settings = Settings::default();

@@ -132,7 +132,12 @@ pub(super) async fn list(State(state): State<ApiState>) -> Result<Json<QueuesVie
     Ok(Json(QueuesView { queues: views }))
 }
 
-async fn set_paused(state: ApiState, queue: &'static str, body: &[u8], paused: bool) -> Result<Json<QueueView>, ApiError> {
+async fn set_paused(
+    state: ApiState,
+    queue: &'static str,
+    body: &[u8],
+    paused: bool,
+) -> Result<Json<QueueView>, ApiError> {
     let request: CancelRequest = if body.is_empty() { CancelRequest::default() } else { decode_object(body)? };
     if request.reason.as_ref().is_some_and(|r| r.len() > 1024) {
         return Err(ApiError::invalid("`reason` must be at most 1024 bytes"));

@@ -86,7 +86,9 @@ impl TaskQueue for NatsBus {
         // A work queue keeps only unfinished messages: its first one of the subject is the oldest.
         match stream.get_first_raw_message_by_subject(&subject, 1).await {
             Ok(message) => Ok(Some(u64::try_from(message.time.unix_timestamp_nanos() / 1_000_000).unwrap_or(0))),
-            Err(error) if error.kind() == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(error) if error.kind() == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound => {
+                Ok(None)
+            }
             Err(error) => Err(BusError::Receive { source_name: queue.to_owned(), source: Box::new(error) }),
         }
     }

@@ -37,7 +37,7 @@ pub use ai::{AiConfig, AiRuntime};
 pub use coordinator::CoordinatorConfig;
 pub use dedup::DedupConfig;
 pub use dlq::DlqConfig;
-pub use download::DownloadConfig;
+pub use download::{DownloadConfig, PerHostConfig};
 pub use error::ConfigError;
 pub use http::HttpConfig;
 pub use load::{CONFIG_PATH_ENV, ConfigArgs, ENV_PREFIX, key_to_env_name};
@@ -62,7 +62,7 @@ pub struct Settings {
     pub store: StoreConfig,
     /// Blob store: a local directory or S3 (`blob.*`).
     pub blob: BlobConfig,
-    /// Download worker: HTTP limits (`download.*`).
+    /// Download worker: HTTP limits and per-host politeness (`download.*`).
     pub download: DownloadConfig,
     /// Outbound network policy (`net.*`).
     pub net: NetConfig,

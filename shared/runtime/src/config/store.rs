@@ -6,6 +6,7 @@
 //! | analytics (counters, latencies, stage times) | `store.path/analytics.redb` | Redis, keys under `<bus.prefix>:analytics:` |
 //! | tag index (tag → tasks, thumbnails) | `store.path/tag-indexer.redb` | Redis, keys under `<bus.prefix>:tags:` |
 //! | subscriber dedup (handled `eventId`s) | the group's file, `store.path/<group>.redb`, bounded by `dedup.capacity` | Redis, keys under `<bus.prefix>:dedup:<group>:` |
+//! | download politeness (per-host slots, rate, throttles) | process memory (one download worker per process: `imagepipe run`) | Redis, keys under `<bus.prefix>:polite:{<host>}:`, shared by every download replica |
 //!
 //! Every embedded file is a redb database kept across restarts (see
 //! [`crate::embedded`]); a file is opened by one process at a time. So `embedded` is for one

@@ -201,6 +201,11 @@ fn unusable_values_are_rejected_naming_the_key() {
         (&[("IMAGEPIPE_NOTIFICATION__ALLOW_CIDRS", "fd00::/8,not-a-cidr")], "notification.allow_cidrs[1]"),
         (&[("IMAGEPIPE_DOWNLOAD__READ_TIMEOUT", "0s")], "download.read_timeout"),
         (&[("IMAGEPIPE_DOWNLOAD__READ_TIMEOUT", "1m")], "download.read_timeout"),
+        (&[("IMAGEPIPE_DOWNLOAD__PER_HOST__CONCURRENCY", "0")], "download.per_host.concurrency"),
+        (&[("IMAGEPIPE_DOWNLOAD__PER_HOST__RATE", "-1")], "download.per_host.rate"),
+        (&[("IMAGEPIPE_DOWNLOAD__PER_HOST__RATE", "NaN")], "download.per_host.rate"),
+        (&[("IMAGEPIPE_DOWNLOAD__PER_HOST__THROTTLE_MAX", "0s")], "download.per_host.throttle_max"),
+        (&[("IMAGEPIPE_DOWNLOAD__PER_HOST__LEASE", "5s")], "download.per_host.lease"),
         (&[("IMAGEPIPE_COORDINATOR__RETRY_MIN_BACKOFF", "0s")], "coordinator.retry_min_backoff"),
         (&[("IMAGEPIPE_COORDINATOR__RETRY_MIN_BACKOFF", "2m")], "coordinator.retry_min_backoff"),
         (&[("IMAGEPIPE_HTTP__PORT", "0")], "http.port"),
@@ -273,6 +278,32 @@ fn the_download_and_webhook_allowlists_inherit_net_allow_cidrs_until_set() {
     assert_eq!(settings.download.read_timeout, Duration::from_secs(3));
     let printed = TempToml::new("allowlists-printed", &settings.to_masked_toml().unwrap());
     assert_eq!(load(Some(&printed), &[]).unwrap(), settings, "set and unset allowlists survive printing");
+}
+
+#[test]
+fn per_host_politeness_is_layered_and_its_lease_follows_the_total_timeout() {
+    let defaults = load(None, &[]).unwrap().download;
+    let per_host = &defaults.per_host;
+    assert_eq!((per_host.concurrency, per_host.rate, per_host.rate_limited()), (4, 0.0, false));
+    assert_eq!((per_host.max_wait, per_host.throttle_max), (Duration::from_secs(2), Duration::from_secs(60)));
+    assert_eq!(defaults.per_host_lease(), Duration::from_secs(30), "total_timeout (20 s) + 10 s");
+
+    let file = TempToml::new("per-host", "[download]\ntotal_timeout = \"40s\"\n[download.per_host]\nrate = 2\n");
+    let settings = load(
+        Some(&file),
+        &[("IMAGEPIPE_DOWNLOAD__PER_HOST__CONCURRENCY", "2"), ("IMAGEPIPE_DOWNLOAD__PER_HOST__MAX_WAIT", "500ms")],
+    )
+    .unwrap();
+    let download = &settings.download;
+    assert_eq!((download.per_host.concurrency, download.per_host.rate), (2, 2.0));
+    assert_eq!(download.per_host.max_wait, Duration::from_millis(500));
+    assert_eq!(download.per_host_lease(), Duration::from_secs(50), "an unset lease follows total_timeout");
+    let fractional = load(None, &[("IMAGEPIPE_DOWNLOAD__PER_HOST__RATE", "0.5")]).unwrap();
+    assert_eq!(fractional.download.per_host.rate, 0.5);
+    let leased = load(None, &[("IMAGEPIPE_DOWNLOAD__PER_HOST__LEASE", "2m")]).unwrap();
+    assert_eq!(leased.download.per_host_lease(), Duration::from_secs(120));
+    let printed = TempToml::new("per-host-printed", &settings.to_masked_toml().unwrap());
+    assert_eq!(load(Some(&printed), &[]).unwrap(), settings, "per_host survives printing");
 }
 
 #[tokio::test]

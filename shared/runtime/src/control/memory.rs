@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use async_trait::async_trait;
 
 use super::{
-    BEAT_TTL, Beat, CANCEL_TTL, ControlError, JOB_TTL, ControlState, ControlStore, QueueActivity, QueueControl, RATE_BUCKET_MS,
-    RATE_WINDOW, rate_from_buckets,
+    BEAT_TTL, Beat, CANCEL_TTL, ControlError, ControlState, ControlStore, JOB_TTL, QueueActivity, QueueControl,
+    RATE_BUCKET_MS, RATE_WINDOW, rate_from_buckets,
 };
 use crate::clock::millis;
 

@@ -15,8 +15,8 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 
 use super::{
-    BEAT_TTL, Beat, CANCEL_TTL, ControlError, JOB_TTL, ControlState, ControlStore, QueueActivity, QueueControl, RATE_BUCKET_MS,
-    RATE_WINDOW, rate_from_buckets,
+    BEAT_TTL, Beat, CANCEL_TTL, ControlError, ControlState, ControlStore, JOB_TTL, QueueActivity, QueueControl,
+    RATE_BUCKET_MS, RATE_WINDOW, rate_from_buckets,
 };
 use crate::clock::millis;
 
