@@ -35,6 +35,7 @@ use tracing::Instrument;
 use crate::engine::{Engine, EngineError, Handled, Origin, SubmitFailure};
 use crate::events::{EventHub, Watched};
 use crate::machine::Input;
+use crate::reprocess::{self, ReprocessJob, ReprocessRequest};
 use crate::store::{BODY_CUT_HEADER, DEAD_LETTER_BODY_BYTES, DeadLetterPage, ListQuery, StoreError, TaskPage};
 use crate::task::{HistoryEntry, Task, TaskState};
 
@@ -65,6 +66,8 @@ pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_uplo
         .route("/v1/tasks/{id}/cancel", post(cancel))
         .route("/v1/tasks/{id}/pause", post(pause))
         .route("/v1/tasks/{id}/resume", post(resume))
+        .route("/v1/reprocess", post(start_reprocess))
+        .route("/v1/reprocess/{id}", get(reprocess_job))
         .route("/v1/queues", get(queue_control::list))
         .route("/v1/queues/{queue}/pause", post(queue_control::pause))
         .route("/v1/queues/{queue}/resume", post(queue_control::resume))
@@ -291,6 +294,29 @@ async fn resume(
     let id = task_id(path)?;
     let task = control_task(&state, &id, Input::Resume).await?;
     Ok((StatusCode::ACCEPTED, Json(task.into())))
+}
+
+async fn start_reprocess(
+    State(state): State<ApiState>,
+    WholeBody(body): WholeBody,
+) -> Result<(StatusCode, Json<ReprocessJob>), ApiError> {
+    let request: ReprocessRequest = decode_object(&body)?;
+    request.validate().map_err(ApiError::invalid)?;
+    let job = reprocess::start(state.engine.clone(), request).await.map_err(ApiError::unavailable)?;
+    tracing::info!(job = %job.id, from = ?job.request.from, "reprocessing started");
+    Ok((StatusCode::ACCEPTED, Json(job)))
+}
+
+async fn reprocess_job(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<ReprocessJob>, ApiError> {
+    let Path(id) = path?;
+    if !is_valid_id(&id) {
+        return Err(ApiError::invalid(format!("job id {id:?} must be 1 to 128 characters of [A-Za-z0-9_.-]")));
+    }
+    let job = reprocess::get(state.engine.controls().store().as_ref(), &id).await.map_err(ApiError::unavailable)?;
+    job.map(Json).ok_or_else(|| ApiError::not_found(format!("no reprocessing job {id} (records are kept for 7 days)")))
 }
 
 /// The optional `{"reason": ...}` body of the task and queue controls.

@@ -190,6 +190,31 @@ impl ApiClient {
         self.json(Method::POST, &path, request).await
     }
 
+    /// `POST path` with the JSON `body` (or none), as JSON.
+    pub async fn post<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let request = self.request(Method::POST, path);
+        let request = match body {
+            Some(body) => request.json(body),
+            None => request,
+        };
+        self.json(Method::POST, path, request).await
+    }
+
+    /// `PUT path` with the JSON `body`, as JSON.
+    pub async fn put<B: serde::Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
+        self.json(Method::PUT, path, self.request(Method::PUT, path).json(body)).await
+    }
+
+    /// `POST /v1/tasks/{id}/pause` or `/resume`: the task after the request.
+    pub async fn pause(&self, id: &str, pause: bool, reason: Option<String>) -> Result<TaskView, ClientError> {
+        let action = if pause { "pause" } else { "resume" };
+        self.post(&format!("/v1/tasks/{}/{action}", encode(id)), Some(&CancelRequest { reason })).await
+    }
+
     /// `GET /v1/blobs/{key}`: the blob's bytes and the content type the API gave them.
     pub async fn blob(&self, key: &str) -> Result<(Option<String>, Bytes), ClientError> {
         let path = format!("/v1/blobs/{}", encode(key));

@@ -51,8 +51,18 @@ enum Command {
     List(cmd::list::ListArgs),
     /// Show every transition of a task, with its time.
     History(cmd::history::HistoryArgs),
-    /// Cancel a task.
+    /// Cancel a task (a running step stops within a second).
     Cancel(cmd::cancel::CancelArgs),
+    /// Pause a task at its next step boundary.
+    Pause(cmd::pause::PauseArgs),
+    /// Resume a paused task.
+    Resume(cmd::pause::PauseArgs),
+    /// Show the stage queues: depth per priority lane, in flight, oldest wait, rate, consumers.
+    Queues(cmd::queues::QueuesArgs),
+    /// Pause, resume or resize a stage queue across every replica.
+    Queue(cmd::queues::QueueArgs),
+    /// Run a step again (and the ones after it) for finished tasks, as a new generation.
+    Reprocess(cmd::reprocess::ReprocessArgs),
     /// Save a task's thumbnail to a file.
     Thumbnail(cmd::thumbnail::ThumbnailArgs),
     /// Tail events (Server-Sent Events of `/v1/events`).
@@ -117,6 +127,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::List(args) => cmd::list::run(args).await,
         Command::History(args) => cmd::history::run(args).await,
         Command::Cancel(args) => cmd::cancel::run(args).await,
+        Command::Pause(args) => cmd::pause::run(args, true).await,
+        Command::Resume(args) => cmd::pause::run(args, false).await,
+        Command::Queues(args) => cmd::queues::run_queues(args).await,
+        Command::Queue(args) => cmd::queues::run_queue(args).await,
+        Command::Reprocess(args) => cmd::reprocess::run(args).await,
         Command::Thumbnail(args) => cmd::thumbnail::run(args).await,
         Command::Watch(args) => cmd::watch::run(args).await,
         Command::Search(args) => cmd::search::run(args).await,

@@ -23,8 +23,8 @@ pub struct CancelArgs {
     api: ApiArgs,
 }
 
-/// Cancels a task: at once when no step is running, else when the running attempt ends. A
-/// finished task cannot be cancelled (an error).
+/// Cancels a task: at once when no step is running, else its worker stops the running step
+/// within about a second. A finished task cannot be cancelled (an error).
 pub async fn run(args: CancelArgs) -> anyhow::Result<ExitCode> {
     let view = args.api.client()?.cancel(&args.id, args.reason).await?;
     if args.json {
@@ -36,7 +36,7 @@ pub async fn run(args: CancelArgs) -> anyhow::Result<ExitCode> {
         outln!("{}  {}", task.id, failure_reason(task));
     } else {
         let step = task.state.step().map_or_else(|| task.state.to_string(), |s| s.to_string());
-        outln!("{}  cancelling: it stops when its running {step} attempt ends", task.id);
+        outln!("{}  cancelling: its running {step} step is told to stop", task.id);
     }
     Ok(ExitCode::SUCCESS)
 }
