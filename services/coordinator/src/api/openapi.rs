@@ -7,6 +7,8 @@ use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
 use super::blobs::Uploaded;
+use super::queue_control::{ConcurrencyRequest, QueueView, QueuesView};
+use crate::reprocess::{ReprocessJob, ReprocessRequest};
 use super::forward::Upstream;
 use super::{Accepted, ApiError, CancelRequest, History, JSON_BODY_BYTES, MAX_LIMIT, Replayed, TaskView};
 use crate::store::{DeadLetterPage, TaskPage};
@@ -57,6 +59,11 @@ pub fn document() -> Value {
     schemas.add::<Uploaded>("Uploaded");
     schemas.add::<SearchResponse>("SearchResponse");
     schemas.add::<StatsResponse>("StatsResponse");
+    schemas.add::<QueueView>("QueueView");
+    schemas.add::<QueuesView>("QueuesView");
+    schemas.add::<ConcurrencyRequest>("ConcurrencyRequest");
+    schemas.add::<ReprocessRequest>("ReprocessRequest");
+    schemas.add::<ReprocessJob>("ReprocessJob");
     schemas.add::<ApiError>("Error");
     let schema = |name: &str| schemas.get(name);
     let json_content = |name: &str| json!({ "application/json": { "schema": schema(name) } });
@@ -265,6 +272,88 @@ pub fn document() -> Value {
             }
         }
     });
+    // The operator controls (issue 18): queues, task pause/resume, reprocessing.
+    let stage_param = json!({ "name": "queue", "in": "path", "required": true,
+        "description": "The stage queue: download, metadata or ai (or its full name, tasks.download)",
+        "schema": { "type": "string", "enum": ["download", "metadata", "ai", "tasks.download", "tasks.metadata", "tasks.ai"] } });
+    let queue_change = |summary: &str, id: &str| json!({ "post": {
+        "operationId": id,
+        "summary": summary,
+        "parameters": [stage_param.clone()],
+        "requestBody": { "required": false, "content": json_content("CancelRequest") },
+        "responses": {
+            "200": ok("The queue after the change", "QueueView"),
+            "400": error("A malformed body"),
+            "404": error("No such stage queue"),
+            "413": too_large(format!("{JSON_BODY_BYTES} bytes")),
+            "503": error("The control state could not be written")
+        }
+    } });
+    let task_change = |summary: &str, id: &str, body: bool| {
+        let mut operation = json!({
+            "operationId": id,
+            "summary": summary,
+            "parameters": [id_param("Task id")],
+            "responses": {
+                "202": ok("The task after the request", "TaskView"),
+                "400": error("Not a task id, or a malformed body"),
+                "404": error("No such task"),
+                "409": error("The task's state has no such move (it finished)")
+            }
+        });
+        if body {
+            operation["requestBody"] = json!({ "required": false, "content": json_content("CancelRequest") });
+            operation["responses"]["413"] = too_large(format!("{JSON_BODY_BYTES} bytes"));
+        }
+        json!({ "post": operation })
+    };
+    let control = json!({
+        "/v1/queues": { "get": {
+            "operationId": "listQueues",
+            "summary": "Every stage queue: depth per priority lane, in flight, oldest wait, rate over a minute, consumers, concurrency, paused",
+            "responses": { "200": ok("The stage queues", "QueuesView"), "503": error("The broker or the control state could not be read") }
+        } },
+        "/v1/queues/{queue}/pause": queue_change("Pause a stage queue on every replica within a second (in-flight messages finish)", "pauseQueue"),
+        "/v1/queues/{queue}/resume": queue_change("Resume a paused stage queue", "resumeQueue"),
+        "/v1/queues/{queue}/concurrency": { "put": {
+            "operationId": "setQueueConcurrency",
+            "summary": "Set the messages each replica of a stage handles at once, without a restart",
+            "parameters": [stage_param.clone()],
+            "requestBody": { "required": true, "content": json_content("ConcurrencyRequest") },
+            "responses": {
+                "200": ok("The queue after the change", "QueueView"),
+                "400": error("perReplica is not 1 to 1024 or null, or a malformed body"),
+                "404": error("No such stage queue"),
+                "413": too_large(format!("{JSON_BODY_BYTES} bytes")),
+                "503": error("The control state could not be written")
+            }
+        } },
+        "/v1/tasks/{id}/pause": task_change("Pause a task at its next step boundary (at once when no step runs)", "pauseTask", true),
+        "/v1/tasks/{id}/resume": task_change("Resume a paused task (or withdraw a pending pause)", "resumeTask", false),
+        "/v1/reprocess": { "post": {
+            "operationId": "startReprocess",
+            "summary": "Run a step and the ones after it again for matching finished tasks, as a new generation",
+            "requestBody": { "required": true, "content": { "application/json": {
+                "schema": schema("ReprocessRequest"),
+                "example": { "from": "analyze", "select": "all", "filter": { "model": "not-current" }, "priority": "low" }
+            } } },
+            "responses": {
+                "202": ok("The job, started", "ReprocessJob"),
+                "400": error("A malformed request (the message names the field)"),
+                "413": too_large(format!("{JSON_BODY_BYTES} bytes")),
+                "503": error("The control state could not be written")
+            }
+        } },
+        "/v1/reprocess/{id}": { "get": {
+            "operationId": "getReprocess",
+            "summary": "A reprocessing job's progress",
+            "parameters": [id_param("Job id")],
+            "responses": { "200": ok("The job", "ReprocessJob"), "400": error("Not a job id"), "404": error("No such job (kept 7 days)") }
+        } }
+    });
+    for (path, item) in control.as_object().expect("an object") {
+        paths[path] = item.clone();
+    }
     for upstream in Upstream::ALL {
         for &(path, _) in upstream.routes() {
             let operations = paths[path].as_object_mut().expect("every forwarded route is documented");
