@@ -7,6 +7,7 @@ use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
 use super::blobs::Uploaded;
+use super::dlq_replay::{ReplayFilter, ReplayReport};
 use super::forward::Upstream;
 use super::{Accepted, ApiError, CancelRequest, History, JSON_BODY_BYTES, MAX_LIMIT, Replayed, TaskView};
 use crate::store::{DeadLetterPage, TaskPage};
@@ -58,6 +59,8 @@ pub fn document() -> Value {
     schemas.add::<SearchResponse>("SearchResponse");
     schemas.add::<StatsResponse>("StatsResponse");
     schemas.add::<ApiError>("Error");
+    schemas.add::<ReplayFilter>("ReplayFilter");
+    schemas.add::<ReplayReport>("ReplayReport");
     let schema = |name: &str| schemas.get(name);
     let json_content = |name: &str| json!({ "application/json": { "schema": schema(name) } });
     let ok = |description: &str, name: &str| json!({ "description": description, "content": json_content(name) });
@@ -262,6 +265,24 @@ pub fn document() -> Value {
                 "operationId": "getDuplicates",
                 "summary": "Groups of near-duplicate images (the similarity indexer's)",
                 "responses": { "200": { "description": "Near-duplicate groups", "content": { "application/json": { "schema": { "type": "object" } } } } }
+            }
+        }
+    });
+    // Bulk dead-letter replay (issue 18).
+    paths["/v1/dlq/replay"] = json!({
+        "post": {
+            "operationId": "replayDeadLetters",
+            "summary": "Replay every dead letter a filter matches (or count them: dryRun)",
+            "description": "Scans the archive oldest first and replays each matching letter from a task queue as POST /v1/dlq/{id}/replay does. Letters that can never be replayed (not from a task queue, body cut) are counted as skipped and left in the archive.",
+            "requestBody": { "required": true, "content": { "application/json": {
+                "schema": schema("ReplayFilter"),
+                "example": { "queue": "download", "reasonContains": "timeout", "since": 1_763_800_000_000_u64, "max": 100, "dryRun": true }
+            } } },
+            "responses": {
+                "200": ok("What matched and what was replayed", "ReplayReport"),
+                "400": error("No filter (give one, or \"all\": true), an unknown queue, or a value out of range"),
+                "413": too_large(format!("{JSON_BODY_BYTES} bytes")),
+                "503": error("The store or the broker failed; try again")
             }
         }
     });
