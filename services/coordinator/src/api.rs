@@ -3,6 +3,7 @@
 //! OpenAPI document generated from the handlers' types. Errors are the runtime's one
 //! [`ApiError`] shape.
 
+pub mod batch;
 pub mod blobs;
 pub mod dlq_replay;
 pub mod forward;
@@ -57,6 +58,7 @@ pub struct ApiState {
 /// service's HTTP edge puts them behind the `http.auth_token` check.
 pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_upload_bytes: u64) -> Router {
     let state = ApiState { engine, hub };
+    let batch = batch::router(state.clone());
     let routes = Router::new()
         .route("/v1/tasks", post(submit).get(list))
         .route("/v1/tasks/{id}", get(get_task))
@@ -69,7 +71,7 @@ pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_uplo
         .route("/v1/dlq/replay", post(dlq_replay::replay_matching))
         .route("/v1/openapi.json", get(openapi_document))
         .with_state(state);
-    BodyLimit::new(JSON_BODY_BYTES).apply(routes).merge(blobs::router(blobs, max_upload_bytes))
+    BodyLimit::new(JSON_BODY_BYTES).apply(routes).merge(batch).merge(blobs::router(blobs, max_upload_bytes))
 }
 
 impl From<StoreError> for ApiError {

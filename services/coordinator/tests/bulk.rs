@@ -1,21 +1,24 @@
-//! Bulk dead-letter replay (`POST /v1/dlq/replay`) over real HTTP on 127.0.0.1.
+//! Batch submit (`POST /v1/tasks:batch`) and bulk dead-letter replay (`POST /v1/dlq/replay`)
+//! over real HTTP on 127.0.0.1.
 
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use imagepipe_blob::LocalBlobStore;
+use imagepipe_contracts::Priority;
 use imagepipe_contracts::names::queues;
 use imagepipe_coordinator::api;
 use imagepipe_coordinator::engine::Engine;
 use imagepipe_coordinator::events::EventHub;
 use imagepipe_coordinator::store::embedded::EmbeddedStore;
+use imagepipe_coordinator::store::redis::RedisStore;
 use imagepipe_coordinator::store::{DeadLetter, TaskStore};
 use imagepipe_runtime::Shutdown;
 use imagepipe_runtime::clock::ManualClock;
-use imagepipe_runtime::http::{ApiRoutes, HealthServer, Readiness};
+use imagepipe_runtime::http::{ApiRoutes, HealthServer, Readiness, testing};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -70,6 +73,180 @@ impl Server {
     async fn archived(&self) -> Vec<String> {
         let page = self.engine.store().dead_letters(500, None).await.unwrap();
         page.entries.into_iter().map(|l| l.id).collect()
+    }
+}
+
+/// The `error.code` of a refused item, or `created` of an accepted one.
+fn outcome(item: &Value) -> String {
+    match item.get("error") {
+        Some(error) => error["code"].as_str().unwrap().to_owned(),
+        None => format!("created={}", item["created"]),
+    }
+}
+
+#[tokio::test]
+async fn a_batch_answers_every_item_in_order_and_a_bad_item_never_fails_the_others() {
+    let (s, _store) = serve(100).await;
+    s.post("/v1/tasks", &json!({"taskId": "tsk_old", "url": "https://example.com/old.jpg"})).await;
+    s.post("/v1/tasks", &json!({"taskId": "tsk_same", "url": "https://example.com/same.jpg"})).await;
+    let blob = format!("sha256:{}", "a".repeat(64));
+    let batch = json!({"tasks": [
+        {"taskId": "tsk_b0", "url": "https://example.com/0.jpg", "priority": "high"},
+        {"url": "ftp://example.com/1.jpg"},
+        {"url": "https://example.com/2.jpg", "blob": blob},
+        {"taskId": "tsk_b0", "url": "https://example.com/3.jpg"},
+        {"blob": blob, "idempotencyKey": "order-1", "labels": {"file": "4.jpg"}},
+        5,
+        {"url": "https://example.com/6.jpg", "task_id": "tsk_snake"},
+        {"taskId": "tsk_old", "url": "https://example.com/other.jpg"},
+        {"taskId": "tsk_same", "url": "https://example.com/same.jpg"},
+        {"url": "https://example.com/9.jpg", "idempotencyKey": "order-1"},
+        {"url": "https://example.com/10.jpg", "priority": "low"}
+    ]});
+    let (status, body) = s.post("/v1/tasks:batch", &batch).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let results = body["results"].as_array().unwrap();
+    let outcomes: Vec<String> = results.iter().map(outcome).collect();
+    assert_eq!(
+        outcomes,
+        [
+            "created=true",
+            "invalid_submit",
+            "invalid_submit",
+            "duplicate_in_batch",
+            "created=true",
+            "invalid_request",
+            "invalid_request",
+            "conflict",
+            "created=false",
+            "duplicate_in_batch",
+            "created=true"
+        ]
+    );
+    for (i, item) in results.iter().enumerate() {
+        assert_eq!(item["index"], i, "{item}");
+    }
+    assert_eq!((body["accepted"].as_u64(), body["refused"].as_u64()), (Some(4), Some(7)));
+    let message = |i: usize| results[i]["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message(1).contains("`url` must be an absolute http:// or https:// URL"), "{}", message(1));
+    assert!(message(2).contains("not both"), "{}", message(2));
+    assert!(message(3).contains("\"tsk_b0\" is item 0's too"), "{}", message(3));
+    assert_eq!(message(5), "invalid SubmitTask: the body must be a JSON object");
+    assert!(message(6).contains("unknown field `task_id`"), "{}", message(6));
+    assert!(message(7).contains("tsk_old") && message(7).contains("another source"), "{}", message(7));
+    assert!(message(9).contains("\"order-1\" is item 4's too"), "{}", message(9));
+    assert_eq!(results[0]["taskId"], "tsk_b0");
+    assert_eq!(results[0]["state"], "downloading", "started under the cap");
+    assert_eq!(results[8]["taskId"], "tsk_same");
+
+    let store = s.engine.store();
+    assert_eq!(store.get("tsk_b0").await.unwrap().unwrap().priority, Priority::High);
+    let low = results[10]["taskId"].as_str().unwrap();
+    assert_eq!(store.get(low).await.unwrap().unwrap().priority, Priority::Low);
+    let all = store.list(&imagepipe_coordinator::store::ListQuery { limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(all.tasks.len(), 5, "tsk_old, tsk_same and the three created");
+
+    // The same idempotency key in a later batch (or a single submit) names the same task.
+    let keyed = results[4]["taskId"].as_str().unwrap().to_owned();
+    let again = json!({"tasks": [{"url": "https://example.com/elsewhere.jpg", "idempotencyKey": "order-1"}]});
+    let (status, body) = s.post("/v1/tasks:batch", &again).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["results"][0], json!({"index": 0, "taskId": keyed, "state": "downloading", "created": false}));
+}
+
+#[tokio::test]
+async fn a_batch_that_is_empty_too_long_or_not_a_batch_is_refused_whole() {
+    let (s, _store) = serve(100).await;
+    let item = json!({"url": "https://example.com/a.jpg"});
+    let (status, body) = s.post("/v1/tasks:batch", &json!({"tasks": vec![item; 1001]})).await;
+    assert_eq!((status, body["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")), "{body}");
+    assert_eq!(body["message"], "`tasks` has 1001 submit commands; a batch takes at most 1000: split it");
+    let (status, body) = s.post("/v1/tasks:batch", &json!({"tasks": []})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["message"].as_str().unwrap().contains("empty"), "{body}");
+    for (bad, says) in [
+        ("[]", "must be a JSON object"),
+        ("{}", "missing field `tasks`"),
+        (r#"{"tasks": {}}"#, "at `tasks`"),
+        (r#"{"tasks": [], "dryRun": true}"#, "unknown field `dryRun`"),
+        ("{not json", "BatchRequest"),
+    ] {
+        let (status, body) = s.post_raw("/v1/tasks:batch", bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert!(body["message"].as_str().unwrap().contains(says), "{bad}: {body}");
+    }
+    let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().unwrap();
+    let huge = vec![b' '; api::batch::BATCH_BODY_BYTES as usize + 1];
+    let answer = testing::request_with_body(addr, "POST", "/v1/tasks:batch", None, &huge).await;
+    assert_eq!(answer.status, 413);
+    assert!(answer.body.contains("4194304 bytes"), "{}", answer.body);
+    assert_eq!(s.engine.store().count_queued().await.unwrap(), 0, "nothing was created");
+}
+
+#[tokio::test]
+async fn the_tasks_of_a_traced_batch_join_its_trace_and_an_untraced_batch_gives_each_its_own() {
+    let provider = imagepipe_runtime::telemetry::tracer_provider("bulk-test", None).unwrap();
+    let filter = imagepipe_runtime::telemetry::env_filter(None, "info").unwrap();
+    let (subscriber, _telemetry) = imagepipe_runtime::telemetry::subscriber(
+        imagepipe_runtime::config::LogFormat::Text,
+        filter,
+        provider,
+        std::io::sink,
+    );
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (s, _store) = serve(10).await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let batch = json!({"tasks": [
+        {"taskId": "tsk_t1", "url": "https://example.com/1.jpg"},
+        {"taskId": "tsk_t2", "url": "https://example.com/2.jpg"}
+    ]});
+    let response = s
+        .client
+        .post(format!("{}/v1/tasks:batch", s.base))
+        .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+        .body(batch.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let store = s.engine.store();
+    for id in ["tsk_t1", "tsk_t2"] {
+        assert_eq!(store.get(id).await.unwrap().unwrap().trace_id.to_string(), trace, "{id}");
+    }
+    let batch = json!({"tasks": [
+        {"taskId": "tsk_u1", "url": "https://example.com/1.jpg"},
+        {"taskId": "tsk_u2", "url": "https://example.com/2.jpg"}
+    ]});
+    s.post("/v1/tasks:batch", &batch).await;
+    let (u1, u2) = (store.get("tsk_u1").await.unwrap().unwrap(), store.get("tsk_u2").await.unwrap().unwrap());
+    assert_ne!(u1.trace_id, u2.trace_id, "a trace per task, as submitted alone");
+    assert_ne!(u1.trace_id.to_string(), trace);
+}
+
+/// A batch of 1000 new tasks, timed (run with `--no-capture` to see the times), on the embedded
+/// store and on Redis.
+#[tokio::test]
+async fn a_batch_of_1000_tasks_takes_a_few_store_round_trips() {
+    let batch = json!({"tasks": (0..1000).map(|i| json!({
+        "url": format!("https://example.com/{i}.jpg"),
+        "labels": {"file": format!("{i}.jpg")}
+    })).collect::<Vec<_>>()});
+    let (embedded, _store) = serve(1_000).await;
+    let prefix = unique_prefix("batch");
+    let _cleanup = RedisCleanup(prefix.clone());
+    let redis = serve_on(Arc::new(RedisStore::connect(REDIS, &prefix, Duration::from_secs(10)).await.unwrap()), 1_000);
+    let redis = redis.await;
+    for (name, s) in [("embedded", &embedded), ("redis", &redis)] {
+        let started = Instant::now();
+        let (status, body) = s.post("/v1/tasks:batch", &batch).await;
+        let took = started.elapsed();
+        println!("{name}: 1000 items in {took:?}");
+        assert_eq!((status, body["accepted"].as_u64()), (StatusCode::OK, Some(1000)), "{name}");
+        let states: Vec<&str> =
+            body["results"].as_array().unwrap().iter().map(|r| r["state"].as_str().unwrap()).collect();
+        assert!(states.iter().all(|s| *s == "downloading"), "{name}: every task started under the cap of 1000");
+        assert_eq!(s.engine.in_flight().await.unwrap(), 1000, "{name}");
+        assert!(took < Duration::from_secs(30), "{name}: {took:?}");
     }
 }
 
@@ -224,10 +401,20 @@ async fn a_bulk_replay_sends_each_match_back_to_its_queue_or_lane_and_removes_it
 }
 
 #[tokio::test]
-async fn the_openapi_document_describes_the_route_strictly() {
+async fn the_openapi_document_describes_both_routes_strictly() {
     let (s, _store) = serve(10).await;
     let response = s.client.get(format!("{}/v1/openapi.json", s.base)).send().await.unwrap();
     let doc: Value = response.json().await.unwrap();
+    let batch = &doc["paths"]["/v1/tasks:batch"]["post"];
+    let request = &batch["requestBody"]["content"]["application/json"]["schema"];
+    assert_eq!(request["additionalProperties"], false);
+    assert_eq!(
+        (request["properties"]["tasks"]["minItems"].as_u64(), request["properties"]["tasks"]["maxItems"].as_u64()),
+        (Some(1), Some(1000))
+    );
+    for status in ["200", "400", "401", "413"] {
+        assert!(batch["responses"].get(status).is_some(), "batch {status}");
+    }
     let replay = &doc["paths"]["/v1/dlq/replay"]["post"];
     for status in ["200", "400", "401", "413"] {
         assert!(replay["responses"].get(status).is_some(), "replay {status}");
@@ -237,4 +424,5 @@ async fn the_openapi_document_describes_the_route_strictly() {
     assert_eq!(filter["anyOf"].as_array().unwrap().len(), 5, "{filter}");
     let queues = filter["properties"]["queue"]["enum"].to_string();
     assert!(queues.contains("\"download\"") && queues.contains("\"tasks.download.high\""), "{queues}");
+    assert!(doc["components"]["schemas"]["BatchResponse"].is_object());
 }

@@ -6,6 +6,7 @@
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
+use super::batch::{BATCH_BODY_BYTES, BatchResponse, MAX_BATCH};
 use super::blobs::Uploaded;
 use super::dlq_replay::{ReplayFilter, ReplayReport};
 use super::forward::Upstream;
@@ -59,6 +60,7 @@ pub fn document() -> Value {
     schemas.add::<SearchResponse>("SearchResponse");
     schemas.add::<StatsResponse>("StatsResponse");
     schemas.add::<ApiError>("Error");
+    schemas.add::<BatchResponse>("BatchResponse");
     schemas.add::<ReplayFilter>("ReplayFilter");
     schemas.add::<ReplayReport>("ReplayReport");
     let schema = |name: &str| schemas.get(name);
@@ -268,7 +270,37 @@ pub fn document() -> Value {
             }
         }
     });
-    // Bulk dead-letter replay (issue 18).
+    // Batch submit and bulk dead-letter replay (issue 18).
+    paths["/v1/tasks:batch"] = json!({
+        "post": {
+            "operationId": "submitTaskBatch",
+            "summary": "Submit up to 1000 tasks; one result per item, in order (a refused item never fails the others)",
+            "requestBody": { "required": true, "content": { "application/json": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["tasks"],
+                    "properties": { "tasks": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": MAX_BATCH,
+                        "description": "Submit commands as POST /v1/tasks takes them. An item that is not one is refused on its own (its result names the problem), so any JSON value is taken here.",
+                        "items": { "anyOf": [schema("SubmitTask"), {}] }
+                    } }
+                },
+                "example": { "tasks": [
+                    { "url": "https://example.com/cat.jpg", "priority": "low" },
+                    { "taskId": "tsk_photo_0002", "blob": format!("sha256:{}", "0".repeat(64)), "labels": { "album": "summer" } }
+                ] }
+            } } },
+            "responses": {
+                "200": ok("One result per item: {index, taskId, state, created} or {index, error: {code, message}}", "BatchResponse"),
+                "400": error("Not a JSON object with a `tasks` array of 1 to 1000 items"),
+                "413": too_large(format!("{BATCH_BODY_BYTES} bytes")),
+                "503": error("The store failed for the whole batch; try again")
+            }
+        }
+    });
     paths["/v1/dlq/replay"] = json!({
         "post": {
             "operationId": "replayDeadLetters",
