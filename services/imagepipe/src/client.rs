@@ -5,6 +5,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use imagepipe_contracts::SubmitTask;
 use imagepipe_coordinator::TaskState;
+use imagepipe_coordinator::api::batch::BatchResponse;
 use imagepipe_coordinator::api::{Accepted, CancelRequest, History, Replayed, TaskView};
 use imagepipe_coordinator::store::{DeadLetterPage, TaskPage};
 use imagepipe_runtime::http::ApiError;
@@ -146,6 +147,13 @@ impl ApiClient {
     pub async fn submit(&self, submit: &SubmitTask) -> Result<Accepted, ClientError> {
         let path = "/v1/tasks";
         self.json(Method::POST, path, self.request(Method::POST, path).json(submit)).await
+    }
+
+    /// `POST /v1/tasks:batch`: up to 1000 submit commands, one result per command, in order.
+    pub async fn submit_batch(&self, tasks: &[SubmitTask]) -> Result<BatchResponse, ClientError> {
+        let path = "/v1/tasks:batch";
+        let body = serde_json::json!({ "tasks": tasks });
+        self.json(Method::POST, path, self.request(Method::POST, path).json(&body)).await
     }
 
     /// `POST /v1/blobs`: uploads an image and returns its key.

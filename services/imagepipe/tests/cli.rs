@@ -572,3 +572,63 @@ async fn a_restarted_run_keeps_search_stats_and_what_each_subscriber_handled() {
     assert_eq!(stats_once(&api, |_| true).await, stats, "nothing counted twice");
     second.stop().await.unwrap();
 }
+
+/// `imagepipe submit DIR/`: the directory's images (in subdirectories too, a link to one inside
+/// once, hidden files and what is not an image skipped, a link out of it not followed) are
+/// uploaded and submitted in one batch request; an image the API refuses (here: larger than
+/// `download.max_bytes`) is reported on its own line, the others still go through, and the exit
+/// status says one was refused. `--priority` reaches the tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_dir_uploads_and_batches_its_images_and_reports_each_refused_one() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(&model_dir, &work);
+    settings.download.max_bytes = 50_000; // chelsea.jpg (34 KB) fits, coffee.jpg (71 KB) does not
+    let pipeline = Pipeline::start(settings).await.unwrap();
+    let api = pipeline.api_url();
+    let photos = tempfile::tempdir().unwrap();
+    let dir = photos.path().join("photos");
+    std::fs::create_dir_all(dir.join("cats")).unwrap();
+    std::fs::copy(sample("coffee.jpg"), dir.join("coffee.jpg")).unwrap();
+    std::fs::copy(sample("chelsea.jpg"), dir.join("cats/chelsea.jpg")).unwrap();
+    std::fs::copy(sample("chelsea.jpg"), dir.join(".hidden.jpg")).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a photo").unwrap();
+    std::os::unix::fs::symlink(dir.join("cats/chelsea.jpg"), dir.join("cats/again.jpg")).unwrap();
+    std::os::unix::fs::symlink(sample("rocket.jpg"), dir.join("outside.jpg")).unwrap();
+    let given = format!("{}/", dir.display());
+
+    // (No --wait here: this build's workers do not read the priority lanes yet.)
+    let out = imagepipe(args(&["submit", &given, "--priority", "low", "--json", "--api", &api])).await;
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "one image refused: {err}");
+    let accepted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let accepted = accepted.as_array().unwrap();
+    assert_eq!(accepted.len(), 1, "{accepted:?}");
+    assert_eq!(accepted[0]["created"], true);
+    let refused = err.lines().find(|l| l.contains("refused:")).unwrap_or_else(|| panic!("{err}"));
+    assert!(refused.contains("coffee.jpg") && refused.contains("413"), "{err}");
+    assert!(err.contains("1 submitted, 1 refused, 2 other file(s) skipped"), "{err}");
+    let id = accepted[0]["taskId"].as_str().unwrap();
+    let out = imagepipe(args(&["status", id, "--json", "--api", &api])).await;
+    let task: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(task["priority"], "low");
+    assert_eq!(task["labels"]["file"], "cats/again.jpg", "the image's first path in the directory");
+
+    // Without --json: each accepted task on stdout as `id  path`; --wait follows them.
+    let cats = dir.join("cats");
+    let out = imagepipe(args(&["submit", cats.to_str().unwrap(), "--wait", "--api", &api])).await;
+    let said = ok(&out);
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 2, "{said}");
+    assert!(lines[0].starts_with("tsk_") && lines[0].ends_with("cats/again.jpg"), "{said}");
+    assert!(lines[1].contains("again.jpg  completed  "), "{said}");
+    assert!(text(&out.stderr).contains("1 submitted, 0 refused"), "{}", text(&out.stderr));
+
+    let empty = photos.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = one_line_error(&imagepipe(args(&["submit", empty.to_str().unwrap(), "--api", &api])).await);
+    assert!(err.contains("nothing submitted") && err.contains("no image files in it"), "{err}");
+    let err = usage_error(&imagepipe(args(&["submit", &given, "--priority", "urgent", "--api", &api])).await);
+    assert!(err.contains("high, normal, low"), "{err}");
+    pipeline.stop().await.unwrap();
+}
