@@ -6,6 +6,7 @@ use futures::{Stream, StreamExt};
 use imagepipe_contracts::SubmitTask;
 use imagepipe_coordinator::TaskState;
 use imagepipe_coordinator::api::batch::BatchResponse;
+use imagepipe_coordinator::api::dlq_replay::{ReplayFilter, ReplayReport};
 use imagepipe_coordinator::api::{Accepted, CancelRequest, History, Replayed, TaskView};
 use imagepipe_coordinator::store::{DeadLetterPage, TaskPage};
 use imagepipe_runtime::http::ApiError;
@@ -222,6 +223,13 @@ impl ApiClient {
     pub async fn replay(&self, id: &str) -> Result<Replayed, ClientError> {
         let path = format!("/v1/dlq/{}/replay", encode(id));
         self.json(Method::POST, &path, self.request(Method::POST, &path)).await
+    }
+
+    /// `POST /v1/dlq/replay`: replays (or, with `dry_run`, counts) the dead letters `filter`
+    /// matches.
+    pub async fn replay_matching(&self, filter: &ReplayFilter) -> Result<ReplayReport, ClientError> {
+        let path = "/v1/dlq/replay";
+        self.json(Method::POST, path, self.request(Method::POST, path).json(filter)).await
     }
 
     /// `DELETE /v1/dlq/{id}`.

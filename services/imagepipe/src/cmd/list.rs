@@ -41,7 +41,7 @@ pub struct ListArgs {
 }
 
 /// `--since`: a duration before now or an RFC 3339 time, as Unix milliseconds.
-fn parse_since(s: &str) -> Result<u64, String> {
+pub fn parse_since(s: &str) -> Result<u64, String> {
     let at = match humantime::parse_duration(s) {
         Ok(ago) => SystemTime::now().checked_sub(ago).ok_or_else(|| format!("{s:?} reaches before 1970"))?,
         Err(_) => humantime::parse_rfc3339_weak(s).map_err(|_| {
