@@ -3,7 +3,9 @@
 //! OpenAPI document generated from the handlers' types. Errors are the runtime's one
 //! [`ApiError`] shape.
 
+pub mod batch;
 pub mod blobs;
+pub mod dlq_replay;
 pub mod forward;
 mod openapi;
 pub mod queue_control;
@@ -22,9 +24,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::Stream;
 use imagepipe_blob::BlobStore;
-use imagepipe_bus::{Message, Selector};
+use imagepipe_bus::Selector;
 use imagepipe_contracts::command::is_valid_id;
-use imagepipe_contracts::names::queues;
 use imagepipe_contracts::{EventType, StepError, SubmitTask, decode};
 use imagepipe_runtime::http::{ApiError, BodyLimit, WholeBody};
 use imagepipe_runtime::telemetry::continue_http_trace;
@@ -36,7 +37,7 @@ use crate::engine::{Engine, EngineError, Handled, Origin, SubmitFailure};
 use crate::events::{EventHub, Watched};
 use crate::machine::Input;
 use crate::reprocess::{self, ReprocessJob, ReprocessRequest};
-use crate::store::{BODY_CUT_HEADER, DEAD_LETTER_BODY_BYTES, DeadLetterPage, ListQuery, StoreError, TaskPage};
+use crate::store::{DeadLetterPage, ListQuery, StoreError, TaskPage};
 use crate::task::{HistoryEntry, Task, TaskState};
 
 /// Default and largest page sizes of the list endpoints.
@@ -59,6 +60,7 @@ pub struct ApiState {
 /// service's HTTP edge puts them behind the `http.auth_token` check.
 pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_upload_bytes: u64) -> Router {
     let state = ApiState { engine, hub };
+    let batch = batch::router(state.clone());
     let routes = Router::new()
         .route("/v1/tasks", post(submit).get(list))
         .route("/v1/tasks/{id}", get(get_task))
@@ -75,10 +77,11 @@ pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_uplo
         .route("/v1/events", get(events))
         .route("/v1/dlq", get(dead_letters))
         .route("/v1/dlq/{id}", axum::routing::delete(purge_dead_letter))
-        .route("/v1/dlq/{id}/replay", post(replay_dead_letter))
+        .route("/v1/dlq/{id}/replay", post(dlq_replay::replay_one))
+        .route("/v1/dlq/replay", post(dlq_replay::replay_matching))
         .route("/v1/openapi.json", get(openapi_document))
         .with_state(state);
-    BodyLimit::new(JSON_BODY_BYTES).apply(routes).merge(blobs::router(blobs, max_upload_bytes))
+    BodyLimit::new(JSON_BODY_BYTES).apply(routes).merge(batch).merge(blobs::router(blobs, max_upload_bytes))
 }
 
 impl From<StoreError> for ApiError {
@@ -427,38 +430,6 @@ pub struct Replayed {
     pub id: String,
     /// The queue the message was sent back to.
     pub queue: String,
-}
-
-async fn replay_dead_letter(
-    State(state): State<ApiState>,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<(StatusCode, Json<Replayed>), ApiError> {
-    let Path(id) = path?;
-    let store = state.engine.store();
-    let letter = store.dead_letter(&id).await?.ok_or_else(|| ApiError::not_found(format!("no dead letter {id}")))?;
-    if !queues::ALL.contains(&letter.source.as_str()) {
-        return Err(ApiError::conflict(format!(
-            "dead letters from {:?} cannot be replayed: only task queues ({}) can",
-            letter.source,
-            queues::ALL.join(", ")
-        )));
-    }
-    if letter.body_was_cut() {
-        return Err(ApiError::conflict(format!(
-            "dead letter {id} kept only the first {DEAD_LETTER_BODY_BYTES} bytes of its body (header {BODY_CUT_HEADER}): \
-             it cannot be replayed"
-        )));
-    }
-    let mut message =
-        Message::new(letter.body.clone().into_bytes()).with_id(format!("replay-{}", uuid::Uuid::new_v4()));
-    message.key = letter.key.clone();
-    for (name, value) in &letter.headers {
-        message.headers.insert(name.clone(), value.clone());
-    }
-    state.engine.bus().queues.send(&letter.source, message).await.map_err(ApiError::unavailable)?;
-    store.remove_dead_letter(&id).await?;
-    tracing::info!(id, queue = %letter.source, "dead letter replayed");
-    Ok((StatusCode::ACCEPTED, Json(Replayed { id, queue: letter.source })))
 }
 
 async fn purge_dead_letter(

@@ -5,6 +5,8 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use imagepipe_contracts::SubmitTask;
 use imagepipe_coordinator::TaskState;
+use imagepipe_coordinator::api::batch::BatchResponse;
+use imagepipe_coordinator::api::dlq_replay::{ReplayFilter, ReplayReport};
 use imagepipe_coordinator::api::{Accepted, CancelRequest, History, Replayed, TaskView};
 use imagepipe_coordinator::store::{DeadLetterPage, TaskPage};
 use imagepipe_runtime::http::ApiError;
@@ -148,6 +150,13 @@ impl ApiClient {
         self.json(Method::POST, path, self.request(Method::POST, path).json(submit)).await
     }
 
+    /// `POST /v1/tasks:batch`: up to 1000 submit commands, one result per command, in order.
+    pub async fn submit_batch(&self, tasks: &[SubmitTask]) -> Result<BatchResponse, ClientError> {
+        let path = "/v1/tasks:batch";
+        let body = serde_json::json!({ "tasks": tasks });
+        self.json(Method::POST, path, self.request(Method::POST, path).json(&body)).await
+    }
+
     /// `POST /v1/blobs`: uploads an image and returns its key.
     pub async fn upload(&self, bytes: Bytes) -> Result<Uploaded, ClientError> {
         let path = "/v1/blobs";
@@ -239,6 +248,13 @@ impl ApiClient {
     pub async fn replay(&self, id: &str) -> Result<Replayed, ClientError> {
         let path = format!("/v1/dlq/{}/replay", encode(id));
         self.json(Method::POST, &path, self.request(Method::POST, &path)).await
+    }
+
+    /// `POST /v1/dlq/replay`: replays (or, with `dry_run`, counts) the dead letters `filter`
+    /// matches.
+    pub async fn replay_matching(&self, filter: &ReplayFilter) -> Result<ReplayReport, ClientError> {
+        let path = "/v1/dlq/replay";
+        self.json(Method::POST, path, self.request(Method::POST, path).json(filter)).await
     }
 
     /// `DELETE /v1/dlq/{id}`.

@@ -43,7 +43,7 @@ enum Command {
     Run,
     /// Run the pipeline over the bundled sample photos and print a table.
     Demo(cmd::demo::DemoArgs),
-    /// Submit URLs or image files as tasks.
+    /// Submit URLs, image files or directories of images as tasks.
     Submit(cmd::submit::SubmitArgs),
     /// Show a task's state, source, times, steps and results.
     Status(cmd::status::StatusArgs),

@@ -572,3 +572,131 @@ async fn a_restarted_run_keeps_search_stats_and_what_each_subscriber_handled() {
     assert_eq!(stats_once(&api, |_| true).await, stats, "nothing counted twice");
     second.stop().await.unwrap();
 }
+
+/// `imagepipe submit DIR/`: the directory's images (in subdirectories too, a link to one inside
+/// once, hidden files and what is not an image skipped, a link out of it not followed) are
+/// uploaded and submitted in one batch request; an image the API refuses (here: larger than
+/// `download.max_bytes`) is reported on its own line, the others still go through, and the exit
+/// status says one was refused. `--priority` reaches the tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_dir_uploads_and_batches_its_images_and_reports_each_refused_one() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(&model_dir, &work);
+    settings.download.max_bytes = 50_000; // chelsea.jpg (34 KB) fits, coffee.jpg (71 KB) does not
+    let pipeline = Pipeline::start(settings).await.unwrap();
+    let api = pipeline.api_url();
+    let photos = tempfile::tempdir().unwrap();
+    let dir = photos.path().join("photos");
+    std::fs::create_dir_all(dir.join("cats")).unwrap();
+    std::fs::copy(sample("coffee.jpg"), dir.join("coffee.jpg")).unwrap();
+    std::fs::copy(sample("chelsea.jpg"), dir.join("cats/chelsea.jpg")).unwrap();
+    std::fs::copy(sample("chelsea.jpg"), dir.join(".hidden.jpg")).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a photo").unwrap();
+    std::os::unix::fs::symlink(dir.join("cats/chelsea.jpg"), dir.join("cats/again.jpg")).unwrap();
+    std::os::unix::fs::symlink(sample("rocket.jpg"), dir.join("outside.jpg")).unwrap();
+    let given = format!("{}/", dir.display());
+
+    // (No --wait here: this build's workers do not read the priority lanes yet.)
+    let out = imagepipe(args(&["submit", &given, "--priority", "low", "--json", "--api", &api])).await;
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "one image refused: {err}");
+    let accepted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let accepted = accepted.as_array().unwrap();
+    assert_eq!(accepted.len(), 1, "{accepted:?}");
+    assert_eq!(accepted[0]["created"], true);
+    let refused = err.lines().find(|l| l.contains("refused:")).unwrap_or_else(|| panic!("{err}"));
+    assert!(refused.contains("coffee.jpg") && refused.contains("413"), "{err}");
+    assert!(err.contains("1 submitted, 1 refused, 2 other file(s) skipped"), "{err}");
+    let id = accepted[0]["taskId"].as_str().unwrap();
+    let out = imagepipe(args(&["status", id, "--json", "--api", &api])).await;
+    let task: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(task["priority"], "low");
+    assert_eq!(task["labels"]["file"], "cats/again.jpg", "the image's first path in the directory");
+
+    // Without --json: each accepted task on stdout as `id  path`; --wait follows them.
+    let cats = dir.join("cats");
+    let out = imagepipe(args(&["submit", cats.to_str().unwrap(), "--wait", "--api", &api])).await;
+    let said = ok(&out);
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 2, "{said}");
+    assert!(lines[0].starts_with("tsk_") && lines[0].ends_with("cats/again.jpg"), "{said}");
+    assert!(lines[1].contains("again.jpg  completed  "), "{said}");
+    assert!(text(&out.stderr).contains("1 submitted, 0 refused"), "{}", text(&out.stderr));
+
+    let empty = photos.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = one_line_error(&imagepipe(args(&["submit", empty.to_str().unwrap(), "--api", &api])).await);
+    assert!(err.contains("nothing submitted") && err.contains("no image files in it"), "{err}");
+    let err = usage_error(&imagepipe(args(&["submit", &given, "--priority", "urgent", "--api", &api])).await);
+    assert!(err.contains("high, normal, low"), "{err}");
+    pipeline.stop().await.unwrap();
+}
+
+/// `imagepipe dlq replay --reason ...`: a dry run says how many match; without a terminal
+/// nothing is replayed unless `--yes`; with it, each match goes back to its queue (here: the
+/// submit queue, so each becomes a task). Replaying by id still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_by_filter_counts_first_and_replays_with_yes() {
+    use imagepipe_coordinator::store::DeadLetter;
+
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(common::settings(&model_dir, &work)).await.unwrap();
+    let api = pipeline.api_url();
+    let photo = std::fs::read(sample("chelsea.jpg")).unwrap();
+    let key = pipeline.blobs().put(photo.into()).await.unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let letter = |id: &str, reason: &str, task: &str, ago_ms: u64| DeadLetter {
+        id: id.into(),
+        source: "tasks.submit".into(),
+        dlq: "dlq.tasks.submit".into(),
+        reason: reason.into(),
+        delivery_count: 5,
+        dead_lettered_at: now - ago_ms,
+        key: Some(task.into()),
+        message_id: None,
+        headers: vec![],
+        body: format!(r#"{{"taskId":"{task}","blob":"{key}"}}"#),
+    };
+    let store = pipeline.engine().store();
+    for l in [
+        letter("dl_1", "store timeout", "tsk_again_1", 7_200_000),
+        letter("dl_2", "Timeout talking to redis", "tsk_again_2", 60_000),
+        letter("dl_3", "store timeout", "tsk_again_3", 30_000),
+        letter("dl_4", "http_503", "tsk_again_4", 30_000),
+    ] {
+        store.put_dead_letter(&l).await.unwrap();
+    }
+    let archived = || async {
+        let out = imagepipe(args(&["dlq", "list", "--json", "--api", &api])).await;
+        let list: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+        list.as_array().unwrap().iter().map(|l| l["id"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
+
+    let said = ok(&imagepipe(args(&["dlq", "replay", "--reason", "timeout", "--dry-run", "--api", &api])).await);
+    assert!(said.starts_with("3 dead letters match\n  dl_1, dl_2, dl_3"), "{said}");
+    let out = imagepipe(args(&["dlq", "replay", "--reason", "timeout", "--since", "1h", "--api", &api])).await;
+    assert_eq!(out.status.code(), Some(1), "no terminal, no --yes");
+    assert!(text(&out.stdout).starts_with("2 dead letters match"), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("nothing replayed: pass --yes"), "{}", text(&out.stderr));
+    assert_eq!(archived().await, ["dl_1", "dl_2", "dl_3", "dl_4"]);
+
+    let out = imagepipe(args(&["dlq", "replay", "--reason", "TIMEOUT", "--since", "1h", "--yes", "--api", &api])).await;
+    let said = ok(&out);
+    assert!(said.contains("2 dead letters match") && said.contains("replayed 2 of 2 dead letters"), "{said}");
+    assert_eq!(archived().await, ["dl_1", "dl_4"]);
+    let ids = ["tsk_again_2".to_owned(), "tsk_again_3".to_owned()];
+    let tasks = pipeline.wait_for(&ids, Duration::from_secs(60)).await.unwrap();
+    assert!(tasks.iter().all(|t| t.state == imagepipe_coordinator::TaskState::Completed), "{tasks:?}");
+
+    let said = ok(&imagepipe(args(&["dlq", "replay", "dl_4", "--api", &api])).await);
+    assert_eq!(said.trim(), "dl_4 replayed to tasks.submit");
+    let said = ok(&imagepipe(args(&["dlq", "replay", "--queue", "download", "--api", &api])).await);
+    assert_eq!(said.trim(), "0 dead letters match");
+    let err = usage_error(&imagepipe(args(&["dlq", "replay", "dl_1", "--reason", "x", "--api", &api])).await);
+    assert!(err.contains("cannot be used with"), "{err}");
+    let err = one_line_error(&imagepipe(args(&["dlq", "replay", "--queue", "thumbs", "--api", &api])).await);
+    assert!(err.contains("400") && err.contains("no task queue"), "{err}");
+    pipeline.stop().await.unwrap();
+}

@@ -6,11 +6,13 @@
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
+use super::batch::{BATCH_BODY_BYTES, BatchResponse, MAX_BATCH};
 use super::blobs::Uploaded;
-use super::queue_control::{ConcurrencyRequest, QueueView, QueuesView};
-use crate::reprocess::{ReprocessJob, ReprocessRequest};
+use super::dlq_replay::{ReplayFilter, ReplayReport};
 use super::forward::Upstream;
+use super::queue_control::{ConcurrencyRequest, QueueView, QueuesView};
 use super::{Accepted, ApiError, CancelRequest, History, JSON_BODY_BYTES, MAX_LIMIT, Replayed, TaskView};
+use crate::reprocess::{ReprocessJob, ReprocessRequest};
 use crate::store::{DeadLetterPage, TaskPage};
 use crate::task::TaskState;
 use imagepipe_analytics_worker::api::StatsResponse;
@@ -65,6 +67,9 @@ pub fn document() -> Value {
     schemas.add::<ReprocessRequest>("ReprocessRequest");
     schemas.add::<ReprocessJob>("ReprocessJob");
     schemas.add::<ApiError>("Error");
+    schemas.add::<BatchResponse>("BatchResponse");
+    schemas.add::<ReplayFilter>("ReplayFilter");
+    schemas.add::<ReplayReport>("ReplayReport");
     let schema = |name: &str| schemas.get(name);
     let json_content = |name: &str| json!({ "application/json": { "schema": schema(name) } });
     let ok = |description: &str, name: &str| json!({ "description": description, "content": json_content(name) });
@@ -276,7 +281,8 @@ pub fn document() -> Value {
     let stage_param = json!({ "name": "queue", "in": "path", "required": true,
         "description": "The stage queue: download, metadata or ai (or its full name, tasks.download)",
         "schema": { "type": "string", "enum": ["download", "metadata", "ai", "tasks.download", "tasks.metadata", "tasks.ai"] } });
-    let queue_change = |summary: &str, id: &str| json!({ "post": {
+    let queue_change = |summary: &str, id: &str| {
+        json!({ "post": {
         "operationId": id,
         "summary": summary,
         "parameters": [stage_param.clone()],
@@ -288,7 +294,8 @@ pub fn document() -> Value {
             "413": too_large(format!("{JSON_BODY_BYTES} bytes")),
             "503": error("The control state could not be written")
         }
-    } });
+    } })
+    };
     let task_change = |summary: &str, id: &str, body: bool| {
         let mut operation = json!({
             "operationId": id,
@@ -354,6 +361,54 @@ pub fn document() -> Value {
     for (path, item) in control.as_object().expect("an object") {
         paths[path] = item.clone();
     }
+    // Batch submit and bulk dead-letter replay (issue 18).
+    paths["/v1/tasks:batch"] = json!({
+        "post": {
+            "operationId": "submitTaskBatch",
+            "summary": "Submit up to 1000 tasks; one result per item, in order (a refused item never fails the others)",
+            "requestBody": { "required": true, "content": { "application/json": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["tasks"],
+                    "properties": { "tasks": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": MAX_BATCH,
+                        "description": "Submit commands as POST /v1/tasks takes them. An item that is not one is refused on its own (its result names the problem), so any JSON value is taken here.",
+                        "items": { "anyOf": [schema("SubmitTask"), {}] }
+                    } }
+                },
+                "example": { "tasks": [
+                    { "url": "https://example.com/cat.jpg", "priority": "low" },
+                    { "taskId": "tsk_photo_0002", "blob": format!("sha256:{}", "0".repeat(64)), "labels": { "album": "summer" } }
+                ] }
+            } } },
+            "responses": {
+                "200": ok("One result per item: {index, taskId, state, created} or {index, error: {code, message}}", "BatchResponse"),
+                "400": error("Not a JSON object with a `tasks` array of 1 to 1000 items"),
+                "413": too_large(format!("{BATCH_BODY_BYTES} bytes")),
+                "503": error("The store failed for the whole batch; try again")
+            }
+        }
+    });
+    paths["/v1/dlq/replay"] = json!({
+        "post": {
+            "operationId": "replayDeadLetters",
+            "summary": "Replay every dead letter a filter matches (or count them: dryRun)",
+            "description": "Scans the archive oldest first and replays each matching letter from a task queue as POST /v1/dlq/{id}/replay does. Letters that can never be replayed (not from a task queue, body cut) are counted as skipped and left in the archive.",
+            "requestBody": { "required": true, "content": { "application/json": {
+                "schema": schema("ReplayFilter"),
+                "example": { "queue": "download", "reasonContains": "timeout", "since": 1_763_800_000_000_u64, "max": 100, "dryRun": true }
+            } } },
+            "responses": {
+                "200": ok("What matched and what was replayed", "ReplayReport"),
+                "400": error("No filter (give one, or \"all\": true), an unknown queue, or a value out of range"),
+                "413": too_large(format!("{JSON_BODY_BYTES} bytes")),
+                "503": error("The store or the broker failed; try again")
+            }
+        }
+    });
     for upstream in Upstream::ALL {
         for &(path, _) in upstream.routes() {
             let operations = paths[path].as_object_mut().expect("every forwarded route is documented");
