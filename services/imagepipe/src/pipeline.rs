@@ -221,8 +221,8 @@ impl Pipeline {
         &self.settings
     }
 
-    /// Publishes `submit` on the submit queue (the durable path); `submit.task_id` must be set
-    /// to follow the task.
+    /// Publishes `submit` on its lane of the submit queue (the durable path);
+    /// `submit.task_id` must be set to follow the task.
     pub async fn submit(&self, submit: &SubmitTask) -> Result<(), PipelineError> {
         let task_id = submit.task_id.clone().unwrap_or_default();
         let body = serde_json::to_vec(submit).expect("a submit command serializes");
@@ -230,7 +230,7 @@ impl Pipeline {
         self.service
             .bus
             .queues
-            .send(queues::SUBMIT, message)
+            .send(&submit.lane(), message)
             .await
             .map_err(|source| PipelineError::Submit { task_id, source })
     }

@@ -32,7 +32,15 @@ const FLOW: [(&str, f64); 10] = [
 ];
 
 fn options(mode: Stages, tasks: usize, low_load_tasks: usize, runs: usize) -> BenchOptions {
-    BenchOptions { mode, tasks, low_load_tasks, runs, timeout: Duration::from_secs(120), photos: None }
+    BenchOptions {
+        scenario: imagepipe::bench::Scenario::Throughput,
+        mode,
+        tasks,
+        low_load_tasks,
+        runs,
+        timeout: Duration::from_secs(120),
+        photos: None,
+    }
 }
 
 fn ordered(p: &Percentiles, what: &str) {

@@ -130,6 +130,13 @@ impl SubmitTask {
         Self { url: Some(url.into()), ..Self::default() }
     }
 
+    /// The lane of the submit queue this command belongs on (`tasks.submit`,
+    /// `tasks.submit.high`, `tasks.submit.low`): a publisher that sends a `high` submit there
+    /// puts it ahead of queued `low` ones.
+    pub fn lane(&self) -> String {
+        self.priority.lane(crate::names::queues::SUBMIT)
+    }
+
     /// Checks every rule of the submit command and returns where the image comes from.
     pub fn validate(&self) -> Result<ImageSource, SubmitError> {
         if let Some(id) = &self.task_id {

@@ -73,7 +73,7 @@ impl Observer {
     }
 
     /// The next task end seen before `deadline`.
-    async fn next(&mut self, deadline: Instant) -> Option<Finished> {
+    pub(crate) async fn next(&mut self, deadline: Instant) -> Option<Finished> {
         tokio::time::timeout_at(deadline, self.finished.recv()).await.ok().flatten()
     }
 

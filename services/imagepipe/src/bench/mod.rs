@@ -23,6 +23,7 @@ pub mod driver;
 pub mod idle;
 pub mod noop;
 pub mod photos;
+pub mod priority;
 pub mod process;
 pub mod report;
 pub mod stats;
@@ -34,7 +35,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use imagepipe_ai_worker::{Classifier, ModelError};
 use imagepipe_bus::{Bus, BusError, BusKind};
-use imagepipe_contracts::{Step, SubmitTask};
+use imagepipe_contracts::{Priority, Step, SubmitTask};
 use imagepipe_coordinator::Task;
 use imagepipe_coordinator::app::{Coordinator, open_store};
 use imagepipe_coordinator::engine::Engine;
@@ -67,14 +68,26 @@ pub enum Stages {
     Real,
 }
 
+/// Which measurement a run makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// Full load, then low load: throughput and latency.
+    Throughput,
+    /// A `high` task's latency idle and behind `tasks` queued `low` ones ([`priority`]).
+    Priority,
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
+    /// Which measurement.
+    pub scenario: Scenario,
     /// Stage workers.
     pub mode: Stages,
-    /// Tasks of the full-load phase.
+    /// Tasks of the full-load phase (the priority scenario: low tasks of the backlog).
     pub tasks: usize,
-    /// Tasks of the low-load phase.
+    /// Tasks of the low-load phase (the priority scenario: high tasks timed per phase).
     pub low_load_tasks: usize,
     /// Runs to take the medians of.
     pub runs: usize,
@@ -261,25 +274,38 @@ async fn measure(
 
     let phases = async {
         let timeout = options.timeout;
-        driver::one_at_a_time(bus, &mut observer, submits.batch("w", WARM_UP_TASKS), timeout)
+        driver::one_at_a_time(bus, &mut observer, submits.batch("w", WARM_UP_TASKS, Priority::Normal), timeout)
             .await
             .map_err(|e| ("warm-up", e))?;
+        if options.scenario == Scenario::Priority {
+            let probes = priority::Probes {
+                idle: submits.batch("hi", options.low_load_tasks, Priority::High),
+                backlog: submits.batch("lo", options.tasks, Priority::Low),
+                under_backlog: submits.batch("hb", options.low_load_tasks, Priority::High),
+            };
+            let ids: Vec<String> = probes.under_backlog.iter().filter_map(|s| s.task_id.clone()).collect();
+            let before = Snapshot::take(backend, settings).await;
+            let (figures, backlog) =
+                priority::phases(bus, &mut observer, probes, timeout).await.map_err(|e| ("priority", e))?;
+            let after = Snapshot::take(backend, settings).await;
+            return Ok((backlog, driver::Phase::default(), before, after, ids, Some(figures)));
+        }
         let before = Snapshot::take(backend, settings).await;
-        let full = driver::full_load(bus, &mut observer, submits.batch("f", options.tasks), timeout)
+        let full = driver::full_load(bus, &mut observer, submits.batch("f", options.tasks, Priority::Normal), timeout)
             .await
             .map_err(|e| ("full-load", e))?;
         let after = Snapshot::take(backend, settings).await;
-        let low_ids = submits.batch("l", options.low_load_tasks);
+        let low_ids = submits.batch("l", options.low_load_tasks, Priority::Normal);
         let ids: Vec<String> = low_ids.iter().filter_map(|s| s.task_id.clone()).collect();
         let low = driver::one_at_a_time(bus, &mut observer, low_ids, timeout).await.map_err(|e| ("low-load", e))?;
-        Ok::<_, (&'static str, DriverError)>((full, low, before, after, ids))
+        Ok::<_, (&'static str, DriverError)>((full, low, before, after, ids, None))
     }
     .await;
 
     observer.stop().await;
     stop.trigger();
     let service_errors = join_services(&mut services).await;
-    let (full, low, before, after, low_ids) = match phases {
+    let (full, low, before, after, low_ids, priority) = match phases {
         Ok(measured) => measured,
         Err((phase, source)) => return Err(BenchError::Driver { phase, source, services: service_errors }),
     };
@@ -294,6 +320,7 @@ async fn measure(
         messages: messages(&before, &after, full.submitted),
         cpu_ms_per_task: cpu(&before, &after, full.submitted),
         peak_rss_bytes: peak_reset.then(|| process::memory(Pid::Current, MemoryField::Peak)).flatten(),
+        priority,
     })
 }
 
@@ -304,12 +331,13 @@ struct Submits {
 }
 
 impl Submits {
-    /// `n` submits of phase `phase`, cycling over the sources (blob keys).
-    fn batch(&self, phase: &str, n: usize) -> Vec<SubmitTask> {
+    /// `n` submits of phase `phase` at `priority`, cycling over the sources (blob keys).
+    fn batch(&self, phase: &str, n: usize, priority: Priority) -> Vec<SubmitTask> {
         (0..n)
             .map(|i| SubmitTask {
                 task_id: Some(format!("tsk_bench_{}_{phase}{i}", self.run)),
                 blob: Some(self.sources[i % self.sources.len()].clone()),
+                priority,
                 ..SubmitTask::default()
             })
             .collect()

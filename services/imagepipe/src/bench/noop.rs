@@ -90,7 +90,7 @@ pub async fn spawn(
 ) -> Result<(), BusError> {
     for step in [Step::Download, Step::Metadata, Step::Analyze] {
         let queue = step.queue();
-        let consumer = bus.queues.consume(queue, settings.worker.consumer_config()).await?;
+        let consumer = imagepipe_runtime::worker::consume_lanes(bus, queue, &settings.worker).await?;
         let worker = Worker::new(
             consumer,
             NoopStage::new(step, bus.clone()),

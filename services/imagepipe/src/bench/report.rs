@@ -10,6 +10,7 @@ use super::compare::Comparison;
 use super::driver::Phase;
 use super::idle::IdleRss;
 use super::photos::{Stage, StageFigures};
+use super::priority::PriorityFigures;
 use super::stats::{Percentiles, median};
 
 /// One load phase.
@@ -140,6 +141,9 @@ pub struct RunFigures {
     /// where it cannot be reset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
+    /// The priority scenario's figures (`--scenario priority`); its backlog is `full_load`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<PriorityFigures>,
 }
 
 impl RunFigures {
@@ -163,6 +167,7 @@ impl RunFigures {
             messages: MessageFigures::median(&all.iter().map(|r| &r.messages).collect::<Vec<_>>()),
             cpu_ms_per_task: CpuFigures::median(&all.iter().map(|r| &r.cpu_ms_per_task).collect::<Vec<_>>()),
             peak_rss_bytes: (!peaks.is_empty()).then(|| median(peaks) as u64),
+            priority: PriorityFigures::median(&runs.iter().filter_map(|r| r.priority.as_ref()).collect::<Vec<_>>()),
         }
     }
 }
@@ -224,6 +229,32 @@ impl Report {
         );
         let _ =
             writeln!(out, "  everything in this process: coordinator, 3 stage workers, driver; broker and store local");
+        if let Some(p) = &m.priority {
+            let _ = writeln!(
+                out,
+                "priority     a high task, submit → task.completed: idle {}; behind {} queued low tasks {}",
+                latency(&p.idle),
+                p.backlog,
+                latency(&p.under_backlog)
+            );
+            let _ = writeln!(
+                out,
+                "  p50 ratio {:.2} (target ≤ 3); {} low tasks finished while the {} probes ran, {} still queued after \
+                 the last; low tasks {:.0}/s",
+                p.ratio_p50, p.low_done_during_probes, p.probes, p.low_left_after_probes, p.low_tasks_per_s
+            );
+            if self.runs.len() > 1 {
+                let each: Vec<String> = self
+                    .runs
+                    .iter()
+                    .filter_map(|r| r.priority.as_ref())
+                    .map(|p| {
+                        format!("{:.2} ms / {:.2} ms ({:.2}×)", p.idle.p50_ms, p.under_backlog.p50_ms, p.ratio_p50)
+                    })
+                    .collect();
+                let _ = writeln!(out, "  each run idle / under backlog p50: {}", each.join("; "));
+            }
+        }
         let full = &m.full_load;
         let _ = writeln!(
             out,

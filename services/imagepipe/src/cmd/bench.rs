@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use imagepipe::bench::photos::{self, Stage};
-use imagepipe::bench::{self, BenchOptions, Stages, compare, idle};
+use imagepipe::bench::{self, BenchOptions, Scenario, Stages, compare, idle};
 use imagepipe_bus::BusKind;
 use imagepipe_runtime::ConfigArgs;
 use imagepipe_runtime::config::StoreKind;
@@ -24,6 +24,10 @@ pub struct BenchArgs {
     /// Task store (default: `store.kind` of the config).
     #[arg(long, value_enum)]
     store: Option<StoreArg>,
+    /// `throughput`: full load, then low load; `priority`: a high task's latency idle and behind
+    /// `--tasks` queued low tasks (`--low-load-tasks` high tasks timed in each phase).
+    #[arg(long, value_enum, default_value_t = ScenarioArg::Throughput)]
+    scenario: ScenarioArg,
     /// `noop`: stages that answer at once (orchestration only); `real`: the real download,
     /// metadata and AI workers on the sample photos.
     #[arg(long, value_enum, default_value_t = ModeArg::Noop)]
@@ -76,6 +80,12 @@ enum StoreArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ScenarioArg {
+    Throughput,
+    Priority,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ModeArg {
     Noop,
     Real,
@@ -121,7 +131,12 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
         print_json(&figures)?;
         return Ok(ExitCode::SUCCESS);
     }
+    let scenario = match args.scenario {
+        ScenarioArg::Throughput => Scenario::Throughput,
+        ScenarioArg::Priority => Scenario::Priority,
+    };
     let options = BenchOptions {
+        scenario,
         mode,
         tasks: args.tasks.unwrap_or(if mode == Stages::Real { 200 } else { 5_000 }),
         low_load_tasks: args.low_load_tasks.unwrap_or(if mode == Stages::Real { 20 } else { 500 }),
