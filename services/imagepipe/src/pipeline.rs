@@ -12,7 +12,6 @@ use imagepipe_ai_worker::{Classifier, ModelError};
 use imagepipe_blob::{BlobConfigError, BlobStore};
 use imagepipe_bus::{Bus, BusError, BusKind, Message};
 use imagepipe_contracts::SubmitTask;
-use imagepipe_contracts::names::queues;
 use imagepipe_coordinator::Task;
 use imagepipe_coordinator::api::forward::Upstream;
 use imagepipe_coordinator::app::{Coordinator, open_store};
