@@ -386,8 +386,8 @@ async fn a_failed_task_says_where_and_why_and_a_cancelled_one_ends_its_watch() {
     assert_eq!(row(&status, "source"), format!("source     {}", images.url("/broken.jpg")), "redacted: {status}");
     assert!(!status.contains("s3cret"), "{status}");
 
-    // A task whose download hangs: cancelling it waits for the running attempt to end, and a
-    // watch of it ends with its final state.
+    // A task whose download hangs: cancelling it tells the worker to stop the running attempt,
+    // and a watch of it ends with its final state.
     let out = imagepipe(args(&["submit", &images.url("/slow.jpg"), "--api", &api])).await;
     let slow = ok(&out).split_whitespace().next().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -397,7 +397,7 @@ async fn a_failed_task_says_where_and_why_and_a_cancelled_one_ends_its_watch() {
     }
     let out = imagepipe(args(&["cancel", &slow, "--reason", "not needed", "--api", &api])).await;
     let said = ok(&out);
-    assert!(said.contains("cancelling: it stops when its running download attempt ends"), "{said}");
+    assert!(said.contains("cancelling: its running download step is told to stop"), "{said}");
     let out = imagepipe(args(&["watch", "--task", &slow, "--api", &api])).await;
     let watched = ok(&out);
     assert!(watched.lines().any(|l| l.contains("task.cancelled")), "{watched}");

@@ -68,9 +68,9 @@ impl Running {
     async fn until(&self, id: &str, what: &str, done: impl Fn(&Task) -> bool) -> Task {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            let task = self.task(id).await;
-            if done(&task) {
-                return task;
+            let task = self.pipeline.engine().store().get(id).await.unwrap();
+            if let Some(task) = task.as_ref().filter(|t| done(t)) {
+                return task.clone();
             }
             assert!(tokio::time::Instant::now() < deadline, "{id} never {what}: {task:?}");
             tokio::time::sleep(Duration::from_millis(50)).await;
