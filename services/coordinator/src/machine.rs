@@ -612,10 +612,13 @@ impl Transition {
             return Ok(self.cancel());
         }
         let from = Some(self.from);
+        // The next step's first attempt; in a reprocessed generation its numbers go on from
+        // the earlier generations' (so its commands and events get new ids).
+        let next_attempt = step.next().map_or(0, |next| self.task.steps.get(next).attempts + 1);
         match step.next() {
-            Some(next) if self.task.pause_requested.is_some() => Ok(self.pause(Some(next), 1)),
+            Some(next) if self.task.pause_requested.is_some() => Ok(self.pause(Some(next), next_attempt)),
             Some(next) => {
-                self.dispatch(next, 1, policy)?;
+                self.dispatch(next, next_attempt, policy)?;
                 Ok(self.finish(from, HistoryEvent::StepSucceeded, Some(step), Some(attempt), None))
             }
             None => {
