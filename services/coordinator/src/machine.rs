@@ -693,11 +693,12 @@ impl Transition {
         if self.task.cancel_requested.is_some() {
             return self.cancel();
         }
+        // Counted before a pause too: the resume re-sends the attempt under a new id.
+        self.task.steps.get_mut(step).deferrals += 1;
         if self.task.pause_requested.is_some() {
             return self.pause(Some(step), attempt);
         }
         let delay = retry_after_ms.min(millis(policy.backoff.max()));
-        self.task.steps.get_mut(step).deferrals += 1;
         self.task.timer = Some(Timer { kind: TimerKind::Retry, step, attempt, due_at: self.now.saturating_add(delay) });
         let from = Some(self.from);
         self.finish(
