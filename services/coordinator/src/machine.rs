@@ -533,17 +533,14 @@ impl Transition {
         attempt: Option<u32>,
         detail: Option<String>,
     ) -> Decision {
-        let history = HistoryEntry {
-            version: self.task.version,
-            at: self.now,
-            from,
-            to: self.task.state,
-            event,
-            step,
-            attempt,
-            detail,
-        };
-        Decision { task: self.task, history, outbox: self.outbox }
+        let mut task = self.task;
+        if task.state.is_terminal() {
+            // A pause still pending has nothing left to stop.
+            task.pause_requested = None;
+        }
+        let history =
+            HistoryEntry { version: task.version, at: self.now, from, to: task.state, event, step, attempt, detail };
+        Decision { task, history, outbox: self.outbox }
     }
 
     fn push(&mut self, destination: Destination, message_id: String, body: String) {
