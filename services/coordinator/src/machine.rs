@@ -474,6 +474,10 @@ fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -
     {
         return Err(format!("the output of step {} was reported for step {}", output.step(), result.step));
     }
+    if task.state == TaskState::Paused {
+        // No attempt runs while paused: the result is a repeat, or late, of one already decided.
+        return Ok(Verdict::Ignore(Ignored::StaleResult));
+    }
     let Some(current) = task.state.step() else {
         return Err(format!("a {} result arrived for a task that has not started", result.step));
     };
