@@ -384,9 +384,15 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
                     task.state
                 )));
             }
-            if *from != Step::Download && task.blob_key().is_none() {
+            let outputs = &task.outputs;
+            let has_output = |step: Step| match step {
+                Step::Download => outputs.download.is_some(),
+                Step::Metadata => outputs.metadata.is_some(),
+                Step::Analyze => outputs.analysis.is_some(),
+            };
+            if let Some(missing) = Step::ALL.into_iter().find(|step| step < from && !has_output(*step)) {
                 return Err(illegal(format!(
-                    "reprocessing from {from} needs the download's output, which the task lacks"
+                    "reprocessing from {from} needs the {missing} step's output, which the task lacks"
                 )));
             }
             let t = Transition::new(task, ctx.now);
