@@ -255,6 +255,8 @@ impl<H: Handler> Worker<H> {
                 biased;
                 () = shutdown.wait() => break Ok(()),
                 permit = permits.clone().acquire_owned() => permit.expect("the worker never closes its semaphore"),
+                // Every slot busy: a pause or a new concurrency applies now, not once one frees.
+                () = control_changed(&mut control) => continue,
             };
             let mut held = vec![first];
             while held.len() < capacity {
@@ -360,6 +362,17 @@ async fn wait_while_paused(
     gauge!(metrics::QUEUE_PAUSED, labels::SOURCE => config.name.clone()).set(0.0);
     tracing::info!(worker = %config.name, "queue resumed");
     true
+}
+
+/// Completes when the queue's control state changes; never without a control (or once its
+/// state is gone).
+async fn control_changed(control: &mut Option<ControlHandle>) {
+    if let Some(control) = control
+        && control.rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// Counts and logs a failed fetch, then waits the backoff's next delay before the worker
