@@ -318,12 +318,17 @@ fn resize(permits: &Arc<Semaphore>, capacity: usize, control: &ControlHandle, co
     if wanted > capacity {
         permits.add_permits(wanted - capacity);
     } else if wanted < capacity {
-        let (permits, surplus) = (permits.clone(), u32::try_from(capacity - wanted).unwrap_or(u32::MAX));
-        tokio::spawn(async move {
-            if let Ok(taken) = permits.acquire_many_owned(surplus).await {
-                taken.forget();
-            }
-        });
+        // The free permits go at once (a task spawned to take them may run only after the
+        // loop has taken them for new messages); the rest as messages in flight finish.
+        let surplus = capacity - wanted - permits.forget_permits(capacity - wanted);
+        if surplus > 0 {
+            let (permits, surplus) = (permits.clone(), u32::try_from(surplus).unwrap_or(u32::MAX));
+            tokio::spawn(async move {
+                if let Ok(taken) = permits.acquire_many_owned(surplus).await {
+                    taken.forget();
+                }
+            });
+        }
     }
     if wanted != capacity {
         tracing::info!(worker = %config.name, from = capacity, to = wanted, "concurrency changed");
