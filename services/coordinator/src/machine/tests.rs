@@ -516,7 +516,11 @@ fn pausing_a_queued_task_pauses_it_at_once_and_resume_queues_it_again() {
     assert_eq!((event.payload.step, event.payload.reason.as_deref()), (None, Some("operator")));
     assert!(d.task.timer.is_none() && d.task.pause_requested.is_none());
     assert_eq!(d.task.paused.as_ref().unwrap().step, None);
-    assert_eq!(verdict(&d.task, Input::Start, 6), Verdict::Ignore(Ignored::AlreadyStarted), "a paused task never starts");
+    assert_eq!(
+        verdict(&d.task, Input::Start, 6),
+        Verdict::Ignore(Ignored::AlreadyStarted),
+        "a paused task never starts"
+    );
 
     let resumed = apply(&d.task, Input::Resume, 7);
     assert_eq!((resumed.task.state, resumed.history.event), (TaskState::Queued, HistoryEvent::Resumed));
@@ -646,7 +650,11 @@ fn a_pause_pending_when_the_last_step_succeeds_ends_with_the_task() {
     let d = apply(&task, ok(Step::Analyze, 1), 4);
     assert_eq!(d.task.state, TaskState::Completed);
     assert!(d.task.pause_requested.is_none(), "a finished task has no pause pending");
-    assert_eq!(verdict(&d.task, Input::Resume, 5), Verdict::Ignore(Ignored::NotPaused), "a resume changes no finished task");
+    assert_eq!(
+        verdict(&d.task, Input::Resume, 5),
+        Verdict::Ignore(Ignored::NotPaused),
+        "a resume changes no finished task"
+    );
 }
 
 #[test]
@@ -838,8 +846,8 @@ fn a_reprocessed_generation_gets_the_whole_retry_budget_of_every_step() {
 #[test]
 fn reprocessing_needs_the_outputs_of_the_steps_before() {
     let failed = apply(&apply(&new_task(), Input::Start, 0).task, permanent(Step::Download, 1), 1).task;
-    let err = decide(&failed, &Input::Reprocess { from: Step::Metadata, priority: None }, &ctx(2), &policy())
-        .unwrap_err();
+    let err =
+        decide(&failed, &Input::Reprocess { from: Step::Metadata, priority: None }, &ctx(2), &policy()).unwrap_err();
     assert!(err.reason.contains("download"), "{err}");
     // from download it fetches anew
     let d = apply(&failed, Input::Reprocess { from: Step::Download, priority: None }, 2);
@@ -884,6 +892,7 @@ enum Op {
     Result {
         step: Step,
         attempt_offset: i8,
+        /// 0, 1: ok; 2: retryable; 3: permanent; 4: deferred.
         kind: u8,
     },
     /// Fire the task's current timer at its due time.
@@ -897,6 +906,14 @@ enum Op {
     /// Redeliver the last result.
     Duplicate,
     Cancel,
+    Pause,
+    Resume,
+    Reprocess {
+        from: Step,
+        priority: Option<Priority>,
+    },
+    /// An operator pauses or resumes the queue of a step.
+    ToggleQueue(Step),
     /// The bus lost the commands in flight.
     Redispatch,
     Advance(u32),
@@ -904,31 +921,56 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let step = prop_oneof![Just(Step::Download), Just(Step::Metadata), Just(Step::Analyze)];
+    let priority =
+        prop_oneof![Just(None), Just(Some(Priority::High)), Just(Some(Priority::Normal)), Just(Some(Priority::Low))];
     prop_oneof![
         1 => Just(Op::Start),
-        6 => (step.clone(), -2i8..=1, 0u8..4).prop_map(|(step, attempt_offset, kind)| Op::Result { step, attempt_offset, kind }),
+        7 => (step.clone(), -2i8..=1, 0u8..5).prop_map(|(step, attempt_offset, kind)| Op::Result { step, attempt_offset, kind }),
         3 => Just(Op::FireTimer),
-        1 => (any::<bool>(), step, 0u32..5).prop_map(|(kind, step, attempt)| Op::FireStale { kind, step, attempt }),
+        1 => (any::<bool>(), step.clone(), 0u32..5).prop_map(|(kind, step, attempt)| Op::FireStale { kind, step, attempt }),
         2 => Just(Op::Duplicate),
         1 => Just(Op::Cancel),
+        1 => Just(Op::Pause),
+        1 => Just(Op::Resume),
+        1 => (step.clone(), priority).prop_map(|(from, priority)| Op::Reprocess { from, priority }),
+        1 => step.prop_map(Op::ToggleQueue),
         1 => Just(Op::Redispatch),
         1 => (0u32..120_000).prop_map(Op::Advance),
     ]
 }
 
 fn check_task(task: &Task, policy: &Policy) {
+    // Attempt `attempt` of `step` is within the current generation's retry budget.
+    let in_budget = |step: Step, attempt: u32| {
+        let used = attempt.saturating_sub(task.steps.get(step).attempt_base);
+        assert!(used >= 1 && used <= policy.step(step).max_attempts, "{step} attempt {attempt}: {:?}", task.steps);
+    };
     match (task.state, task.timer) {
         (TaskState::Queued, None) => {}
-        (s, None) if s.is_terminal() => {}
-        (s, Some(timer)) if s.step() == Some(timer.step) => {
-            let attempts = task.steps.get(timer.step).attempts;
-            match timer.kind {
-                TimerKind::Deadline => assert_eq!(timer.attempt, attempts),
-                TimerKind::Retry => assert_eq!(timer.attempt, attempts + 1),
+        (TaskState::Paused, None) => {
+            let at = task.paused.as_ref().expect("a paused task knows where it stopped");
+            if let Some(step) = at.step {
+                let attempts = task.steps.get(step).attempts;
+                assert!(at.attempt == attempts || at.attempt == attempts + 1, "paused at {at:?}, {attempts} sent");
+                in_budget(step, at.attempt);
             }
-            assert!(attempts >= 1 && attempts <= policy.step(timer.step).max_attempts);
+        }
+        (s, None) if s.is_terminal() => assert!(task.pause_requested.is_none(), "a finished task pauses no more"),
+        (s, Some(timer)) if s.step() == Some(timer.step) => {
+            let record = task.steps.get(timer.step);
+            match timer.kind {
+                TimerKind::Deadline => assert_eq!(timer.attempt, record.attempts),
+                TimerKind::Retry => assert!(
+                    timer.attempt == record.attempts + 1 || (timer.attempt == record.attempts && record.deferrals > 0),
+                    "{timer:?} with {record:?}"
+                ),
+            }
+            in_budget(timer.step, timer.attempt);
         }
         (s, t) => panic!("state {s} with timer {t:?} loses the task"),
+    }
+    if !task.state.is_terminal() && task.state != TaskState::Paused {
+        assert!(task.paused.is_none(), "a running task is not paused");
     }
     if task.state == TaskState::Completed {
         assert!(task.outputs.download.is_some() && task.outputs.metadata.is_some() && task.outputs.analysis.is_some());
@@ -939,17 +981,27 @@ fn check_task(task: &Task, policy: &Policy) {
 }
 
 /// Why `input` has no edge from `task`'s state, when the interleavings can produce such an
-/// input: a cancel of a finished task, or a result the task cannot have asked for (before the
+/// input: a cancel or pause of a finished task, a reprocessing of an unfinished one or of one
+/// lacking an earlier step's output, or a result the task cannot have asked for (before the
 /// start, for a later step, for an attempt never dispatched, or with another step's output).
 /// [`decide`] must refuse exactly these with an [`IllegalTransition`].
 fn expected_illegal(task: &Task, input: &Input) -> Option<&'static str> {
     match input {
         Input::Cancel { .. } if task.state.is_terminal() => Some("cancel of a finished task"),
+        Input::Pause { .. } if task.state.is_terminal() => Some("pause of a finished task"),
+        Input::Reprocess { .. } if !task.state.is_terminal() => Some("reprocessing of an unfinished task"),
+        Input::Reprocess { from, .. } => {
+            let outputs = &task.outputs;
+            let lacks = (*from > Step::Download && outputs.download.is_none())
+                || (*from > Step::Metadata && outputs.metadata.is_none());
+            lacks.then_some("reprocessing without an earlier step's output")
+        }
         Input::Result(result) if !task.state.is_terminal() => {
             let wrong_output = matches!(&result.outcome, StepOutcome::Ok { output } if output.step() != result.step);
             match task.state.step() {
                 _ if result.attempt == 0 => Some("attempt 0"),
                 _ if wrong_output => Some("another step's output"),
+                None if task.state == TaskState::Paused => None,
                 None => Some("result before the start"),
                 Some(current) if result.step > current => Some("result for a later step"),
                 Some(current) if result.step == current && result.attempt > task.steps.get(current).attempts => {
@@ -962,6 +1014,12 @@ fn expected_illegal(task: &Task, input: &Input) -> Option<&'static str> {
     }
 }
 
+/// The attempt in a command's body.
+fn attempt_of(entry: &OutboxEntry) -> u32 {
+    let body: serde_json::Value = serde_json::from_str(&entry.body).unwrap();
+    u32::try_from(body["attempt"].as_u64().unwrap()).unwrap()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -970,12 +1028,17 @@ proptest! {
         let policy = policy();
         let mut task = new_task();
         let mut now = 1_000u64;
+        let mut paused_queues: Vec<Step> = Vec::new();
         let mut last_result: Option<Input> = None;
+        // Per generation: terminal events and task.completed events published.
         let mut terminal_events = 0;
         let mut completed_events = 0;
-        let mut step = |task: &mut Task, input: Input, now: u64| {
+        // Over the whole run: every command sent (a broker drops a repeated id) and every event.
+        let mut command_ids = std::collections::HashSet::new();
+        let mut event_ids = std::collections::HashSet::new();
+        let mut step = |task: &mut Task, input: Input, now: u64, paused: PausedSteps| {
             let before = task.clone();
-            let decided = decide(task, &input, &Context { now, seed, ..Context::default() }, &policy);
+            let decided = decide(task, &input, &Context { now, seed, paused }, &policy);
             if let Some(why) = expected_illegal(&before, &input) {
                 assert!(decided.is_err(), "{input:?} on a {} task ({why}) was not refused: {decided:?}", before.state);
                 return;
@@ -983,21 +1046,44 @@ proptest! {
             match decided {
                 Err(error) => panic!("{input:?} on a {} task: unexpected {error}", before.state),
                 Ok(Verdict::Apply(d)) => {
-                    assert!(!before.state.is_terminal(), "{input:?} changed a {} task", before.state);
+                    let reprocess = matches!(input, Input::Reprocess { .. });
+                    assert_eq!(before.state.is_terminal(), reprocess, "{input:?} changed a {} task", before.state);
                     assert!(before.state.can_become(d.task.state), "{} -> {}", before.state, d.task.state);
                     assert_eq!(d.task.version, before.version + 1);
                     assert_eq!((d.history.version, d.history.to), (d.task.version, d.task.state));
                     check_task(&d.task, &policy);
-                    if let Some(t @ Timer { kind: TimerKind::Deadline, .. }) = d.task.timer
-                        && before.timer != Some(t)
-                    {
-                        let id = format!("{}.{}.{}", d.task.id, t.step.as_str(), t.attempt);
-                        assert!(d.outbox.iter().any(|e| e.message_id == id), "attempt dispatched without a command");
+                    if let Some(t @ Timer { kind: TimerKind::Deadline, .. }) = d.task.timer {
+                        let postponed = before.timer.is_some_and(|b| {
+                            (b.kind, b.step, b.attempt) == (TimerKind::Deadline, t.step, t.attempt)
+                        });
+                        let lane = d.task.priority.lane(t.step.queue());
+                        assert!(
+                            postponed || d.outbox.iter().any(|e| e.destination == Destination::Queue(lane.clone()) && attempt_of(e) == t.attempt),
+                            "attempt dispatched without a command on {lane}: {:?}", d.outbox
+                        );
+                    }
+                    for entry in &d.outbox {
+                        match &entry.destination {
+                            Destination::Queue(_) if matches!(input, Input::Redispatch) => {
+                                assert!(command_ids.contains(&entry.message_id), "a redispatch re-sends what was sent");
+                            }
+                            Destination::Queue(_) => {
+                                assert_ne!(d.task.state, TaskState::Paused, "a paused task sends nothing");
+                                assert!(command_ids.insert(entry.message_id.clone()), "command id {} sent twice", entry.message_id);
+                            }
+                            Destination::Event(_) => {
+                                assert!(event_ids.insert(entry.message_id.clone()), "event id {} published twice: {:?}", entry.message_id, events(&d));
+                            }
+                        }
+                    }
+                    if reprocess {
+                        (terminal_events, completed_events) = (0, 0);
                     }
                     let evs = events(&d);
                     terminal_events += evs.iter().filter(|e| ["task.completed", "task.failed", "task.cancelled"].contains(e)).count();
                     completed_events += evs.iter().filter(|e| **e == "task.completed").count();
                     assert_eq!(d.task.state.is_terminal(), terminal_events == 1);
+                    assert!(completed_events <= 1);
                     *task = d.task;
                 }
                 Ok(Verdict::Ignore(_)) => {}
@@ -1012,7 +1098,8 @@ proptest! {
                     let input = match kind {
                         0 | 1 => ok(step, attempt),
                         2 => retryable(step, attempt),
-                        _ => permanent(step, attempt),
+                        3 => permanent(step, attempt),
+                        _ => deferred(step, attempt, 2_000),
                     };
                     last_result = Some(input.clone());
                     input
@@ -1037,15 +1124,26 @@ proptest! {
                     None => continue,
                 },
                 Op::Cancel => Input::Cancel { reason: None },
+                Op::Pause => Input::Pause { reason: None },
+                Op::Resume => Input::Resume,
+                Op::Reprocess { from, priority } => Input::Reprocess { from, priority },
+                Op::ToggleQueue(queue) => {
+                    match paused_queues.iter().position(|s| *s == queue) {
+                        Some(i) => drop(paused_queues.remove(i)),
+                        None => paused_queues.push(queue),
+                    }
+                    continue;
+                }
                 Op::Redispatch => Input::Redispatch,
                 Op::Advance(ms) => {
                     now += u64::from(ms);
                     continue;
                 }
             };
-            step(&mut task, input, now);
+            step(&mut task, input, now, PausedSteps::of(paused_queues.iter().copied()));
         }
-        // Liveness: with no worker answering, timers alone bring every task to an end.
+        // Liveness: once operators resume the task and its queues, timers alone (no worker
+        // answering) bring every task to an end.
         for _ in 0..32 {
             if task.state.is_terminal() {
                 break;
@@ -1055,12 +1153,12 @@ proptest! {
                     now = now.max(timer.due_at);
                     Input::Timer(timer)
                 }
+                None if task.state == TaskState::Paused => Input::Resume,
                 None => Input::Start,
             };
-            step(&mut task, input, now);
+            step(&mut task, input, now, PausedSteps::default());
         }
         prop_assert!(task.state.is_terminal(), "task stuck in {}", task.state);
-        prop_assert!(completed_events <= 1);
         prop_assert_eq!(terminal_events, 1);
     }
 }
