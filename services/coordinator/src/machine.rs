@@ -384,9 +384,15 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
                     task.state
                 )));
             }
-            if *from != Step::Download && task.blob_key().is_none() {
+            let outputs = &task.outputs;
+            let has_output = |step: Step| match step {
+                Step::Download => outputs.download.is_some(),
+                Step::Metadata => outputs.metadata.is_some(),
+                Step::Analyze => outputs.analysis.is_some(),
+            };
+            if let Some(missing) = Step::ALL.into_iter().find(|step| step < from && !has_output(*step)) {
                 return Err(illegal(format!(
-                    "reprocessing from {from} needs the download's output, which the task lacks"
+                    "reprocessing from {from} needs the {missing} step's output, which the task lacks"
                 )));
             }
             let t = Transition::new(task, ctx.now);
@@ -474,6 +480,10 @@ fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -
     {
         return Err(format!("the output of step {} was reported for step {}", output.step(), result.step));
     }
+    if task.state == TaskState::Paused {
+        // No attempt runs while paused: the result is a repeat, or late, of one already decided.
+        return Ok(Verdict::Ignore(Ignored::StaleResult));
+    }
     let Some(current) = task.state.step() else {
         return Err(format!("a {} result arrived for a task that has not started", result.step));
     };
@@ -533,17 +543,14 @@ impl Transition {
         attempt: Option<u32>,
         detail: Option<String>,
     ) -> Decision {
-        let history = HistoryEntry {
-            version: self.task.version,
-            at: self.now,
-            from,
-            to: self.task.state,
-            event,
-            step,
-            attempt,
-            detail,
-        };
-        Decision { task: self.task, history, outbox: self.outbox }
+        let mut task = self.task;
+        if task.state.is_terminal() {
+            // A pause still pending has nothing left to stop.
+            task.pause_requested = None;
+        }
+        let history =
+            HistoryEntry { version: task.version, at: self.now, from, to: task.state, event, step, attempt, detail };
+        Decision { task, history, outbox: self.outbox }
     }
 
     fn push(&mut self, destination: Destination, message_id: String, body: String) {
@@ -612,10 +619,13 @@ impl Transition {
             return Ok(self.cancel());
         }
         let from = Some(self.from);
+        // The next step's first attempt; in a reprocessed generation its numbers go on from
+        // the earlier generations' (so its commands and events get new ids).
+        let next_attempt = step.next().map_or(0, |next| self.task.steps.get(next).attempts + 1);
         match step.next() {
-            Some(next) if self.task.pause_requested.is_some() => Ok(self.pause(Some(next), 1)),
+            Some(next) if self.task.pause_requested.is_some() => Ok(self.pause(Some(next), next_attempt)),
             Some(next) => {
-                self.dispatch(next, 1, policy)?;
+                self.dispatch(next, next_attempt, policy)?;
                 Ok(self.finish(from, HistoryEvent::StepSucceeded, Some(step), Some(attempt), None))
             }
             None => {
@@ -690,11 +700,12 @@ impl Transition {
         if self.task.cancel_requested.is_some() {
             return self.cancel();
         }
+        // Counted before a pause too: the resume re-sends the attempt under a new id.
+        self.task.steps.get_mut(step).deferrals += 1;
         if self.task.pause_requested.is_some() {
             return self.pause(Some(step), attempt);
         }
         let delay = retry_after_ms.min(millis(policy.backoff.max()));
-        self.task.steps.get_mut(step).deferrals += 1;
         self.task.timer = Some(Timer { kind: TimerKind::Retry, step, attempt, due_at: self.now.saturating_add(delay) });
         let from = Some(self.from);
         self.finish(

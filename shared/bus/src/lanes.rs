@@ -225,3 +225,6 @@ impl Drop for Lanes {
         }
     }
 }
+
+#[cfg(all(test, feature = "memory"))]
+mod tests;

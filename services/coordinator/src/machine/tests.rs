@@ -319,6 +319,561 @@ fn full_jitter_stays_under_the_doubling_cap_and_is_reproducible() {
     assert!(spread.len() > 40, "jitter spreads retries");
 }
 
+fn task_of(priority: Priority) -> Task {
+    let submit = SubmitTask { priority, ..SubmitTask::url("https://example.com/cat.jpg") };
+    let source = submit.validate().unwrap();
+    create("tsk_1".into(), &submit, source, TraceId::random(), 1_000).task
+}
+
+fn deferred(step: Step, attempt: u32, retry_after_ms: u64) -> Input {
+    Input::Result(Box::new(StepResult {
+        task_id: "tsk_1".into(),
+        step,
+        attempt,
+        outcome: StepOutcome::Deferred { reason: StepError::new("host_busy", "busy host"), retry_after_ms },
+    }))
+}
+
+fn pause() -> Input {
+    Input::Pause { reason: Some("operator".into()) }
+}
+
+fn verdict(task: &Task, input: Input, now: u64) -> Verdict {
+    decide(task, &input, &ctx(now), &policy()).unwrap_or_else(|e| panic!("{input:?}: {e}"))
+}
+
+/// The commands a decision sends: (lane, message id, attempt in the body).
+fn sent(d: &Decision) -> Vec<(&str, &str, u32)> {
+    d.outbox
+        .iter()
+        .filter_map(|e| match &e.destination {
+            Destination::Queue(q) => {
+                let body: serde_json::Value = serde_json::from_str(&e.body).unwrap();
+                let attempt = u32::try_from(body["attempt"].as_u64().unwrap()).unwrap();
+                Some((q.as_str(), e.message_id.as_str(), attempt))
+            }
+            Destination::Event(_) => None,
+        })
+        .collect()
+}
+
+/// The ids of the events a decision publishes.
+fn event_ids(d: &Decision) -> Vec<String> {
+    d.outbox.iter().filter(|e| matches!(e.destination, Destination::Event(_))).map(|e| e.message_id.clone()).collect()
+}
+
+/// A task that ran every step once and completed, and the decision that completed it.
+fn completed(priority: Priority) -> Decision {
+    let task = apply(&task_of(priority), Input::Start, 0).task;
+    let task = apply(&task, ok(Step::Download, 1), 1).task;
+    let task = apply(&task, ok(Step::Metadata, 1), 2).task;
+    let d = apply(&task, ok(Step::Analyze, 1), 3);
+    assert_eq!(d.task.state, TaskState::Completed);
+    d
+}
+
+// --- priorities -----------------------------------------------------------------------------
+
+#[test]
+fn a_high_priority_task_sends_every_step_to_the_high_lanes() {
+    let d = apply(&task_of(Priority::High), Input::Start, 0);
+    assert_eq!(queues(&d), ["tasks.download.high"]);
+    let d = apply(&d.task, ok(Step::Download, 1), 1);
+    assert_eq!(queues(&d), ["tasks.metadata.high"]);
+    let d = apply(&d.task, ok(Step::Metadata, 1), 2);
+    assert_eq!(queues(&d), ["tasks.ai.high"]);
+    // a retry stays in its lane
+    let d = apply(&d.task, retryable(Step::Analyze, 1), 3);
+    let d = apply(&d.task, Input::Timer(d.task.timer.unwrap()), 100_000);
+    assert_eq!(queues(&d), ["tasks.ai.high"]);
+}
+
+#[test]
+fn normal_and_low_priority_tasks_use_the_plain_queue_and_the_low_lane() {
+    let d = apply(&task_of(Priority::Normal), Input::Start, 0);
+    assert_eq!(queues(&d), ["tasks.download"]);
+    let d = apply(&d.task, ok(Step::Download, 1), 1);
+    assert_eq!(queues(&d), ["tasks.metadata"]);
+
+    let d = apply(&task_of(Priority::Low), Input::Start, 0);
+    assert_eq!(queues(&d), ["tasks.download.low"]);
+    let d = apply(&d.task, ok(Step::Download, 1), 1);
+    assert_eq!(queues(&d), ["tasks.metadata.low"]);
+}
+
+// --- deferrals ------------------------------------------------------------------------------
+
+#[test]
+fn a_deferral_resends_the_same_attempt_uncharged_under_a_new_message_id() {
+    let started = apply(&new_task(), Input::Start, 0);
+    let first_id = sent(&started)[0].1.to_owned();
+    assert_eq!(first_id, "tsk_1.download.1");
+
+    let d = apply(&started.task, deferred(Step::Download, 1, 2_000), 500);
+    assert!(d.outbox.is_empty(), "no event, no command until the timer: {:?}", d.outbox);
+    assert_eq!(d.history.event, HistoryEvent::Deferred);
+    assert_eq!(d.task.state, TaskState::Downloading);
+    assert_eq!((d.task.steps.download.attempts, d.task.steps.download.deferrals), (1, 1));
+    assert!(d.task.steps.download.last_error.is_none(), "a deferral is no failure");
+    let timer = d.task.timer.unwrap();
+    assert_eq!(
+        (timer.kind, timer.step, timer.attempt, timer.due_at),
+        (TimerKind::Retry, Step::Download, 1, 2_500),
+        "the same attempt, again after retry_after"
+    );
+    // the attempt's deadline does not run while it waits
+    let old_deadline = started.task.timer.unwrap();
+    assert_eq!(verdict(&d.task, Input::Timer(old_deadline), 60_000), Verdict::Ignore(Ignored::StaleTimer));
+
+    let resent = apply(&d.task, Input::Timer(timer), 2_500);
+    assert_eq!(sent(&resent), [("tasks.download", "tsk_1.download.1.d1", 1)]);
+    assert_eq!(resent.history.event, HistoryEvent::AttemptDispatched);
+    let deadline = resent.task.timer.unwrap();
+    assert_eq!((deadline.kind, deadline.attempt, deadline.due_at), (TimerKind::Deadline, 1, 62_500));
+
+    // a second deferral gets the next id
+    let d = apply(&resent.task, deferred(Step::Download, 1, 1_000), 3_000);
+    let resent = apply(&d.task, Input::Timer(d.task.timer.unwrap()), 4_000);
+    assert_eq!(sent(&resent), [("tasks.download", "tsk_1.download.1.d2", 1)]);
+    // and the attempt's result is then taken as usual
+    let d = apply(&resent.task, ok(Step::Download, 1), 5_000);
+    assert_eq!(d.task.state, TaskState::ExtractingMetadata);
+}
+
+#[test]
+fn deferrals_never_use_up_the_retry_budget() {
+    let mut task = apply(&new_task(), Input::Start, 0).task;
+    let mut now = 0;
+    for _ in 0..10 {
+        task = apply(&task, deferred(Step::Download, 1, 1_000), now).task;
+        now = task.timer.unwrap().due_at;
+        task = apply(&task, Input::Timer(task.timer.unwrap()), now).task;
+    }
+    assert_eq!((task.steps.download.attempts, task.steps.download.deferrals), (1, 10));
+    // still max_attempts (3) real attempts
+    for attempt in 1..=2 {
+        let d = apply(&task, retryable(Step::Download, attempt), now);
+        assert_eq!(d.task.timer.unwrap().kind, TimerKind::Retry, "attempt {attempt} is retried");
+        now = d.task.timer.unwrap().due_at;
+        task = apply(&d.task, Input::Timer(d.task.timer.unwrap()), now).task;
+    }
+    let d = apply(&task, retryable(Step::Download, 3), now);
+    assert_eq!(d.task.state, TaskState::Failed);
+    assert!(d.task.failure.unwrap().error.message.contains("gave up after 3 of 3 attempts"));
+}
+
+#[test]
+fn a_deferral_longer_than_the_backoff_cap_is_cut_to_the_cap() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let d = apply(&task, deferred(Step::Download, 1, 3_600_000), 1_000);
+    assert_eq!(d.task.timer.unwrap().due_at, 1_000 + 60_000, "the default backoff cap is 60 s");
+    assert!(d.history.detail.as_deref().unwrap().contains("60000 ms"), "{:?}", d.history.detail);
+}
+
+#[test]
+fn a_duplicate_deferral_is_ignored() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let d = apply(&task, deferred(Step::Download, 1, 5_000), 10);
+    assert_eq!(verdict(&d.task, deferred(Step::Download, 1, 5_000), 20), Verdict::Ignore(Ignored::DuplicateResult));
+    assert_eq!(d.task.steps.download.deferrals, 1);
+}
+
+#[test]
+fn a_cancel_asked_while_an_attempt_runs_wins_over_its_deferral() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let task = apply(&task, Input::Cancel { reason: Some("stop".into()) }, 1).task;
+    let d = apply(&task, deferred(Step::Download, 1, 5_000), 2);
+    assert_eq!(d.task.state, TaskState::Cancelled);
+    assert_eq!(events(&d), ["task.cancelled"]);
+    assert!(queues(&d).is_empty() && d.task.timer.is_none());
+}
+
+#[test]
+fn a_pause_asked_while_an_attempt_runs_wins_over_its_deferral_and_resume_resends_under_a_new_id() {
+    let started = apply(&new_task(), Input::Start, 0);
+    let task = apply(&started.task, pause(), 1).task;
+    let d = apply(&task, deferred(Step::Download, 1, 5_000), 2);
+    assert_eq!(d.task.state, TaskState::Paused);
+    assert_eq!(events(&d), ["task.paused"]);
+    assert!(d.task.timer.is_none(), "no timer while paused");
+    let at = d.task.paused.clone().unwrap();
+    assert_eq!((at.step, at.attempt), (Some(Step::Download), 1), "the deferred attempt, uncharged");
+
+    let resumed = apply(&d.task, Input::Resume, 3);
+    let (lane, id, attempt) = sent(&resumed)[0];
+    assert_eq!((lane, attempt), ("tasks.download", 1));
+    assert_ne!(id, sent(&started)[0].1, "a broker would drop a re-send under the first send's id as a duplicate");
+}
+
+// --- pausing a task -------------------------------------------------------------------------
+
+#[test]
+fn pausing_a_queued_task_pauses_it_at_once_and_resume_queues_it_again() {
+    let d = apply(&new_task(), pause(), 5);
+    assert_eq!((d.task.state, d.history.event), (TaskState::Paused, HistoryEvent::Paused));
+    assert_eq!(events(&d), ["task.paused"]);
+    let event: Event<TaskPaused> = Event::from_json(d.outbox[0].body.as_bytes()).unwrap();
+    assert_eq!((event.payload.step, event.payload.reason.as_deref()), (None, Some("operator")));
+    assert!(d.task.timer.is_none() && d.task.pause_requested.is_none());
+    assert_eq!(d.task.paused.as_ref().unwrap().step, None);
+    assert_eq!(
+        verdict(&d.task, Input::Start, 6),
+        Verdict::Ignore(Ignored::AlreadyStarted),
+        "a paused task never starts"
+    );
+
+    let resumed = apply(&d.task, Input::Resume, 7);
+    assert_eq!((resumed.task.state, resumed.history.event), (TaskState::Queued, HistoryEvent::Resumed));
+    assert_eq!(events(&resumed), ["task.resumed"]);
+    assert!(queues(&resumed).is_empty() && resumed.task.paused.is_none() && resumed.task.timer.is_none());
+    assert_eq!(sent(&apply(&resumed.task, Input::Start, 8)), [("tasks.download", "tsk_1.download.1", 1)]);
+}
+
+#[test]
+fn pausing_a_task_in_backoff_pauses_it_at_once_and_resume_dispatches_the_retry() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let backing_off = apply(&task, retryable(Step::Download, 1), 10).task;
+    let retry = backing_off.timer.unwrap();
+    assert_eq!((retry.kind, retry.attempt), (TimerKind::Retry, 2));
+
+    let d = apply(&backing_off, pause(), 20);
+    assert_eq!(d.task.state, TaskState::Paused);
+    assert_eq!(events(&d), ["task.paused"]);
+    assert!(d.task.timer.is_none());
+    let at = d.task.paused.clone().unwrap();
+    assert_eq!((at.step, at.attempt), (Some(Step::Download), 2));
+    assert_eq!(verdict(&d.task, Input::Timer(retry), retry.due_at), Verdict::Ignore(Ignored::StaleTimer));
+
+    let resumed = apply(&d.task, Input::Resume, 500_000);
+    assert_eq!(sent(&resumed), [("tasks.download", "tsk_1.download.2", 2)]);
+    assert_eq!(events(&resumed), ["task.resumed"]);
+    assert_eq!(resumed.task.state, TaskState::Downloading);
+    let deadline = resumed.task.timer.unwrap();
+    assert_eq!((deadline.kind, deadline.attempt, deadline.due_at), (TimerKind::Deadline, 2, 560_000));
+}
+
+#[test]
+fn pausing_a_running_step_lets_it_finish_then_pauses_before_the_next_step() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let d = apply(&task, pause(), 1);
+    assert_eq!((d.task.state, d.history.event), (TaskState::Downloading, HistoryEvent::PauseRequested));
+    assert!(d.outbox.is_empty());
+    assert!(d.task.pause_requested.is_some() && d.task.paused.is_none());
+    assert_eq!(d.task.timer, task.timer, "the running attempt keeps its deadline");
+
+    let d = apply(&d.task, ok(Step::Download, 1), 2);
+    assert_eq!((d.task.state, d.history.event), (TaskState::Paused, HistoryEvent::Paused));
+    assert_eq!(events(&d), ["task.paused"], "the next step is not dispatched");
+    assert!(d.task.outputs.download.is_some(), "the finished step's output is kept");
+    assert!(d.task.pause_requested.is_none() && d.task.timer.is_none());
+    let at = d.task.paused.clone().unwrap();
+    assert_eq!((at.step, at.attempt, at.reason.as_deref()), (Some(Step::Metadata), 1, Some("operator")));
+
+    let resumed = apply(&d.task, Input::Resume, 3);
+    assert_eq!(sent(&resumed), [("tasks.metadata", "tsk_1.metadata.1", 1)]);
+    assert_eq!(resumed.task.state, TaskState::ExtractingMetadata);
+}
+
+#[test]
+fn a_retryable_failure_of_a_pausing_step_pauses_with_the_next_attempt() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let task = apply(&task, pause(), 1).task;
+    let d = apply(&task, retryable(Step::Download, 1), 2);
+    assert_eq!(d.task.state, TaskState::Paused);
+    assert_eq!(events(&d), ["task.paused"], "no retry is scheduled");
+    let at = d.task.paused.clone().unwrap();
+    assert_eq!((at.step, at.attempt), (Some(Step::Download), 2));
+    assert_eq!(sent(&apply(&d.task, Input::Resume, 3)), [("tasks.download", "tsk_1.download.2", 2)]);
+
+    // a missed deadline is a failed attempt too
+    let task = apply(&apply(&new_task(), Input::Start, 0).task, pause(), 1).task;
+    let d = apply(&task, Input::Timer(task.timer.unwrap()), 60_000);
+    assert_eq!(d.task.state, TaskState::Paused);
+    assert_eq!(d.task.paused.unwrap().attempt, 2);
+}
+
+#[test]
+fn a_pausing_step_that_runs_out_of_attempts_or_fails_for_good_still_fails() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let task = apply(&task, pause(), 1).task;
+    let d = apply(&task, permanent(Step::Download, 1), 2);
+    assert_eq!(d.task.state, TaskState::Failed);
+    assert_eq!(events(&d), ["task.failed"]);
+
+    let mut task = apply(&new_task(), Input::Start, 0).task;
+    for attempt in 1..=2 {
+        task = apply(&task, retryable(Step::Download, attempt), 0).task;
+        task = apply(&task, Input::Timer(task.timer.unwrap()), 100_000).task;
+    }
+    let task = apply(&task, pause(), 100_001).task;
+    let d = apply(&task, retryable(Step::Download, 3), 100_002);
+    assert_eq!(d.task.state, TaskState::Failed, "the last attempt failed: nothing to pause before");
+}
+
+#[test]
+fn a_second_pause_is_ignored() {
+    let paused = apply(&new_task(), pause(), 1).task;
+    assert_eq!(verdict(&paused, pause(), 2), Verdict::Ignore(Ignored::AlreadyPaused));
+    let pausing = apply(&apply(&new_task(), Input::Start, 0).task, pause(), 1).task;
+    assert_eq!(verdict(&pausing, pause(), 2), Verdict::Ignore(Ignored::AlreadyPaused));
+}
+
+#[test]
+fn resume_withdraws_a_pending_pause() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let pausing = apply(&task, pause(), 1).task;
+    let d = apply(&pausing, Input::Resume, 2);
+    assert_eq!((d.task.state, d.history.event), (TaskState::Downloading, HistoryEvent::Resumed));
+    assert!(d.outbox.is_empty(), "nothing stopped, nothing to announce or send");
+    assert!(d.task.pause_requested.is_none());
+    assert_eq!(d.task.timer, task.timer, "the attempt keeps running");
+    let d = apply(&d.task, ok(Step::Download, 1), 3);
+    assert_eq!(queues(&d), ["tasks.metadata"], "the next step goes on");
+}
+
+#[test]
+fn resume_of_a_task_that_is_not_paused_is_ignored() {
+    let queued = new_task();
+    assert_eq!(verdict(&queued, Input::Resume, 1), Verdict::Ignore(Ignored::NotPaused));
+    let running = apply(&queued, Input::Start, 0).task;
+    assert_eq!(verdict(&running, Input::Resume, 1), Verdict::Ignore(Ignored::NotPaused));
+    let done = completed(Priority::Normal).task;
+    assert_eq!(verdict(&done, Input::Resume, 10), Verdict::Ignore(Ignored::NotPaused));
+}
+
+#[test]
+fn a_pause_pending_when_the_last_step_succeeds_ends_with_the_task() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let task = apply(&task, ok(Step::Download, 1), 1).task;
+    let task = apply(&task, ok(Step::Metadata, 1), 2).task;
+    let task = apply(&task, pause(), 3).task;
+    let d = apply(&task, ok(Step::Analyze, 1), 4);
+    assert_eq!(d.task.state, TaskState::Completed);
+    assert!(d.task.pause_requested.is_none(), "a finished task has no pause pending");
+    assert_eq!(
+        verdict(&d.task, Input::Resume, 5),
+        Verdict::Ignore(Ignored::NotPaused),
+        "a resume changes no finished task"
+    );
+}
+
+#[test]
+fn cancelling_a_paused_task_cancels_it() {
+    let task = apply(&apply(&new_task(), Input::Start, 0).task, pause(), 1).task;
+    let paused = apply(&task, ok(Step::Download, 1), 2).task;
+    let d = apply(&paused, Input::Cancel { reason: Some("no more".into()) }, 3);
+    assert_eq!(d.task.state, TaskState::Cancelled);
+    assert_eq!(events(&d), ["task.cancelled"]);
+    assert!(queues(&d).is_empty() && d.task.timer.is_none());
+}
+
+#[test]
+fn pausing_a_finished_task_is_illegal() {
+    let done = completed(Priority::Normal).task;
+    let failed = apply(&apply(&new_task(), Input::Start, 0).task, permanent(Step::Download, 1), 1).task;
+    let cancelled = apply(&new_task(), Input::Cancel { reason: None }, 1).task;
+    for task in [done, failed, cancelled] {
+        let err = decide(&task, &pause(), &ctx(100), &policy()).unwrap_err();
+        assert_eq!(err.input, "pause");
+        assert!(err.reason.contains("already"), "{err}");
+    }
+}
+
+#[test]
+fn a_result_for_a_paused_task_is_stale_not_illegal() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let task = apply(&task, pause(), 1).task;
+    let paused = apply(&task, retryable(Step::Download, 1), 2).task;
+    // at-least-once: the failure again, or the late success of the attempt already decided
+    for input in [retryable(Step::Download, 1), ok(Step::Download, 1)] {
+        assert_eq!(verdict(&paused, input, 3), Verdict::Ignore(Ignored::StaleResult));
+    }
+}
+
+#[test]
+fn repeated_pauses_and_resumes_publish_events_with_distinct_ids() {
+    let mut task = new_task();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let d = apply(&task, pause(), 10 + i);
+        assert_eq!(events(&d), ["task.paused"]);
+        ids.extend(event_ids(&d));
+        let d = apply(&d.task, Input::Resume, 20 + i);
+        assert_eq!(events(&d), ["task.resumed"]);
+        ids.extend(event_ids(&d));
+        task = d.task;
+    }
+    // and a pause at a step boundary after them
+    let task = apply(&apply(&task, Input::Start, 30).task, pause(), 31).task;
+    let d = apply(&task, ok(Step::Download, 1), 32);
+    ids.extend(event_ids(&d));
+    ids.extend(event_ids(&apply(&d.task, Input::Resume, 33)));
+    let distinct: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!((ids.len(), distinct.len()), (8, 8), "{ids:?}");
+}
+
+// --- deadlines of paused queues -------------------------------------------------------------
+
+#[test]
+fn a_deadline_of_a_step_whose_queue_is_paused_starts_over_uncharged() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let task = apply(&task, ok(Step::Download, 1), 1_000).task;
+    let deadline = task.timer.unwrap();
+    assert_eq!((deadline.kind, deadline.step, deadline.due_at), (TimerKind::Deadline, Step::Metadata, 61_000));
+
+    let paused = Context { paused: PausedSteps::of([Step::Metadata]), ..ctx(61_000) };
+    let Ok(Verdict::Apply(d)) = decide(&task, &Input::Timer(deadline), &paused, &policy()) else {
+        panic!("the deadline applies")
+    };
+    assert_eq!(d.history.event, HistoryEvent::DeadlinePostponed);
+    assert!(d.outbox.is_empty(), "no retry, no re-send");
+    assert_eq!(d.task.state, TaskState::ExtractingMetadata);
+    assert_eq!(d.task.steps.metadata.attempts, 1);
+    assert!(d.task.steps.metadata.last_error.is_none(), "no attempt was charged");
+    let postponed = d.task.timer.unwrap();
+    assert_eq!(
+        (postponed.kind, postponed.attempt, postponed.due_at),
+        (TimerKind::Deadline, 1, 121_000),
+        "a whole deadline from now"
+    );
+
+    // once the queue runs again, the deadline fires as usual
+    let d = apply(&d.task, Input::Timer(postponed), 121_000);
+    assert_eq!(d.task.steps.metadata.last_error.as_ref().unwrap().code, "deadline_exceeded");
+    let retry = d.task.timer.unwrap();
+    assert_eq!((retry.kind, retry.attempt), (TimerKind::Retry, 2));
+}
+
+#[test]
+fn a_paused_queue_of_another_step_does_not_hold_a_deadline() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let deadline = task.timer.unwrap();
+    let others = Context { paused: PausedSteps::of([Step::Metadata, Step::Analyze]), ..ctx(60_000) };
+    let Ok(Verdict::Apply(d)) = decide(&task, &Input::Timer(deadline), &others, &policy()) else {
+        panic!("the deadline applies")
+    };
+    assert_eq!(d.history.event, HistoryEvent::RetryScheduled);
+    assert_eq!(d.task.steps.download.last_error.as_ref().unwrap().code, "deadline_exceeded");
+    assert!(PausedSteps::of([Step::Metadata]).contains(Step::Metadata));
+    assert!(!PausedSteps::default().contains(Step::Download));
+}
+
+// --- reprocessing ---------------------------------------------------------------------------
+
+#[test]
+fn only_a_finished_task_can_be_reprocessed() {
+    let queued = new_task();
+    let running = apply(&queued, Input::Start, 0).task;
+    let paused = apply(&queued, pause(), 0).task;
+    let input = Input::Reprocess { from: Step::Metadata, priority: None };
+    for task in [queued, running, paused] {
+        let err = decide(&task, &input, &ctx(10), &policy()).unwrap_err();
+        assert_eq!(err.input, "reprocess");
+        assert!(err.reason.contains("only a completed, failed or cancelled task"), "{err}");
+    }
+}
+
+#[test]
+fn reprocessing_from_metadata_runs_a_new_generation_with_new_ids() {
+    let first = completed(Priority::Normal);
+    let done = first.task.clone();
+    let input = Input::Reprocess { from: Step::Metadata, priority: Some(Priority::High) };
+    let d = apply(&done, input, 10_000);
+    assert_eq!((d.task.state, d.history.event), (TaskState::ExtractingMetadata, HistoryEvent::Reprocessed));
+    assert_eq!((d.task.generation, d.task.priority), (1, Priority::High));
+    assert_eq!(d.task.outputs.download, done.outputs.download, "the download is kept");
+    assert!(d.task.outputs.metadata.is_none() && d.task.outputs.analysis.is_none());
+    assert_eq!(d.task.steps.download, done.steps.download);
+    assert_eq!(sent(&d), [("tasks.metadata.high", "tsk_1.metadata.2", 2)], "attempts go on, on the new lane");
+    let timer = d.task.timer.unwrap();
+    assert_eq!((timer.kind, timer.step, timer.attempt), (TimerKind::Deadline, Step::Metadata, 2));
+    assert!(d.task.failure.is_none());
+
+    // the steps after it get new attempt numbers too, so no broker or subscriber takes them
+    // for the first generation's
+    let d = apply(&d.task, ok(Step::Metadata, 2), 11_000);
+    assert_eq!(sent(&d), [("tasks.ai.high", "tsk_1.analyze.2", 2)]);
+    let d = apply(&d.task, ok(Step::Analyze, 2), 12_000);
+    assert_eq!(d.task.state, TaskState::Completed);
+    assert_eq!(events(&d), ["task.completed"]);
+    assert_ne!(event_ids(&d), event_ids(&first), "the new generation's task.completed has its own id");
+}
+
+#[test]
+fn reprocessing_without_a_priority_keeps_the_tasks_lanes() {
+    let done = completed(Priority::Low).task;
+    let d = apply(&done, Input::Reprocess { from: Step::Analyze, priority: None }, 10);
+    assert_eq!(sent(&d), [("tasks.ai.low", "tsk_1.analyze.2", 2)]);
+    assert!(d.task.outputs.metadata.is_some(), "only analyze runs again");
+}
+
+#[test]
+fn a_reprocessed_generation_gets_the_whole_retry_budget_of_every_step() {
+    // the first generation used up all of the metadata step's attempts
+    let mut task = apply(&new_task(), Input::Start, 0).task;
+    task = apply(&task, ok(Step::Download, 1), 1).task;
+    for attempt in 1..=2 {
+        task = apply(&task, retryable(Step::Metadata, attempt), 2).task;
+        task = apply(&task, Input::Timer(task.timer.unwrap()), 100_000).task;
+    }
+    let failed = apply(&task, retryable(Step::Metadata, 3), 100_001).task;
+    assert_eq!(failed.state, TaskState::Failed);
+
+    let mut task = apply(&failed, Input::Reprocess { from: Step::Metadata, priority: None }, 200_000).task;
+    assert_eq!(task.current_attempt(), 4);
+    for attempt in 4..=5 {
+        let d = apply(&task, retryable(Step::Metadata, attempt), 200_001);
+        assert_eq!(d.task.timer.unwrap().kind, TimerKind::Retry, "attempt {attempt} is retried");
+        task = apply(&d.task, Input::Timer(d.task.timer.unwrap()), 300_000).task;
+    }
+    let d = apply(&task, retryable(Step::Metadata, 6), 300_001);
+    assert_eq!(d.task.state, TaskState::Failed);
+    assert!(d.task.failure.unwrap().error.message.contains("gave up after 3 of 3 attempts"));
+
+    // and the step after it, too: max_attempts attempts, not one more
+    let done = completed(Priority::Normal).task;
+    let mut task = apply(&done, Input::Reprocess { from: Step::Metadata, priority: None }, 10).task;
+    task = apply(&task, ok(Step::Metadata, 2), 11).task;
+    let first = task.current_attempt();
+    for attempt in first..first + 2 {
+        task = apply(&task, retryable(Step::Analyze, attempt), 12).task;
+        task = apply(&task, Input::Timer(task.timer.unwrap()), 100_000).task;
+    }
+    let d = apply(&task, retryable(Step::Analyze, first + 2), 100_001);
+    assert_eq!(d.task.state, TaskState::Failed, "the third attempt of the generation is its last");
+}
+
+#[test]
+fn reprocessing_needs_the_outputs_of_the_steps_before() {
+    let failed = apply(&apply(&new_task(), Input::Start, 0).task, permanent(Step::Download, 1), 1).task;
+    let err =
+        decide(&failed, &Input::Reprocess { from: Step::Metadata, priority: None }, &ctx(2), &policy()).unwrap_err();
+    assert!(err.reason.contains("download"), "{err}");
+    // from download it fetches anew
+    let d = apply(&failed, Input::Reprocess { from: Step::Download, priority: None }, 2);
+    assert_eq!(sent(&d), [("tasks.download", "tsk_1.download.2", 2)]);
+
+    // a task that failed at metadata has nothing to analyze from
+    let task = apply(&apply(&new_task(), Input::Start, 0).task, ok(Step::Download, 1), 1).task;
+    let failed = apply(&task, permanent(Step::Metadata, 1), 2).task;
+    let err =
+        decide(&failed, &Input::Reprocess { from: Step::Analyze, priority: None }, &ctx(3), &policy()).unwrap_err();
+    assert!(err.reason.contains("metadata"), "{err}");
+    let d = apply(&failed, Input::Reprocess { from: Step::Metadata, priority: None }, 3);
+    assert_eq!(sent(&d), [("tasks.metadata", "tsk_1.metadata.2", 2)]);
+}
+
+#[test]
+fn a_cancelled_task_can_be_reprocessed_from_the_start() {
+    let cancelled = apply(&new_task(), Input::Cancel { reason: Some("oops".into()) }, 1).task;
+    let d = apply(&cancelled, Input::Reprocess { from: Step::Download, priority: None }, 2);
+    assert_eq!(d.task.state, TaskState::Downloading);
+    assert!(d.task.cancel_requested.is_none(), "the old cancellation does not stop the new generation");
+    assert_eq!(sent(&d), [("tasks.download", "tsk_1.download.1", 1)]);
+    let d = apply(&d.task, ok(Step::Download, 1), 3);
+    assert_eq!(d.task.state, TaskState::ExtractingMetadata);
+}
+
 #[test]
 fn every_edge_of_the_state_graph_is_known() {
     use TaskState::*;
@@ -337,6 +892,7 @@ enum Op {
     Result {
         step: Step,
         attempt_offset: i8,
+        /// 0, 1: ok; 2: retryable; 3: permanent; 4: deferred.
         kind: u8,
     },
     /// Fire the task's current timer at its due time.
@@ -350,6 +906,14 @@ enum Op {
     /// Redeliver the last result.
     Duplicate,
     Cancel,
+    Pause,
+    Resume,
+    Reprocess {
+        from: Step,
+        priority: Option<Priority>,
+    },
+    /// An operator pauses or resumes the queue of a step.
+    ToggleQueue(Step),
     /// The bus lost the commands in flight.
     Redispatch,
     Advance(u32),
@@ -357,31 +921,56 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let step = prop_oneof![Just(Step::Download), Just(Step::Metadata), Just(Step::Analyze)];
+    let priority =
+        prop_oneof![Just(None), Just(Some(Priority::High)), Just(Some(Priority::Normal)), Just(Some(Priority::Low))];
     prop_oneof![
         1 => Just(Op::Start),
-        6 => (step.clone(), -2i8..=1, 0u8..4).prop_map(|(step, attempt_offset, kind)| Op::Result { step, attempt_offset, kind }),
+        7 => (step.clone(), -2i8..=1, 0u8..5).prop_map(|(step, attempt_offset, kind)| Op::Result { step, attempt_offset, kind }),
         3 => Just(Op::FireTimer),
-        1 => (any::<bool>(), step, 0u32..5).prop_map(|(kind, step, attempt)| Op::FireStale { kind, step, attempt }),
+        1 => (any::<bool>(), step.clone(), 0u32..5).prop_map(|(kind, step, attempt)| Op::FireStale { kind, step, attempt }),
         2 => Just(Op::Duplicate),
         1 => Just(Op::Cancel),
+        1 => Just(Op::Pause),
+        1 => Just(Op::Resume),
+        1 => (step.clone(), priority).prop_map(|(from, priority)| Op::Reprocess { from, priority }),
+        1 => step.prop_map(Op::ToggleQueue),
         1 => Just(Op::Redispatch),
         1 => (0u32..120_000).prop_map(Op::Advance),
     ]
 }
 
 fn check_task(task: &Task, policy: &Policy) {
+    // Attempt `attempt` of `step` is within the current generation's retry budget.
+    let in_budget = |step: Step, attempt: u32| {
+        let used = attempt.saturating_sub(task.steps.get(step).attempt_base);
+        assert!(used >= 1 && used <= policy.step(step).max_attempts, "{step} attempt {attempt}: {:?}", task.steps);
+    };
     match (task.state, task.timer) {
         (TaskState::Queued, None) => {}
-        (s, None) if s.is_terminal() => {}
-        (s, Some(timer)) if s.step() == Some(timer.step) => {
-            let attempts = task.steps.get(timer.step).attempts;
-            match timer.kind {
-                TimerKind::Deadline => assert_eq!(timer.attempt, attempts),
-                TimerKind::Retry => assert_eq!(timer.attempt, attempts + 1),
+        (TaskState::Paused, None) => {
+            let at = task.paused.as_ref().expect("a paused task knows where it stopped");
+            if let Some(step) = at.step {
+                let attempts = task.steps.get(step).attempts;
+                assert!(at.attempt == attempts || at.attempt == attempts + 1, "paused at {at:?}, {attempts} sent");
+                in_budget(step, at.attempt);
             }
-            assert!(attempts >= 1 && attempts <= policy.step(timer.step).max_attempts);
+        }
+        (s, None) if s.is_terminal() => assert!(task.pause_requested.is_none(), "a finished task pauses no more"),
+        (s, Some(timer)) if s.step() == Some(timer.step) => {
+            let record = task.steps.get(timer.step);
+            match timer.kind {
+                TimerKind::Deadline => assert_eq!(timer.attempt, record.attempts),
+                TimerKind::Retry => assert!(
+                    timer.attempt == record.attempts + 1 || (timer.attempt == record.attempts && record.deferrals > 0),
+                    "{timer:?} with {record:?}"
+                ),
+            }
+            in_budget(timer.step, timer.attempt);
         }
         (s, t) => panic!("state {s} with timer {t:?} loses the task"),
+    }
+    if !task.state.is_terminal() && task.state != TaskState::Paused {
+        assert!(task.paused.is_none(), "a running task is not paused");
     }
     if task.state == TaskState::Completed {
         assert!(task.outputs.download.is_some() && task.outputs.metadata.is_some() && task.outputs.analysis.is_some());
@@ -392,17 +981,27 @@ fn check_task(task: &Task, policy: &Policy) {
 }
 
 /// Why `input` has no edge from `task`'s state, when the interleavings can produce such an
-/// input: a cancel of a finished task, or a result the task cannot have asked for (before the
+/// input: a cancel or pause of a finished task, a reprocessing of an unfinished one or of one
+/// lacking an earlier step's output, or a result the task cannot have asked for (before the
 /// start, for a later step, for an attempt never dispatched, or with another step's output).
 /// [`decide`] must refuse exactly these with an [`IllegalTransition`].
 fn expected_illegal(task: &Task, input: &Input) -> Option<&'static str> {
     match input {
         Input::Cancel { .. } if task.state.is_terminal() => Some("cancel of a finished task"),
+        Input::Pause { .. } if task.state.is_terminal() => Some("pause of a finished task"),
+        Input::Reprocess { .. } if !task.state.is_terminal() => Some("reprocessing of an unfinished task"),
+        Input::Reprocess { from, .. } => {
+            let outputs = &task.outputs;
+            let lacks = (*from > Step::Download && outputs.download.is_none())
+                || (*from > Step::Metadata && outputs.metadata.is_none());
+            lacks.then_some("reprocessing without an earlier step's output")
+        }
         Input::Result(result) if !task.state.is_terminal() => {
             let wrong_output = matches!(&result.outcome, StepOutcome::Ok { output } if output.step() != result.step);
             match task.state.step() {
                 _ if result.attempt == 0 => Some("attempt 0"),
                 _ if wrong_output => Some("another step's output"),
+                None if task.state == TaskState::Paused => None,
                 None => Some("result before the start"),
                 Some(current) if result.step > current => Some("result for a later step"),
                 Some(current) if result.step == current && result.attempt > task.steps.get(current).attempts => {
@@ -415,6 +1014,12 @@ fn expected_illegal(task: &Task, input: &Input) -> Option<&'static str> {
     }
 }
 
+/// The attempt in a command's body.
+fn attempt_of(entry: &OutboxEntry) -> u32 {
+    let body: serde_json::Value = serde_json::from_str(&entry.body).unwrap();
+    u32::try_from(body["attempt"].as_u64().unwrap()).unwrap()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -423,12 +1028,17 @@ proptest! {
         let policy = policy();
         let mut task = new_task();
         let mut now = 1_000u64;
+        let mut paused_queues: Vec<Step> = Vec::new();
         let mut last_result: Option<Input> = None;
+        // Per generation: terminal events and task.completed events published.
         let mut terminal_events = 0;
         let mut completed_events = 0;
-        let mut step = |task: &mut Task, input: Input, now: u64| {
+        // Over the whole run: every command sent (a broker drops a repeated id) and every event.
+        let mut command_ids = std::collections::HashSet::new();
+        let mut event_ids = std::collections::HashSet::new();
+        let mut step = |task: &mut Task, input: Input, now: u64, paused: PausedSteps| {
             let before = task.clone();
-            let decided = decide(task, &input, &Context { now, seed, ..Context::default() }, &policy);
+            let decided = decide(task, &input, &Context { now, seed, paused }, &policy);
             if let Some(why) = expected_illegal(&before, &input) {
                 assert!(decided.is_err(), "{input:?} on a {} task ({why}) was not refused: {decided:?}", before.state);
                 return;
@@ -436,21 +1046,44 @@ proptest! {
             match decided {
                 Err(error) => panic!("{input:?} on a {} task: unexpected {error}", before.state),
                 Ok(Verdict::Apply(d)) => {
-                    assert!(!before.state.is_terminal(), "{input:?} changed a {} task", before.state);
+                    let reprocess = matches!(input, Input::Reprocess { .. });
+                    assert_eq!(before.state.is_terminal(), reprocess, "{input:?} changed a {} task", before.state);
                     assert!(before.state.can_become(d.task.state), "{} -> {}", before.state, d.task.state);
                     assert_eq!(d.task.version, before.version + 1);
                     assert_eq!((d.history.version, d.history.to), (d.task.version, d.task.state));
                     check_task(&d.task, &policy);
-                    if let Some(t @ Timer { kind: TimerKind::Deadline, .. }) = d.task.timer
-                        && before.timer != Some(t)
-                    {
-                        let id = format!("{}.{}.{}", d.task.id, t.step.as_str(), t.attempt);
-                        assert!(d.outbox.iter().any(|e| e.message_id == id), "attempt dispatched without a command");
+                    if let Some(t @ Timer { kind: TimerKind::Deadline, .. }) = d.task.timer {
+                        let postponed = before.timer.is_some_and(|b| {
+                            (b.kind, b.step, b.attempt) == (TimerKind::Deadline, t.step, t.attempt)
+                        });
+                        let lane = d.task.priority.lane(t.step.queue());
+                        assert!(
+                            postponed || d.outbox.iter().any(|e| e.destination == Destination::Queue(lane.clone()) && attempt_of(e) == t.attempt),
+                            "attempt dispatched without a command on {lane}: {:?}", d.outbox
+                        );
+                    }
+                    for entry in &d.outbox {
+                        match &entry.destination {
+                            Destination::Queue(_) if matches!(input, Input::Redispatch) => {
+                                assert!(command_ids.contains(&entry.message_id), "a redispatch re-sends what was sent");
+                            }
+                            Destination::Queue(_) => {
+                                assert_ne!(d.task.state, TaskState::Paused, "a paused task sends nothing");
+                                assert!(command_ids.insert(entry.message_id.clone()), "command id {} sent twice", entry.message_id);
+                            }
+                            Destination::Event(_) => {
+                                assert!(event_ids.insert(entry.message_id.clone()), "event id {} published twice: {:?}", entry.message_id, events(&d));
+                            }
+                        }
+                    }
+                    if reprocess {
+                        (terminal_events, completed_events) = (0, 0);
                     }
                     let evs = events(&d);
                     terminal_events += evs.iter().filter(|e| ["task.completed", "task.failed", "task.cancelled"].contains(e)).count();
                     completed_events += evs.iter().filter(|e| **e == "task.completed").count();
                     assert_eq!(d.task.state.is_terminal(), terminal_events == 1);
+                    assert!(completed_events <= 1);
                     *task = d.task;
                 }
                 Ok(Verdict::Ignore(_)) => {}
@@ -465,7 +1098,8 @@ proptest! {
                     let input = match kind {
                         0 | 1 => ok(step, attempt),
                         2 => retryable(step, attempt),
-                        _ => permanent(step, attempt),
+                        3 => permanent(step, attempt),
+                        _ => deferred(step, attempt, 2_000),
                     };
                     last_result = Some(input.clone());
                     input
@@ -490,15 +1124,26 @@ proptest! {
                     None => continue,
                 },
                 Op::Cancel => Input::Cancel { reason: None },
+                Op::Pause => Input::Pause { reason: None },
+                Op::Resume => Input::Resume,
+                Op::Reprocess { from, priority } => Input::Reprocess { from, priority },
+                Op::ToggleQueue(queue) => {
+                    match paused_queues.iter().position(|s| *s == queue) {
+                        Some(i) => drop(paused_queues.remove(i)),
+                        None => paused_queues.push(queue),
+                    }
+                    continue;
+                }
                 Op::Redispatch => Input::Redispatch,
                 Op::Advance(ms) => {
                     now += u64::from(ms);
                     continue;
                 }
             };
-            step(&mut task, input, now);
+            step(&mut task, input, now, PausedSteps::of(paused_queues.iter().copied()));
         }
-        // Liveness: with no worker answering, timers alone bring every task to an end.
+        // Liveness: once operators resume the task and its queues, timers alone (no worker
+        // answering) bring every task to an end.
         for _ in 0..32 {
             if task.state.is_terminal() {
                 break;
@@ -508,12 +1153,12 @@ proptest! {
                     now = now.max(timer.due_at);
                     Input::Timer(timer)
                 }
+                None if task.state == TaskState::Paused => Input::Resume,
                 None => Input::Start,
             };
-            step(&mut task, input, now);
+            step(&mut task, input, now, PausedSteps::default());
         }
         prop_assert!(task.state.is_terminal(), "task stuck in {}", task.state);
-        prop_assert!(completed_events <= 1);
         prop_assert_eq!(terminal_events, 1);
     }
 }

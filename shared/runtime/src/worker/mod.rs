@@ -255,6 +255,8 @@ impl<H: Handler> Worker<H> {
                 biased;
                 () = shutdown.wait() => break Ok(()),
                 permit = permits.clone().acquire_owned() => permit.expect("the worker never closes its semaphore"),
+                // Every slot busy: a pause or a new concurrency applies now, not once one frees.
+                () = control_changed(&mut control) => continue,
             };
             let mut held = vec![first];
             while held.len() < capacity {
@@ -316,12 +318,17 @@ fn resize(permits: &Arc<Semaphore>, capacity: usize, control: &ControlHandle, co
     if wanted > capacity {
         permits.add_permits(wanted - capacity);
     } else if wanted < capacity {
-        let (permits, surplus) = (permits.clone(), u32::try_from(capacity - wanted).unwrap_or(u32::MAX));
-        tokio::spawn(async move {
-            if let Ok(taken) = permits.acquire_many_owned(surplus).await {
-                taken.forget();
-            }
-        });
+        // The free permits go at once (a task spawned to take them may run only after the
+        // loop has taken them for new messages); the rest as messages in flight finish.
+        let surplus = capacity - wanted - permits.forget_permits(capacity - wanted);
+        if surplus > 0 {
+            let (permits, surplus) = (permits.clone(), u32::try_from(surplus).unwrap_or(u32::MAX));
+            tokio::spawn(async move {
+                if let Ok(taken) = permits.acquire_many_owned(surplus).await {
+                    taken.forget();
+                }
+            });
+        }
     }
     if wanted != capacity {
         tracing::info!(worker = %config.name, from = capacity, to = wanted, "concurrency changed");
@@ -360,6 +367,17 @@ async fn wait_while_paused(
     gauge!(metrics::QUEUE_PAUSED, labels::SOURCE => config.name.clone()).set(0.0);
     tracing::info!(worker = %config.name, "queue resumed");
     true
+}
+
+/// Completes when the queue's control state changes; never without a control (or once its
+/// state is gone).
+async fn control_changed(control: &mut Option<ControlHandle>) {
+    if let Some(control) = control
+        && control.rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// Counts and logs a failed fetch, then waits the backoff's next delay before the worker

@@ -15,6 +15,8 @@ use tokio::time::{Instant, sleep, timeout};
 
 use super::*;
 use crate::backoff::Jitter;
+use crate::control::{ControlStore, MemoryControl};
+use imagepipe_contracts::Step;
 
 const ACK_WAIT: Duration = Duration::from_secs(10);
 
@@ -512,6 +514,275 @@ async fn the_handler_runs_in_the_trace_of_the_message() {
     assert_eq!(trace_id.unwrap().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
     let outgoing = imagepipe_contracts::TraceId::from_traceparent(outgoing.traceparent().unwrap()).unwrap();
     assert_eq!(outgoing.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+}
+
+// --- operator controls ----------------------------------------------------------------------
+
+/// How often the controlled workers below read the control state.
+const REFRESH: Duration = Duration::from_millis(50);
+
+fn unix_ms() -> u64 {
+    use crate::clock::Clock;
+    crate::clock::SystemClock.unix_ms()
+}
+
+/// A worker on `queue` following the control state in `store`, on a fresh memory bus.
+async fn start_controlled(
+    handler: impl Handler,
+    config: LoopConfig,
+    store: &Arc<MemoryControl>,
+    messages: Vec<Message>,
+) -> Running {
+    let bus = Bus::connect(&BusConfig::default()).await.unwrap();
+    let queue = config.name.clone();
+    bus.queues.send_batch(&queue, messages).await.unwrap();
+    let consumer = bus.queues.consume(&queue, consumer_config(5)).await.unwrap();
+    let control = Control::new(store.clone(), queue).with_refresh(REFRESH);
+    let shutdown = Shutdown::new();
+    let worker = tokio::spawn(Worker::new(consumer, handler, config).controlled(control).run(shutdown.clone()));
+    Running { bus, shutdown, worker }
+}
+
+/// Counts handlers running at once, and the most seen since the last [`Gauge::reset`].
+#[derive(Clone, Default)]
+struct Gauge {
+    active: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Gauge {
+    fn enter(&self) {
+        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+    }
+
+    fn leave(&self) {
+        self.active.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn reset(&self) -> usize {
+        self.peak.swap(0, Ordering::SeqCst)
+    }
+}
+
+async fn depth(bus: &Bus, queue: &str) -> imagepipe_bus::Backlog {
+    bus.queues.backlog(queue).await.unwrap().unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_queue_takes_no_new_messages_finishes_held_ones_and_resumes_them_all() {
+    let queue = "tasks.paused";
+    let store = Arc::new(MemoryControl::ephemeral());
+    let (handler, mut rx) = reporting(|seen: Seen| async move {
+        if seen.body == "held" {
+            sleep(secs(5)).await;
+        }
+        Outcome::Ack
+    });
+    let running = start_controlled(handler, config(queue, 4), &store, messages(&["held"])).await;
+    assert_eq!(next(&mut rx, 1).await[0].body, "held");
+
+    store.set_paused(queue, true, unix_ms()).await.unwrap();
+    // within a refresh the worker sees it, and stops once its current fetch (≤ 1 s) ends
+    sleep(secs(2)).await;
+    running.bus.queues.send_batch(queue, messages(&["a", "b", "c"])).await.unwrap();
+    sleep(ACK_WAIT * 3).await;
+    assert!(rx.try_recv().is_err(), "a message was taken while the queue was paused");
+    let backlog = depth(&running.bus, queue).await;
+    assert_eq!((backlog.waiting, backlog.unacked), (3, 0), "three wait, the held one finished and was acked");
+
+    store.set_paused(queue, false, unix_ms()).await.unwrap();
+    let mut bodies: Vec<_> = next(&mut rx, 3).await.into_iter().map(|s| (s.body, s.count)).collect();
+    bodies.sort();
+    assert_eq!(bodies, [("a".into(), 1), ("b".into(), 1), ("c".into(), 1)], "each handled once, first delivery");
+    sleep(ACK_WAIT * 3).await;
+    assert!(rx.try_recv().is_err(), "nothing redelivered");
+    let bus = running.stop().await;
+    assert!(left_on(&bus, queue).await.is_empty());
+    assert!(left_on(&bus, &names::dead_letter_queue(queue)).await.is_empty(), "nothing dead-lettered");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_while_every_slot_is_busy_stops_the_worker_before_its_next_fetch() {
+    let queue = "tasks.paused-busy";
+    let store = Arc::new(MemoryControl::ephemeral());
+    let (handler, mut rx) = reporting(|seen: Seen| async move {
+        if seen.body == "held" {
+            sleep(secs(5)).await;
+        }
+        Outcome::Ack
+    });
+    // one slot, taken by the held message: the loop waits for room, not in a fetch
+    let running = start_controlled(handler, config(queue, 1), &store, messages(&["held", "next"])).await;
+    assert_eq!(next(&mut rx, 1).await[0].body, "held");
+    store.set_paused(queue, true, unix_ms()).await.unwrap();
+    sleep(secs(30)).await;
+    assert!(rx.try_recv().is_err(), "the slot freed while paused was used to take a new message");
+    assert_eq!(depth(&running.bus, queue).await.waiting, 1);
+
+    store.set_paused(queue, false, unix_ms()).await.unwrap();
+    assert_eq!(next(&mut rx, 1).await[0].body, "next");
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_per_replica_concurrency_is_followed_live() {
+    let queue = "tasks.live-concurrency";
+    let store = Arc::new(MemoryControl::ephemeral());
+    store.set_concurrency(queue, Some(1), unix_ms()).await.unwrap();
+    let gauge = Gauge::default();
+    let g = gauge.clone();
+    let (handler, mut rx) = reporting(move |_| {
+        let gauge = g.clone();
+        async move {
+            gauge.enter();
+            sleep(secs(1)).await;
+            gauge.leave();
+            Outcome::Ack
+        }
+    });
+    let bodies: Vec<String> = (0..40).map(|i| i.to_string()).collect();
+    let bodies: Vec<&str> = bodies.iter().map(String::as_str).collect();
+    let running = start_controlled(handler, config(queue, 4), &store, messages(&bodies[..6])).await;
+    next(&mut rx, 6).await;
+    assert_eq!(gauge.reset(), 1, "set to 1 before the start");
+
+    store.set_concurrency(queue, Some(3), unix_ms()).await.unwrap();
+    sleep(secs(2)).await;
+    running.bus.queues.send_batch(queue, messages(&bodies[6..18])).await.unwrap();
+    next(&mut rx, 12).await;
+    assert_eq!(gauge.reset(), 3, "raised to 3");
+
+    store.set_concurrency(queue, None, unix_ms()).await.unwrap();
+    sleep(secs(2)).await;
+    running.bus.queues.send_batch(queue, messages(&bodies[18..34])).await.unwrap();
+    next(&mut rx, 16).await;
+    assert_eq!(gauge.reset(), 4, "cleared: back to the loop's own concurrency");
+
+    store.set_concurrency(queue, Some(1), unix_ms()).await.unwrap();
+    sleep(secs(2)).await;
+    running.bus.queues.send_batch(queue, messages(&bodies[34..])).await.unwrap();
+    next(&mut rx, 6).await;
+    assert_eq!(gauge.reset(), 1, "lowered to 1 again");
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn raising_the_concurrency_applies_while_every_slot_is_busy() {
+    let queue = "tasks.raise-busy";
+    let store = Arc::new(MemoryControl::ephemeral());
+    store.set_concurrency(queue, Some(1), unix_ms()).await.unwrap();
+    let gauge = Gauge::default();
+    let g = gauge.clone();
+    let (handler, mut rx) = reporting(move |_| {
+        let gauge = g.clone();
+        async move {
+            gauge.enter();
+            sleep(secs(60)).await;
+            gauge.leave();
+            Outcome::Ack
+        }
+    });
+    let running = start_controlled(handler, config(queue, 4), &store, messages(&["1", "2", "3", "4"])).await;
+    next(&mut rx, 1).await;
+    sleep(secs(5)).await;
+    assert_eq!(gauge.active.load(Ordering::SeqCst), 1);
+    store.set_concurrency(queue, Some(3), unix_ms()).await.unwrap();
+    let started = Instant::now();
+    next(&mut rx, 2).await;
+    assert!(started.elapsed() < secs(2), "the raise waited for the running handler: {:?}", started.elapsed());
+    assert_eq!(gauge.active.load(Ordering::SeqCst), 3);
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_controlled_worker_reports_its_consumer_messages_in_flight_and_rate() {
+    let queue = "tasks.beats";
+    let store = Arc::new(MemoryControl::ephemeral());
+    let (handler, mut rx) = reporting(|seen: Seen| async move {
+        if seen.body == "stuck" {
+            sleep(secs(3600)).await;
+        }
+        Outcome::Ack
+    });
+    let running = start_controlled(handler, config(queue, 3), &store, messages(&["stuck", "a", "b", "c", "d"])).await;
+    next(&mut rx, 5).await;
+    // the loop reports its in-flight count as it goes round (each fetch waits up to 1 s)
+    sleep(secs(2)).await;
+    let activity = store.activity(queue, unix_ms()).await.unwrap();
+    assert_eq!(activity.consumers, 1, "{activity:?}");
+    assert_eq!(activity.in_flight, 1, "the stuck message: {activity:?}");
+    assert_eq!(activity.concurrency, 3, "{activity:?}");
+    assert!(activity.rate_per_sec > 0.0, "five taken: {activity:?}");
+    assert_eq!(store.activity("tasks.other", unix_ms()).await.unwrap().consumers, 0);
+    running.stop().await;
+}
+
+/// A download step that runs until it is stopped, saying when it started.
+struct Endless(mpsc::UnboundedSender<String>);
+
+#[async_trait]
+impl crate::step::StepHandler for Endless {
+    type Command = imagepipe_contracts::DownloadCommand;
+
+    async fn process(
+        &self,
+        command: &Self::Command,
+    ) -> Result<imagepipe_contracts::step::DownloadOutput, crate::step::StepFailure> {
+        self.0.send(command.task_id.clone()).unwrap();
+        sleep(secs(3600)).await;
+        Err(crate::step::StepFailure::permanent("too_slow", "never finishes"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_task_stops_its_running_step_which_reports_cancelled() {
+    use imagepipe_contracts::names::queues;
+    use imagepipe_contracts::{DownloadCommand, ImageSource, StepOutcome, StepResult};
+
+    let queue = "tasks.download";
+    let store = Arc::new(MemoryControl::ephemeral());
+    let bus = Bus::connect(&BusConfig::default()).await.unwrap();
+    let results = bus.queues.consume(queues::RESULTS, consumer_config(5)).await.unwrap();
+    let command = |task_id: &str| {
+        let command = DownloadCommand {
+            task_id: task_id.into(),
+            attempt: 2,
+            source: ImageSource::Url("https://example.com/cat.jpg".into()),
+            labels: Default::default(),
+        };
+        Message::new(serde_json::to_vec(&command).unwrap())
+    };
+    bus.queues.send_batch(queue, vec![command("tsk_stop"), command("tsk_keep")]).await.unwrap();
+
+    let control = Control::new(store.clone(), queue).with_refresh(REFRESH);
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let reporter = crate::step::StepReporter::new(bus.clone(), "download-worker", Arc::new(crate::clock::SystemClock));
+    let handler = crate::step::Reporting::new(Endless(tx), reporter).with_cancels(control.cancels());
+    let consumer = bus.queues.consume(queue, consumer_config(5)).await.unwrap();
+    let shutdown = Shutdown::new();
+    let worker =
+        tokio::spawn(Worker::new(consumer, handler, config(queue, 2)).controlled(control).run(shutdown.clone()));
+    let mut running = vec![started.recv().await.unwrap(), started.recv().await.unwrap()];
+    running.sort();
+    assert_eq!(running, ["tsk_keep", "tsk_stop"]);
+
+    store.request_cancel("tsk_stop", unix_ms()).await.unwrap();
+    let asked = Instant::now();
+    let delivered = results.fetch(1, secs(60)).await.unwrap().pop().expect("a result");
+    assert!(asked.elapsed() <= REFRESH * 2, "stopped {:?} after the request", asked.elapsed());
+    let result: StepResult = serde_json::from_slice(&delivered.message.payload).unwrap();
+    assert_eq!((result.task_id.as_str(), result.step, result.attempt), ("tsk_stop", Step::Download, 2));
+    let StepOutcome::Retryable { error, .. } = &result.outcome else { panic!("{:?}", result.outcome) };
+    assert_eq!(error.code, crate::step::CANCELLED);
+    delivered.ack().await.unwrap();
+
+    // the other task's step runs on, and the stopped step's command was acked
+    sleep(secs(5)).await;
+    assert!(results.fetch(1, Duration::ZERO).await.unwrap().is_empty(), "tsk_keep still runs");
+    assert_eq!(depth(&bus, queue).await.depth(), 1, "only tsk_keep's command is held");
+    shutdown.trigger();
+    timeout(secs(600), worker).await.expect("worker stops").unwrap().expect("worker returns Ok");
 }
 
 #[derive(Debug, thiserror::Error)]
