@@ -122,9 +122,13 @@ pub fn store_unreachable(error: &RunError) -> bool {
         if redis_unreachable(source))
 }
 
-/// The subscription: group [`GROUP`], every event.
+/// The events it counts: every pipeline event (`queue.*` events carry no task).
+pub const SELECTOR: &str = "image.* || task.*";
+
+/// The subscription: group [`GROUP`], every pipeline event ([`SELECTOR`]).
 pub fn subscription(settings: &Settings) -> Subscription {
-    Subscription::new(GROUP, Selector::all()).with_consumer(settings.worker.consumer_config())
+    let selector = Selector::parse(SELECTOR).expect("the selector is valid");
+    Subscription::new(GROUP, selector).with_consumer(settings.worker.consumer_config())
 }
 
 /// The service as its binary runs it, on a started [`Service`]: opens the store, serves

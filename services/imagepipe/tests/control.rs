@@ -19,7 +19,7 @@ use imagepipe_runtime::Shutdown;
 use imagepipe_runtime::http::testing::{Answer, request_with_body};
 use tempfile::TempDir;
 
-const WAIT: Duration = Duration::from_secs(120);
+const WAIT: Duration = Duration::from_secs(20);
 
 /// A running pipeline, its work directory, and the extra download replica of a NATS run.
 struct Running {
@@ -117,6 +117,9 @@ impl Running {
     }
 }
 
+/// A queue control applies on every replica within this long (the workers' control refresh).
+const APPLIES_WITHIN: Duration = Duration::from_secs(1);
+
 /// Event types seen on `events` until `want` are all there (or the wait is over).
 async fn events_until(events: &dyn Consumer, want: &[(EventType, Option<&str>)]) -> Vec<Event<serde_json::Value>> {
     let mut seen = Vec::new();
@@ -148,6 +151,7 @@ async fn pausing_a_stage_holds_its_tasks_without_loss_or_deadline(bus: BusKind) 
     let paused = run.api("POST", "/v1/queues/metadata/pause", r#"{"reason":"maintenance"}"#).await;
     assert_eq!(paused.status, 200, "{paused:?}");
     assert!(paused.body.contains(r#""paused":true"#), "{paused:?}");
+    tokio::time::sleep(APPLIES_WITHIN).await;
 
     let ids = run.submit("pause", 4, Priority::Normal).await;
     for id in &ids {
@@ -157,7 +161,12 @@ async fn pausing_a_stage_holds_its_tasks_without_loss_or_deadline(bus: BusKind) 
     for id in &ids {
         let deadline_due = tokio::time::Instant::now() + WAIT;
         while !run.history(id).await.contains(&HistoryEvent::DeadlinePostponed) {
-            assert!(tokio::time::Instant::now() < deadline_due, "{id}: no postponed deadline");
+            assert!(
+                tokio::time::Instant::now() < deadline_due,
+                "{id}: no postponed deadline: {:?} {:?}",
+                run.history(id).await,
+                run.task(id).await
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -198,6 +207,7 @@ async fn a_paused_task_stops_at_the_step_boundary_and_resumes(bus: BusKind) {
     let Some(run) = Running::start(bus, |_| {}).await else { return };
     let events = run.pipeline.bus().events.subscribe(Subscription::new("ctl-test", Selector::all())).await.unwrap();
     assert_eq!(run.api("POST", "/v1/queues/metadata/pause", "").await.status, 200);
+    tokio::time::sleep(APPLIES_WITHIN).await;
     let id = run.submit("tpause", 1, Priority::Normal).await.remove(0);
     run.until(&id, "reached metadata", |t| t.state == TaskState::ExtractingMetadata).await;
     let pausing = run.api("POST", &format!("/v1/tasks/{id}/pause"), r#"{"reason":"look first"}"#).await;
@@ -229,6 +239,7 @@ async fn a_paused_task_stops_at_the_step_boundary_and_resumes_nats() {
 async fn high_priority_tasks_overtake_a_low_backlog(bus: BusKind) {
     let Some(run) = Running::start(bus, |_| {}).await else { return };
     assert_eq!(run.api("POST", "/v1/queues/download/pause", "").await.status, 200);
+    tokio::time::sleep(APPLIES_WITHIN).await;
     let low = run.submit("low", 24, Priority::Low).await;
     let high = run.submit("high", 3, Priority::High).await;
     for id in low.iter().chain(&high) {

@@ -116,6 +116,10 @@ impl TaskQueue for CountedQueues {
     async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
         self.inner.backlog(queue).await
     }
+
+    async fn oldest(&self, queue: &str) -> Result<Option<u64>, BusError> {
+        self.inner.oldest(queue).await
+    }
 }
 
 /// A backend's event topics, counting the subscriptions opened through them and refusing

@@ -70,6 +70,10 @@ impl TaskQueue for CountingQueues {
     async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
         self.inner.backlog(queue).await
     }
+
+    async fn oldest(&self, queue: &str) -> Result<Option<u64>, BusError> {
+        self.inner.oldest(queue).await
+    }
 }
 
 struct CountingEvents {
