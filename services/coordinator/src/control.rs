@@ -5,7 +5,7 @@
 //! start over instead of firing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use imagepipe_bus::{Bus, BusError};
@@ -44,6 +44,8 @@ pub enum ControlFailure {
 pub struct QueueControls {
     store: Arc<dyn ControlStore>,
     paused: Arc<AtomicU8>,
+    /// When each step's queue was last resumed, Unix ms.
+    resumed_at: Arc<[AtomicU64; 3]>,
 }
 
 impl Default for QueueControls {
@@ -55,7 +57,7 @@ impl Default for QueueControls {
 impl QueueControls {
     /// Controls kept in `store`.
     pub fn new(store: Arc<dyn ControlStore>) -> Self {
-        Self { store, paused: Arc::default() }
+        Self { store, paused: Arc::default(), resumed_at: Arc::default() }
     }
 
     /// The control store.
@@ -63,10 +65,15 @@ impl QueueControls {
         &self.store
     }
 
-    /// The steps whose queues were paused at the last read.
+    /// The steps whose queues were paused at the last read, and when each was last resumed.
     pub fn paused_steps(&self) -> PausedSteps {
         let bits = self.paused.load(Ordering::Relaxed);
-        PausedSteps::of(Step::ALL.into_iter().enumerate().filter(|(i, _)| bits & (1 << i) != 0).map(|(_, s)| s))
+        let steps =
+            PausedSteps::of(Step::ALL.into_iter().enumerate().filter(|(i, _)| bits & (1 << i) != 0).map(|(_, s)| s));
+        Step::ALL
+            .into_iter()
+            .enumerate()
+            .fold(steps, |steps, (i, step)| steps.resumed(step, self.resumed_at[i].load(Ordering::Relaxed)))
     }
 
     fn remember(&self, state: &ControlState) {
@@ -76,6 +83,9 @@ impl QueueControls {
             .filter(|(_, step)| state.is_paused(step.queue()))
             .fold(0u8, |bits, (i, _)| bits | (1 << i));
         self.paused.store(bits, Ordering::Relaxed);
+        for (i, step) in Step::ALL.into_iter().enumerate() {
+            self.resumed_at[i].store(state.queue(step.queue()).resumed_at, Ordering::Relaxed);
+        }
     }
 
     /// Reads the control state and remembers which stages are paused.

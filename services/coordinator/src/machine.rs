@@ -96,23 +96,37 @@ pub struct Context {
     pub paused: PausedSteps,
 }
 
-/// A set of steps whose queues are paused.
+/// Which steps' queues are paused, and when each was last resumed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PausedSteps([bool; 3]);
+pub struct PausedSteps {
+    paused: [bool; 3],
+    resumed_at: [u64; 3],
+}
 
 impl PausedSteps {
     /// The set of `steps`.
     pub fn of(steps: impl IntoIterator<Item = Step>) -> Self {
         let mut set = Self::default();
         for step in steps {
-            set.0[step_index(step)] = true;
+            set.paused[step_index(step)] = true;
         }
         set
     }
 
+    /// The same, with `step`'s queue last resumed at `at` (Unix ms).
+    pub fn resumed(mut self, step: Step, at: u64) -> Self {
+        self.resumed_at[step_index(step)] = at;
+        self
+    }
+
     /// Whether `step`'s queue is paused.
     pub fn contains(&self, step: Step) -> bool {
-        self.0[step_index(step)]
+        self.paused[step_index(step)]
+    }
+
+    /// When `step`'s queue was last resumed (0: never paused).
+    pub fn resumed_at(&self, step: Step) -> u64 {
+        self.resumed_at[step_index(step)]
     }
 }
 
@@ -432,15 +446,29 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
             }
             let mut t = Transition::new(task, ctx.now);
             match timer.kind {
-                TimerKind::Deadline if ctx.paused.contains(timer.step) => {
-                    let deadline = policy.step(timer.step).deadline;
-                    t.task.timer = Some(Timer { due_at: ctx.now.saturating_add(millis(deadline)), ..*timer });
+                // A task that waited in a paused queue gets its whole deadline from the resume.
+                TimerKind::Deadline
+                    if ctx.paused.contains(timer.step)
+                        || ctx
+                            .paused
+                            .resumed_at(timer.step)
+                            .saturating_add(millis(policy.step(timer.step).deadline))
+                            > ctx.now =>
+                {
+                    let deadline = millis(policy.step(timer.step).deadline);
+                    let (due_at, why) = if ctx.paused.contains(timer.step) {
+                        (ctx.now.saturating_add(deadline), format!("the {} queue is paused", timer.step))
+                    } else {
+                        let resumed = ctx.paused.resumed_at(timer.step);
+                        (resumed.saturating_add(deadline), format!("the {} queue was resumed at {resumed}", timer.step))
+                    };
+                    t.task.timer = Some(Timer { due_at, ..*timer });
                     t.finish(
                         Some(task.state),
                         HistoryEvent::DeadlinePostponed,
                         Some(timer.step),
                         Some(timer.attempt),
-                        Some(format!("the {} queue is paused", timer.step)),
+                        Some(why),
                     )
                 }
                 TimerKind::Deadline => {

@@ -272,6 +272,8 @@ async fn run(engine: &Engine, job: &mut ReprocessJob) -> Result<(), String> {
             }
             job.matched += 1;
             wait_for_room(engine).await?;
+            // A cancellation of its last run's step must not stop the new generation's.
+            store.clear_cancel(&task.id).await.map_err(|e| imagepipe_runtime::error_chain(&e))?;
             let input = Input::Reprocess { from: request.from.step(), priority: Some(request.priority) };
             match engine.handle(&task.id, input).await {
                 Ok(Handled::Applied(_)) => job.queued += 1,

@@ -745,6 +745,29 @@ fn a_deadline_of_a_step_whose_queue_is_paused_starts_over_uncharged() {
 }
 
 #[test]
+fn a_task_that_waited_in_a_paused_queue_gets_its_whole_deadline_from_the_resume() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let task = apply(&task, ok(Step::Download, 1), 1_000).task;
+    let deadline = task.timer.unwrap();
+    // The queue was resumed at 50 s, 11 s before the deadline came due: it starts over from
+    // the resume, not from the dispatch.
+    let resumed = Context { paused: PausedSteps::default().resumed(Step::Metadata, 50_000), ..ctx(61_000) };
+    let Ok(Verdict::Apply(d)) = decide(&task, &Input::Timer(deadline), &resumed, &policy()) else {
+        panic!("the deadline applies")
+    };
+    assert_eq!(d.history.event, HistoryEvent::DeadlinePostponed);
+    assert_eq!(d.task.steps.metadata.attempts, 1);
+    let postponed = d.task.timer.unwrap();
+    assert_eq!((postponed.kind, postponed.due_at), (TimerKind::Deadline, 110_000));
+    // a whole deadline after the resume, it fires as usual
+    let later = Context { paused: PausedSteps::default().resumed(Step::Metadata, 50_000), ..ctx(110_000) };
+    let Ok(Verdict::Apply(d)) = decide(&d.task, &Input::Timer(postponed), &later, &policy()) else {
+        panic!("the deadline applies")
+    };
+    assert_eq!(d.history.event, HistoryEvent::RetryScheduled);
+}
+
+#[test]
 fn a_paused_queue_of_another_step_does_not_hold_a_deadline() {
     let task = apply(&new_task(), Input::Start, 0).task;
     let deadline = task.timer.unwrap();

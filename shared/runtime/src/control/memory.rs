@@ -106,7 +106,13 @@ impl ControlStore for MemoryControl {
     }
 
     async fn set_paused(&self, queue: &str, paused: bool, now: u64) -> Result<bool, ControlError> {
-        self.update(queue, now, |q| std::mem::replace(&mut q.paused, paused) != paused)
+        self.update(queue, now, |q| {
+            let changed = std::mem::replace(&mut q.paused, paused) != paused;
+            if changed && !paused {
+                q.resumed_at = now;
+            }
+            changed
+        })
     }
 
     async fn set_concurrency(&self, queue: &str, per_replica: Option<u32>, now: u64) -> Result<(), ControlError> {
@@ -161,6 +167,11 @@ impl ControlStore for MemoryControl {
         let inner = self.lock();
         let expired = now.saturating_sub(millis(CANCEL_TTL));
         Ok(task_ids.iter().map(|id| inner.cancels.get(id).is_some_and(|at| *at >= expired)).collect())
+    }
+
+    async fn clear_cancel(&self, task_id: &str) -> Result<(), ControlError> {
+        self.lock().cancels.remove(task_id);
+        Ok(())
     }
 
     async fn put_job(&self, id: &str, record: &str) -> Result<(), ControlError> {

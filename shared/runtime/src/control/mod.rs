@@ -80,6 +80,10 @@ pub struct QueueControl {
     /// When it last changed, Unix ms.
     #[serde(default)]
     pub updated_at: u64,
+    /// When it was last resumed, Unix ms (0: never paused): the tasks that waited in it get
+    /// their whole step deadline from then.
+    #[serde(default)]
+    pub resumed_at: u64,
 }
 
 /// The control settings of every queue that has any, by queue name (`tasks.download`).
@@ -151,6 +155,10 @@ pub trait ControlStore: Send + Sync + 'static {
 
     /// Which of `task_ids` were asked to stop (within [`CANCEL_TTL`] of `now`).
     async fn cancelled(&self, task_ids: &[String], now: u64) -> Result<Vec<bool>, ControlError>;
+
+    /// Forgets the request to stop `task_id`'s running step (its task runs again: a new
+    /// generation must not be stopped by its last one's cancellation).
+    async fn clear_cancel(&self, task_id: &str) -> Result<(), ControlError>;
 
     /// Keeps the JSON `record` of background job `id` (a reprocessing run) for [`JOB_TTL`].
     async fn put_job(&self, id: &str, record: &str) -> Result<(), ControlError>;

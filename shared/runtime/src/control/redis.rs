@@ -31,6 +31,7 @@ if ARGV[2] ~= 'null' then value = cjson.decode(ARGV[2]) end
 if q[ARGV[1]] == value then return 0 end
 q[ARGV[1]] = value
 q['updatedAt'] = tonumber(ARGV[3])
+if ARGV[1] == 'paused' and value == false then q['resumedAt'] = tonumber(ARGV[3]) end
 redis.call('HSET', KEYS[1], ARGV[4], cjson.encode(q))
 return 1
 "#;
@@ -166,6 +167,10 @@ impl ControlStore for RedisControl {
             .await
             .map_err(redis_err("HMGET"))?;
         Ok(at.into_iter().map(|at| at.is_some_and(|at| at + millis(CANCEL_TTL) >= now)).collect())
+    }
+
+    async fn clear_cancel(&self, task_id: &str) -> Result<(), ControlError> {
+        self.connection.clone().hdel(self.key("cancels"), task_id).await.map_err(redis_err("HDEL"))
     }
 
     async fn put_job(&self, id: &str, record: &str) -> Result<(), ControlError> {

@@ -38,7 +38,8 @@ async fn pausing_and_resuming_a_queue_says_whether_it_changed() {
         assert!(state.is_paused("tasks.metadata") && !state.is_paused("tasks.ai"));
         assert_eq!(state.queue("tasks.metadata").updated_at, T0);
         assert!(store.set_paused("tasks.metadata", false, T0 + 2).await.unwrap());
-        assert!(!store.state().await.unwrap().is_paused("tasks.metadata"));
+        let resumed = store.state().await.unwrap().queue("tasks.metadata");
+        assert_eq!((resumed.paused, resumed.resumed_at), (false, T0 + 2));
     }
 }
 
@@ -84,6 +85,9 @@ async fn cancellations_are_seen_until_they_expire() {
         let expired = T0 + CANCEL_TTL.as_millis() as u64 + 1;
         assert_eq!(store.cancelled(&ids, expired).await.unwrap(), vec![false, false]);
         assert!(store.cancelled(&[], T0).await.unwrap().is_empty());
+        store.request_cancel("tsk_a", T0).await.unwrap();
+        store.clear_cancel("tsk_a").await.unwrap();
+        assert_eq!(store.cancelled(&ids, T0 + 2).await.unwrap(), vec![false, true], "cleared, the other kept");
     }
 }
 

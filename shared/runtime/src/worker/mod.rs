@@ -202,8 +202,9 @@ pub struct Worker<H> {
     control: Option<Control>,
 }
 
-/// Longest fetch wait of a controlled worker, so a pause applies within about a second.
-const CONTROLLED_FETCH_WAIT: Duration = Duration::from_secs(1);
+/// Longest fetch wait of a controlled worker: with the control refresh
+/// ([`crate::control::REFRESH`], 0.5 s), a pause stops new fetches within a second.
+const CONTROLLED_FETCH_WAIT: Duration = Duration::from_millis(500);
 
 impl<H: Handler> Worker<H> {
     /// A worker handling `consumer`'s deliveries with `handler`.
