@@ -304,7 +304,6 @@ async fn start_reprocess(
     WholeBody(body): WholeBody,
 ) -> Result<(StatusCode, Json<ReprocessJob>), ApiError> {
     let request: ReprocessRequest = decode_object(&body)?;
-    request.validate().map_err(ApiError::invalid)?;
     let job = reprocess::start(state.engine.clone(), request).await.map_err(ApiError::unavailable)?;
     tracing::info!(job = %job.id, from = ?job.request.from, "reprocessing started");
     Ok((StatusCode::ACCEPTED, Json(job)))

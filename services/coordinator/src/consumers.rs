@@ -153,31 +153,54 @@ impl Handler for ResultHandler {
 
 /// A consumer that fetches nothing while the coordinator is at its in-flight cap, so
 /// submissions wait in their queue (DESIGN.md, "Backpressure").
+///
+/// With a `headroom` (the `high` submit lane's), it fetches until the tasks in flight *and*
+/// queued reach the cap plus the headroom: a high submission is taken at once and waits in
+/// the store, where it starts before every other queued task as soon as a slot frees, instead
+/// of behind the whole backlog of the lanes below (and one recheck period).
 pub struct CappedConsumer {
     inner: Box<dyn Consumer>,
     engine: Engine,
     recheck: Duration,
+    headroom: u64,
 }
 
 impl CappedConsumer {
     /// Gates `inner` on `engine`'s cap, checking again every `recheck` while full.
     pub fn new(inner: Box<dyn Consumer>, engine: Engine, recheck: Duration) -> Self {
-        Self { inner, engine, recheck }
+        Self { inner, engine, recheck, headroom: 0 }
+    }
+
+    /// The same gate for a lane that may take `headroom` tasks past the cap, queued.
+    pub fn with_headroom(mut self, headroom: u64) -> Self {
+        self.headroom = headroom;
+        self
+    }
+
+    async fn room(&self) -> Result<u64, crate::store::StoreError> {
+        let cap = self.engine.config().max_in_flight;
+        let in_flight = self.engine.in_flight().await?;
+        if self.headroom == 0 {
+            return Ok(cap.saturating_sub(in_flight));
+        }
+        let queued = self.engine.store().count_queued().await?;
+        Ok((cap + self.headroom).saturating_sub(in_flight + queued))
     }
 }
 
 #[async_trait]
 impl Consumer for CappedConsumer {
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError> {
-        let in_flight = self.engine.in_flight().await;
-        let room = match in_flight {
-            Ok(n) => self.engine.config().max_in_flight.saturating_sub(n),
+        let room = match self.room().await {
+            Ok(room) => room,
             Err(e) => {
                 tracing::warn!(error = %e, "in-flight count unavailable; not pulling submissions");
                 0
             }
         };
-        metrics::gauge!(m::SUBMISSIONS_PAUSED, "reason" => m::PAUSED_BY_CAP).set(if room == 0 { 1.0 } else { 0.0 });
+        if self.headroom == 0 {
+            metrics::gauge!(m::SUBMISSIONS_PAUSED, "reason" => m::PAUSED_BY_CAP).set(if room == 0 { 1.0 } else { 0.0 });
+        }
         if room == 0 {
             tokio::time::sleep(self.recheck.min(wait)).await;
             return Ok(Vec::new());

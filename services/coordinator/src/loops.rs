@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use futures::{FutureExt, TryFutureExt};
 use imagepipe_blob::BlobConfigError;
-use imagepipe_bus::{Bus, BusError, ConsumerConfig, Lanes, Selector, Shares, Subscription};
+use imagepipe_bus::{Bus, BusError, Consumer, ConsumerConfig, Lanes, Selector, Shares, Subscription};
+use imagepipe_contracts::Priority;
 use imagepipe_contracts::names::{self, queues};
 use imagepipe_runtime::backoff::ExponentialBackoff;
 use imagepipe_runtime::clock::{Clock, SystemClock};
@@ -126,7 +127,11 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         .map(|q| names::dead_letter_queue(q))
         .chain(config.dlq_groups.iter().map(|g| names::dead_letter_queue_of_group(g)))
         .collect();
-    let submit = Lanes::open(&*bus.queues, queues::SUBMIT, config.consumer.clone(), config.shares);
+    let task_queues = &bus.queues;
+    let submit = futures::future::try_join_all(Priority::ALL.map(|priority| {
+        let (lane, consumer) = (priority.lane(queues::SUBMIT), config.consumer.clone());
+        async move { Ok::<_, BusError>((priority, task_queues.consume(&lane, consumer).await?)) }
+    }));
     let results = bus.queues.consume(queues::RESULTS, config.consumer.clone());
     let dlqs = futures::future::try_join_all(
         dlq_names.iter().map(|dlq| bus.queues.consume(dlq, config.consumer.clone()).map_err(|e| open(dlq.clone(), e))),
@@ -137,7 +142,17 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         dlqs,
     )?;
 
-    let submit = CappedConsumer::new(Box::new(submit), engine.clone(), config.cap_recheck);
+    // Each submit lane is gated on the cap; the high one may queue a tenth of it beyond.
+    let headroom = (engine.config().max_in_flight / 10).max(1);
+    let lanes = submit
+        .into_iter()
+        .map(|(priority, consumer)| {
+            let capped = CappedConsumer::new(consumer, engine.clone(), config.cap_recheck);
+            let capped = if priority == Priority::High { capped.with_headroom(headroom) } else { capped };
+            (priority, Box::new(capped) as Box<dyn Consumer>)
+        })
+        .collect();
+    let submit = Lanes::new(lanes, config.shares);
     let batched = |name| LoopConfig { concurrency: config.max_batch, ..named(&config.worker, name) };
     let (stop, handler) = (shutdown.clone(), SubmitHandler::new(engine.clone()));
     let submit = BatchWorker::new(Box::new(submit), handler, batched(queues::SUBMIT));

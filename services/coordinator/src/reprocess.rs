@@ -58,6 +58,29 @@ pub enum Select {
     All,
 }
 
+/// A state a finished task is in: what a reprocessing filter may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishedState {
+    /// Every step succeeded.
+    Completed,
+    /// A step failed for good.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl FinishedState {
+    /// The task state.
+    pub fn state(self) -> TaskState {
+        match self {
+            FinishedState::Completed => TaskState::Completed,
+            FinishedState::Failed => TaskState::Failed,
+            FinishedState::Cancelled => TaskState::Cancelled,
+        }
+    }
+}
+
 /// Which tasks a reprocessing considers (every condition must hold). Only finished tasks
 /// (completed, failed, cancelled) are ever reprocessed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -65,7 +88,7 @@ pub enum Select {
 pub struct Filter {
     /// Only tasks in this state (`completed`, `failed` or `cancelled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<TaskState>,
+    pub state: Option<FinishedState>,
     /// Only tasks carrying every one of these labels.
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
@@ -140,21 +163,11 @@ pub struct ReprocessJob {
 }
 
 impl ReprocessRequest {
-    /// Checks what serde cannot: the state filter names a finished state.
-    pub fn validate(&self) -> Result<(), String> {
-        match self.filter.state {
-            Some(state) if !state.is_terminal() => Err(format!(
-                "`filter.state` must be completed, failed or cancelled (only finished tasks are reprocessed), not {state}"
-            )),
-            _ => Ok(()),
-        }
-    }
-
     /// Whether `task` is to be reprocessed; `current_model` is the model `not-current` means.
     fn matches(&self, task: &Task, current_model: Option<&str>) -> bool {
         let f = &self.filter;
         if !task.state.is_terminal()
-            || f.state.is_some_and(|s| s != task.state)
+            || f.state.is_some_and(|s| s.state() != task.state)
             || f.created_after.is_some_and(|after| task.created_at <= after)
             || !f.labels.iter().all(|(k, v)| task.labels.get(k) == Some(v))
         {
@@ -263,7 +276,7 @@ async fn run(engine: &Engine, job: &mut ReprocessJob) -> Result<(), String> {
     };
     let store = engine.controls().store().clone();
     let mut saved = tokio::time::Instant::now();
-    let mut pages = Pages::new(engine, request.filter.state);
+    let mut pages = Pages::new(engine, request.filter.state.map(FinishedState::state));
     while let Some(tasks) = pages.next().await? {
         for task in tasks {
             job.scanned += 1;
@@ -330,7 +343,9 @@ mod tests {
         assert_eq!((r.select, r.priority), (Select::Missing, Priority::Low));
         assert!(serde_json::from_value::<ReprocessRequest>(serde_json::json!({"from": "download"})).is_err());
         assert!(serde_json::from_value::<ReprocessRequest>(serde_json::json!({"from": "analyze", "x": 1})).is_err());
-        let running = request(serde_json::json!({"from": "analyze", "filter": {"state": "analyzing"}}));
-        assert!(running.validate().unwrap_err().contains("finished"));
+        let running = serde_json::from_value::<ReprocessRequest>(
+            serde_json::json!({"from": "analyze", "filter": {"state": "analyzing"}}),
+        );
+        assert!(running.is_err(), "only finished states can be named");
     }
 }

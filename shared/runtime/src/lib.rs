@@ -14,6 +14,7 @@ pub mod connect;
 pub mod control;
 pub mod dedup;
 pub mod embedded;
+pub mod error_text;
 pub mod http;
 pub mod metrics;
 pub mod service;

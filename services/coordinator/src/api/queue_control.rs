@@ -10,7 +10,7 @@ use imagepipe_runtime::http::{ApiError, WholeBody};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{ApiState, CancelRequest, decode_object};
+use super::{ApiState, decode_object};
 use crate::engine::Engine;
 
 /// Most messages a replica may be set to handle at once.
@@ -138,14 +138,11 @@ async fn set_paused(
     body: &[u8],
     paused: bool,
 ) -> Result<Json<QueueView>, ApiError> {
-    let request: CancelRequest = if body.is_empty() { CancelRequest::default() } else { decode_object(body)? };
-    if request.reason.as_ref().is_some_and(|r| r.len() > 1024) {
-        return Err(ApiError::invalid("`reason` must be at most 1024 bytes"));
-    }
+    let reason = super::reason(body)?;
     let engine = &state.engine;
     engine
         .controls()
-        .set_paused(engine.bus(), engine.clock().as_ref(), queue, paused, request.reason)
+        .set_paused(engine.bus(), engine.clock().as_ref(), queue, paused, reason)
         .await
         .map_err(ApiError::unavailable)?;
     Ok(Json(view(engine, queue).await?))

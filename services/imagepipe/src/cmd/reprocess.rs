@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use imagepipe_contracts::{Labels, Priority};
-use imagepipe_coordinator::TaskState;
-use imagepipe_coordinator::reprocess::{Filter, From, JobStatus, ReprocessJob, ReprocessRequest, Select};
+use imagepipe_coordinator::reprocess::{
+    Filter, FinishedState, From, JobStatus, ReprocessJob, ReprocessRequest, Select,
+};
 
 use super::{parse_label, print_json};
 use crate::ApiArgs;
@@ -20,9 +21,9 @@ pub struct ReprocessArgs {
     /// `missing`: only tasks without that step's output; `all`: every matching task.
     #[arg(long, value_enum, default_value = "missing")]
     select: SelectArg,
-    /// Only finished tasks in this state (completed, failed, cancelled).
-    #[arg(long)]
-    state: Option<TaskState>,
+    /// Only finished tasks in this state.
+    #[arg(long, value_enum)]
+    state: Option<StateArg>,
     /// Only tasks with this label (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -55,6 +56,13 @@ enum FromArg {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+enum StateArg {
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 enum SelectArg {
     Missing,
     All,
@@ -76,7 +84,11 @@ pub async fn run(args: ReprocessArgs) -> anyhow::Result<ExitCode> {
                     SelectArg::All => Select::All,
                 },
                 filter: Filter {
-                    state: args.state,
+                    state: args.state.map(|s| match s {
+                        StateArg::Completed => FinishedState::Completed,
+                        StateArg::Failed => FinishedState::Failed,
+                        StateArg::Cancelled => FinishedState::Cancelled,
+                    }),
                     labels: args.labels.iter().cloned().collect::<Labels>(),
                     created_after: args.created_after,
                     model: args.model.clone(),

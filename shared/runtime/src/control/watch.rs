@@ -115,7 +115,7 @@ impl Control {
         let first = match self.store.state().await {
             Ok(state) => state.queue(&self.queue),
             Err(error) => {
-                tracing::warn!(queue = %self.queue, error = %crate::worker::error_chain(&error),
+                tracing::warn!(queue = %self.queue, error = %crate::error_text::error_chain(&error),
                     "reading the control state; starting unpaused");
                 QueueControl::default()
             }
@@ -187,7 +187,7 @@ async fn refresh(control: Control, tx: watch::Sender<QueueControl>, stats: Arc<L
                     stats.taken.fetch_add(beat.taken, Ordering::Relaxed);
                 }
                 if !failing {
-                    tracing::warn!(queue = %control.queue, error = %crate::worker::error_chain(&error),
+                    tracing::warn!(queue = %control.queue, error = %crate::error_text::error_chain(&error),
                         "reading the control state failed; keeping the last one");
                 }
                 failing = true;
