@@ -154,10 +154,9 @@ impl Handler for ResultHandler {
 /// A consumer that fetches nothing while the coordinator is at its in-flight cap, so
 /// submissions wait in their queue (DESIGN.md, "Backpressure").
 ///
-/// With a `headroom` (the `high` submit lane's), it fetches until the tasks in flight *and*
-/// queued reach the cap plus the headroom: a high submission is taken at once and waits in
-/// the store, where it starts before every other queued task as soon as a slot frees, instead
-/// of behind the whole backlog of the lanes below (and one recheck period).
+/// With a `headroom` (the `high` submit lane's, [`Engine::high_cap`]), it fetches until the
+/// tasks in flight reach the cap plus the headroom: a high submission is taken and started at
+/// once, never behind the backlog of the lanes below (and one recheck period).
 pub struct CappedConsumer {
     inner: Box<dyn Consumer>,
     engine: Engine,
@@ -183,8 +182,7 @@ impl CappedConsumer {
         if self.headroom == 0 {
             return Ok(cap.saturating_sub(in_flight));
         }
-        let queued = self.engine.store().count_queued().await?;
-        Ok((cap + self.headroom).saturating_sub(in_flight + queued))
+        Ok((cap + self.headroom).saturating_sub(in_flight))
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use imagepipe_bus::{Bus, BusError, Message};
 use imagepipe_contracts::names::{self, headers};
-use imagepipe_contracts::{ImageSource, SCHEMA_VERSION, StepError, SubmitError, SubmitTask, TraceId};
+use imagepipe_contracts::{ImageSource, Priority, SCHEMA_VERSION, StepError, SubmitError, SubmitTask, TraceId};
 use imagepipe_runtime::clock::Clock;
 use imagepipe_runtime::control::ControlStore;
 use imagepipe_runtime::shutdown::Shutdown;
@@ -420,13 +420,23 @@ impl Engine {
         let _one_pass = self.starting.lock().await;
         let (in_flight, queued) = tokio::join!(self.in_flight(), self.store.count_queued());
         let (Ok(in_flight), Ok(queued)) = (in_flight, queued) else { return started };
-        if queued > created.len() as u64 {
-            return started;
-        }
-        let room = usize::try_from(self.config.max_in_flight.saturating_sub(in_flight)).unwrap_or(usize::MAX);
+        // Older queued tasks start first (start_queued), but a high one never waits behind a
+        // backlog: it may take the cap's headroom.
+        let others_queued = queued > created.len() as u64;
+        let mut room = usize::try_from(self.config.max_in_flight.saturating_sub(in_flight)).unwrap_or(usize::MAX);
+        let mut high_room = usize::try_from(self.high_cap().saturating_sub(in_flight)).unwrap_or(usize::MAX);
         let now = self.clock.unix_ms();
         let (mut decisions, mut which) = (Vec::new(), Vec::new());
-        for (k, (_, created, parent)) in created.iter().enumerate().take(room) {
+        let startable = created.iter().enumerate().filter(|(_, (_, created, _))| {
+            let high = created.task.priority == Priority::High;
+            let fits = if high { high_room > 0 } else { !others_queued && room > 0 };
+            if fits {
+                high_room = high_room.saturating_sub(1);
+                room = room.saturating_sub(1);
+            }
+            fits
+        });
+        for (k, (_, created, parent)) in startable {
             let span = parent.in_scope(|| task_span(&created.task, "transition", Input::Start.kind()));
             if let Ok(Decided::Apply(decision)) = span.in_scope(|| self.decide(&created.task, &Input::Start, now)) {
                 decisions.push(*decision);
@@ -778,6 +788,13 @@ impl Engine {
         Ok(if entries.is_empty() { 0 } else { self.publish(id, &entries).await })
     }
 
+    /// The in-flight cap as `high` tasks see it: `max_in_flight` and a tenth more, so a high
+    /// task starts at once even when a backlog fills the cap.
+    pub fn high_cap(&self) -> u64 {
+        let cap = self.config.max_in_flight;
+        cap.saturating_add((cap / 10).max(1))
+    }
+
     /// Tasks started and unfinished now (also sets the gauge).
     pub async fn in_flight(&self) -> Result<u64, StoreError> {
         let n = self.store.count_in_flight().await?;
@@ -823,9 +840,23 @@ impl Engine {
     pub async fn start_queued(&self) -> Result<usize, EngineError> {
         let _one_pass = self.starting.lock().await;
         let in_flight = self.in_flight().await?;
-        let Some(room) = self.config.max_in_flight.checked_sub(in_flight).filter(|r| *r > 0) else { return Ok(0) };
-        let query = ListQuery { state: Some(TaskState::Queued), limit: room.min(256) as usize, cursor: None };
-        let queued = self.store.list(&query).await?.tasks;
+        let room = self.config.max_in_flight.saturating_sub(in_flight);
+        let high_room = self.high_cap().saturating_sub(in_flight);
+        if high_room == 0 {
+            return Ok(0);
+        }
+        // Queued tasks list high first: past the cap, only high ones start (in its headroom).
+        let query = ListQuery { state: Some(TaskState::Queued), limit: high_room.min(256) as usize, cursor: None };
+        let queued: Vec<Task> = self
+            .store
+            .list(&query)
+            .await?
+            .tasks
+            .into_iter()
+            .enumerate()
+            .filter(|(i, task)| (*i as u64) < room || task.priority == Priority::High)
+            .map(|(_, task)| task)
+            .collect();
         let start = Input::Start;
         let mut started = 0;
         let current = Span::current();

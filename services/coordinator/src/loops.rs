@@ -36,6 +36,14 @@ const FEED_CLOCK_SLACK_MS: u64 = 1_000;
 /// Most submissions, and most step results, the coordinator handles as one batch by default.
 pub const MAX_BATCH: usize = 128;
 
+/// Most high-priority submissions, and results, handled as one batch: small, so each round of
+/// the express loops is quick.
+pub const EXPRESS_BATCH: usize = 16;
+/// The worker name of the loop of the high submit lane.
+pub const EXPRESS_SUBMIT: &str = "tasks.submit.high";
+/// The worker name of the loop of the high results lane.
+pub const EXPRESS_RESULTS: &str = "tasks.results.high";
+
 /// How the coordinator's loops run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoopsConfig {
@@ -132,7 +140,10 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         let (lane, consumer) = (priority.lane(queues::SUBMIT), config.consumer.clone());
         async move { Ok::<_, BusError>((priority, task_queues.consume(&lane, consumer).await?)) }
     }));
-    let results = bus.queues.consume(queues::RESULTS, config.consumer.clone());
+    let results = futures::future::try_join_all(Priority::ALL.map(|priority| {
+        let (lane, consumer) = (priority.lane(queues::RESULTS), config.consumer.clone());
+        async move { Ok::<_, BusError>((priority, task_queues.consume(&lane, consumer).await?)) }
+    }));
     let dlqs = futures::future::try_join_all(
         dlq_names.iter().map(|dlq| bus.queues.consume(dlq, config.consumer.clone()).map_err(|e| open(dlq.clone(), e))),
     );
@@ -142,24 +153,44 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         dlqs,
     )?;
 
-    // Each submit lane is gated on the cap; the high one may queue a tenth of it beyond.
-    let headroom = (engine.config().max_in_flight / 10).max(1);
-    let lanes = submit
-        .into_iter()
-        .map(|(priority, consumer)| {
-            let capped = CappedConsumer::new(consumer, engine.clone(), config.cap_recheck);
-            let capped = if priority == Priority::High { capped.with_headroom(headroom) } else { capped };
-            (priority, Box::new(capped) as Box<dyn Consumer>)
-        })
-        .collect();
-    let submit = Lanes::new(lanes, config.shares);
-    let batched = |name| LoopConfig { concurrency: config.max_batch, ..named(&config.worker, name) };
+    // The high lanes of the submit and results queues have loops of their own, in small
+    // batches, so a high task's transitions never wait behind a backlog's batch; the other
+    // lanes share the bulk loops by their shares. Each submit lane is gated on the cap, the
+    // high one on the cap and its headroom.
+    let batched = |name, max| LoopConfig { concurrency: max, ..named(&config.worker, name) };
+    let headroom = engine.high_cap() - engine.config().max_in_flight;
+    let (mut submit_lanes, mut express_submit) = (Vec::new(), None);
+    for (priority, consumer) in submit {
+        let capped = CappedConsumer::new(consumer, engine.clone(), config.cap_recheck);
+        match priority {
+            Priority::High => express_submit = Some(capped.with_headroom(headroom)),
+            _ => submit_lanes.push((priority, Box::new(capped) as Box<dyn Consumer>)),
+        }
+    }
+    let express_submit = express_submit.expect("the high submit lane is opened");
     let (stop, handler) = (shutdown.clone(), SubmitHandler::new(engine.clone()));
-    let submit = BatchWorker::new(Box::new(submit), handler, batched(queues::SUBMIT));
-    loops.spawn(async move { Ok(submit.run(stop).await?) });
+    let worker = BatchWorker::new(Box::new(express_submit), handler, batched(EXPRESS_SUBMIT, EXPRESS_BATCH));
+    loops.spawn(async move { Ok(worker.run(stop).await?) });
+    let (stop, handler) = (shutdown.clone(), SubmitHandler::new(engine.clone()));
+    let submit = Lanes::new(submit_lanes, config.shares);
+    let worker = BatchWorker::new(Box::new(submit), handler, batched(queues::SUBMIT, config.max_batch));
+    loops.spawn(async move { Ok(worker.run(stop).await?) });
+
+    let (mut result_lanes, mut express_results) = (Vec::new(), None);
+    for (priority, consumer) in results {
+        match priority {
+            Priority::High => express_results = Some(consumer),
+            _ => result_lanes.push((priority, consumer)),
+        }
+    }
+    let express_results = express_results.expect("the high results lane is opened");
     let (stop, handler) = (shutdown.clone(), ResultHandler::new(engine.clone()));
-    let results = BatchWorker::new(results, handler, batched(queues::RESULTS));
-    loops.spawn(async move { Ok(results.run(stop).await?) });
+    let worker = BatchWorker::new(express_results, handler, batched(EXPRESS_RESULTS, EXPRESS_BATCH));
+    loops.spawn(async move { Ok(worker.run(stop).await?) });
+    let (stop, handler) = (shutdown.clone(), ResultHandler::new(engine.clone()));
+    let results = Lanes::new(result_lanes, config.shares);
+    let worker = BatchWorker::new(Box::new(results), handler, batched(queues::RESULTS, config.max_batch));
+    loops.spawn(async move { Ok(worker.run(stop).await?) });
     for (dlq, consumer) in dlq_names.iter().zip(dlqs) {
         let archiver = DeadLetterArchiver::new(engine.clone(), expirer.clone());
         spawn(&mut loops, consumer, archiver, named(&config.worker, dlq), &shutdown);

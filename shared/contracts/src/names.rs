@@ -17,8 +17,9 @@ pub mod queues {
     pub const RESULTS: &str = "tasks.results";
     /// Every task queue, in pipeline order (the `normal` lane of each laned queue).
     pub const ALL: [&str; 5] = [SUBMIT, DOWNLOAD, METADATA, AI, RESULTS];
-    /// The queues with one lane per [`crate::Priority`] (`tasks.download.high`, ...).
-    pub const LANED: [&str; 4] = [SUBMIT, DOWNLOAD, METADATA, AI];
+    /// The queues with one lane per [`crate::Priority`] (`tasks.download.high`, ...): a task's
+    /// step results travel in its lane too, so a high task's result is not behind a backlog's.
+    pub const LANED: [&str; 5] = [SUBMIT, DOWNLOAD, METADATA, AI, RESULTS];
 
     /// Every task queue with every lane: [`ALL`] and the `high` / `low` lanes of [`LANED`].
     pub fn all_lanes() -> Vec<String> {

@@ -10,7 +10,7 @@ use imagepipe_bus::{Bus, BusError, Delivery};
 use imagepipe_contracts::command::{AnalyzeCommand, DownloadCommand, MetadataCommand};
 use imagepipe_contracts::payload::{ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted};
 use imagepipe_contracts::step::{AnalysisOutput, DominantColor, DownloadOutput, MetadataOutput, Prediction};
-use imagepipe_contracts::{Step, StepOutput, decode};
+use imagepipe_contracts::{Priority, Step, StepOutput, decode};
 use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::step::{Attempt, StepReporter};
 use imagepipe_runtime::{Handler, LoopConfig, Outcome, Settings, Shutdown, Worker, error_chain};
@@ -36,8 +36,9 @@ impl NoopStage {
         Self { step, reporter: StepReporter::new(bus, source, Arc::new(SystemClock)) }
     }
 
-    async fn report(&self, payload: &[u8]) -> Result<Result<(), BusError>, String> {
-        let attempt = |task_id: &str, attempt| Attempt { task_id: task_id.to_owned(), step: self.step, attempt };
+    async fn report(&self, payload: &[u8], priority: Priority) -> Result<Result<(), BusError>, String> {
+        let attempt =
+            |task_id: &str, attempt| Attempt { task_id: task_id.to_owned(), step: self.step, attempt, priority };
         Ok(match self.step {
             Step::Download => {
                 let command: DownloadCommand = decode(payload).map_err(|e| e.to_string())?;
@@ -72,7 +73,7 @@ impl NoopStage {
 #[async_trait]
 impl Handler for NoopStage {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
-        match self.report(&delivery.message.payload).await {
+        match self.report(&delivery.message.payload, imagepipe_contracts::lane_of(&delivery.source).1).await {
             Ok(Ok(())) => Outcome::Ack,
             Ok(Err(error)) => Outcome::retry(format!("reporting the {} step: {}", self.step, error_chain(&error))),
             Err(malformed) => Outcome::reject(malformed),

@@ -243,6 +243,13 @@ impl Report {
                  the last; low tasks {:.0}/s",
                 p.ratio_p50, p.low_done_during_probes, p.probes, p.low_left_after_probes, p.low_tasks_per_s
             );
+            if p.low_left_after_probes == 0 {
+                let _ = writeln!(
+                    out,
+                    "  the backlog drained before the last probe ended: not every probe ran behind it \
+                     (more --tasks, or fewer --low-load-tasks)"
+                );
+            }
             if self.runs.len() > 1 {
                 let each: Vec<String> = self
                     .runs

@@ -59,7 +59,7 @@ impl<H: StepHandler> Handler for Reporting<H> {
             Ok(command) => command,
             Err(error) => return Outcome::reject(error),
         };
-        let attempt = Attempt::of(&command);
+        let attempt = Attempt::of(&command).in_lane(imagepipe_contracts::lane_of(&delivery.source).1);
         let (task_id, step) = (attempt.task_id.as_str(), attempt.step);
         let running = self.cancels.as_ref().map(|c| c.register(task_id));
         let processed = match &running {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use imagepipe_bus::{Bus, BusError, Message};
 use imagepipe_contracts::names::{headers, queues};
 use imagepipe_contracts::{
-    Event, EventPayload, SCHEMA_VERSION, Step, StepCommand, StepError, StepOutcome, StepOutput, StepResult, TraceId,
+    Event, EventPayload, Priority, SCHEMA_VERSION, Step, StepCommand, StepError, StepOutcome, StepOutput, StepResult,
+    TraceId,
 };
 use serde::Serialize;
 
@@ -26,12 +27,26 @@ pub struct Attempt {
     pub step: Step,
     /// The attempt, from 1.
     pub attempt: u32,
+    /// The lane the command came in on: its result goes back on the same lane of
+    /// `tasks.results`.
+    pub priority: Priority,
 }
 
 impl Attempt {
-    /// The attempt `command` asks for.
+    /// The attempt `command` asks for, its result on the `normal` lane.
     pub fn of<C: StepCommand>(command: &C) -> Self {
-        Self { task_id: command.task_id().to_owned(), step: C::STEP, attempt: command.attempt() }
+        Self {
+            task_id: command.task_id().to_owned(),
+            step: C::STEP,
+            attempt: command.attempt(),
+            priority: Priority::Normal,
+        }
+    }
+
+    /// The same attempt, reported on `priority`'s lane.
+    pub fn in_lane(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
     }
 }
 
@@ -107,7 +122,7 @@ impl StepReporter {
     async fn send(&self, attempt: &Attempt, outcome: StepOutcome, id: String) -> Result<(), BusError> {
         let result =
             StepResult { task_id: attempt.task_id.clone(), step: attempt.step, attempt: attempt.attempt, outcome };
-        self.bus.queues.send(queues::RESULTS, outgoing(&result, &attempt.task_id, id)).await
+        self.bus.queues.send(&attempt.priority.lane(queues::RESULTS), outgoing(&result, &attempt.task_id, id)).await
     }
 }
 
@@ -148,7 +163,7 @@ mod tests {
         let events = bus.events.subscribe(Subscription::new("t", Selector::all())).await.unwrap();
         let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
         let reporter = StepReporter::new(bus, "download-worker", Arc::new(ManualClock::at_unix_ms(1_000)));
-        let attempt = Attempt { task_id: "tsk_1".into(), step: Step::Download, attempt: 2 };
+        let attempt = Attempt { task_id: "tsk_1".into(), step: Step::Download, attempt: 2, priority: Priority::Normal };
         let payload = ImageDownloaded { image: output(), labels: Default::default() };
         reporter.succeeded(&attempt, payload, StepOutput::Download(output())).await.unwrap();
 
@@ -172,7 +187,7 @@ mod tests {
         let events = bus.events.subscribe(Subscription::new("t", Selector::all())).await.unwrap();
         let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
         let reporter = StepReporter::new(bus, "download-worker", Arc::new(ManualClock::at_unix_ms(0)));
-        let attempt = Attempt { task_id: "tsk_2".into(), step: Step::Download, attempt: 1 };
+        let attempt = Attempt { task_id: "tsk_2".into(), step: Step::Download, attempt: 1, priority: Priority::Normal };
         reporter.retryable(&attempt, StepError::new("http_503", "busy"), Some(Duration::from_secs(3))).await.unwrap();
         let next = Attempt { attempt: 2, ..attempt.clone() };
         reporter.permanent(&next, StepError::new("http_404", "gone")).await.unwrap();
