@@ -9,7 +9,7 @@ use bytes::Bytes;
 use imagepipe_contracts::step::AnalysisOutput;
 use imagepipe_runtime::budget::MemoryBudget;
 use imagepipe_runtime::config::AiConfig;
-use tokio::sync::Semaphore;
+use imagepipe_runtime::gate::PriorityGate;
 use tokio::task::JoinError;
 
 use crate::error::{AnalyzeError, ModelError};
@@ -40,7 +40,7 @@ impl From<&AiConfig> for AnalysisOptions {
 pub struct Classifier {
     model: Arc<Model>,
     settings: Arc<AnalysisOptions>,
-    slots: Arc<Semaphore>,
+    slots: PriorityGate,
     budget: MemoryBudget,
 }
 
@@ -48,7 +48,7 @@ impl Classifier {
     /// A classifier over `model` running at most `threads` analyses at once, each holding its
     /// image's share of `budget` (see [`memory_needed`]).
     pub fn new(model: Arc<Model>, settings: AnalysisOptions, threads: usize, budget: MemoryBudget) -> Self {
-        Self { model, settings: Arc::new(settings), slots: Arc::new(Semaphore::new(threads.max(1))), budget }
+        Self { model, settings: Arc::new(settings), slots: PriorityGate::new(threads.max(1)), budget }
     }
 
     /// Loads the model of `ai.model_dir` into the runtime of `ai.runtime` (on a blocking thread),
@@ -72,7 +72,7 @@ impl Classifier {
     /// fails without waiting. An analysis abandoned by its caller keeps its slot and share until
     /// it ends.
     pub async fn analyze(&self, bytes: Bytes) -> Result<AnalysisOutput, AnalyzeError> {
-        let slot = self.slots.clone().acquire_owned().await.expect("the slot semaphore is never closed");
+        let slot = self.slots.acquire().await;
         let needed = tokio::task::spawn_blocking({
             let (bytes, max_pixels) = (bytes.clone(), self.settings.max_pixels);
             move || memory_needed(&bytes, max_pixels)

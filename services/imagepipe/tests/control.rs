@@ -180,14 +180,17 @@ async fn pausing_a_stage_holds_its_tasks_without_loss_or_deadline(bus: BusKind) 
     let replicas = if bus == BusKind::Nats { 2 } else { 1 };
     assert_eq!(download["consumers"], replicas, "{download}");
 
+    let resumed_at = run.pipeline.engine().clock().unix_ms();
     let resumed = run.api("POST", "/v1/queues/metadata/resume", "").await;
     assert_eq!(resumed.status, 200, "{resumed:?}");
     for task in run.pipeline.wait_for(&ids, WAIT).await.unwrap() {
         assert_eq!(task.state, TaskState::Completed, "{task:?}");
-        assert_eq!(task.steps.metadata.attempts, 1, "no attempt charged while paused: {task:?}");
         let history = run.pipeline.engine().store().history(&task.id).await.unwrap();
-        let deadline_fired =
-            history.iter().any(|h| h.detail.as_deref().is_some_and(|d| d.contains("deadline_exceeded")));
+        // After the resume a deadline counts again: a machine too busy to finish the step
+        // within it may retry it.
+        let deadline_fired = history
+            .iter()
+            .any(|h| h.at < resumed_at && h.detail.as_deref().is_some_and(|d| d.contains("deadline_exceeded")));
         assert!(!deadline_fired, "no deadline fired while the queue was paused: {history:?}");
     }
     let dlq = run.api("GET", "/v1/dlq", "").await;

@@ -12,8 +12,8 @@ use imagepipe_contracts::command::MetadataCommand;
 use imagepipe_contracts::step::MetadataOutput;
 use imagepipe_runtime::budget::MemoryBudget;
 use imagepipe_runtime::config::MetadataConfig;
+use imagepipe_runtime::gate::{GateSlot, PriorityGate};
 use imagepipe_runtime::step::{StepFailure, StepHandler, read_blob};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinError;
 
 use crate::error::{ExtractError, codes};
@@ -24,24 +24,24 @@ use crate::metrics;
 pub struct MetadataHandler {
     blobs: Arc<dyn BlobStore>,
     settings: Arc<MetadataConfig>,
-    decoders: Arc<Semaphore>,
+    decoders: PriorityGate,
     budget: MemoryBudget,
 }
 
 impl MetadataHandler {
     /// A handler reading images from and writing thumbnails to `blobs`, decoding at most
-    /// `max_decoding` images at once (the worker's concurrency: a handler abandoned after its
-    /// timeout keeps its decoder slot until the decode ends) and no more than
+    /// `max_decoding` images at once (a handler abandoned after its timeout keeps its decoder
+    /// slot until the decode ends), the highest-priority step first, and no more than
     /// `settings.memory_budget` bytes of pixels at once.
     pub fn new(blobs: Arc<dyn BlobStore>, settings: MetadataConfig, max_decoding: usize) -> Self {
         let budget = MemoryBudget::new(metrics::BUDGET, settings.memory_budget);
-        Self { blobs, settings: Arc::new(settings), decoders: Arc::new(Semaphore::new(max_decoding.max(1))), budget }
+        Self { blobs, settings: Arc::new(settings), decoders: PriorityGate::new(max_decoding.max(1)), budget }
     }
 
     /// Runs [`extract`] on the blocking pool, holding a decoder slot and the image's share of the
     /// memory budget.
     async fn extract(&self, bytes: Bytes) -> Result<Extracted, StepFailure> {
-        let slot = self.decoders.clone().acquire_owned().await.expect("the decoder semaphore is never closed");
+        let slot = self.decoders.acquire().await;
         let failed = match self.extract_within_budget(bytes, slot).await {
             Ok(Ok(extracted)) => return Ok(extracted),
             Ok(Err(error)) => error,
@@ -63,7 +63,7 @@ impl MetadataHandler {
     async fn extract_within_budget(
         &self,
         bytes: Bytes,
-        slot: OwnedSemaphorePermit,
+        slot: GateSlot,
     ) -> Result<Result<Extracted, ExtractError>, JoinError> {
         let needed = tokio::task::spawn_blocking({
             let (bytes, settings) = (bytes.clone(), self.settings.clone());

@@ -107,7 +107,7 @@ mod tests {
             }
         }
         assert_eq!(lane_of(queues::RESULTS), (queues::RESULTS, Priority::Normal));
-        assert_eq!(lane_of("tasks.results.high"), ("tasks.results.high", Priority::Normal));
+        assert_eq!(lane_of("tasks.other.high"), ("tasks.other.high", Priority::Normal), "not a laned queue");
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod control;
 pub mod dedup;
 pub mod embedded;
 pub mod error_text;
+pub mod gate;
 pub mod http;
 pub mod metrics;
 pub mod service;

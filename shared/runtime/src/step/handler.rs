@@ -59,18 +59,20 @@ impl<H: StepHandler> Handler for Reporting<H> {
             Ok(command) => command,
             Err(error) => return Outcome::reject(error),
         };
-        let attempt = Attempt::of(&command).in_lane(imagepipe_contracts::lane_of(&delivery.source).1);
+        let priority = imagepipe_contracts::lane_of(&delivery.source).1;
+        let attempt = Attempt::of(&command).in_lane(priority);
         let (task_id, step) = (attempt.task_id.as_str(), attempt.step);
         let running = self.cancels.as_ref().map(|c| c.register(task_id));
+        let work = crate::gate::with_priority(priority, self.step.process(&command));
         let processed = match &running {
             Some(running) => tokio::select! {
-                processed = self.step.process(&command) => processed,
+                processed = work => processed,
                 () = running.cancelled() => {
                     tracing::info!(task_id, %step, "step stopped: its task was cancelled");
                     Err(StepFailure::retryable(CANCELLED, "the task was cancelled while the step ran"))
                 }
             },
-            None => self.step.process(&command).await,
+            None => work.await,
         };
         drop(running);
         let reported = match processed {
