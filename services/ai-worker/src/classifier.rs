@@ -80,10 +80,11 @@ impl Classifier {
         .await
         .map_err(crashed)??;
         let memory = self.budget.acquire(needed).await;
+        let cpu = imagepipe_runtime::gate::cpu().acquire().await;
         let (model, settings) = (self.model.clone(), self.settings.clone());
         let started = Instant::now();
         let analysis = tokio::task::spawn_blocking(move || {
-            let _held = (slot, memory);
+            let _held = (slot, memory, cpu);
             analyze(&model, &settings, &bytes)
         })
         .await;

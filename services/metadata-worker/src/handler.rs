@@ -75,13 +75,14 @@ impl MetadataHandler {
             Err(error) => return Ok(Err(error)),
         };
         let memory = self.budget.acquire(needed).await;
+        let cpu = imagepipe_runtime::gate::cpu().acquire().await;
         let settings = self.settings.clone();
         let started = Instant::now();
         let extracted = tokio::task::spawn_blocking(move || {
             let decoding = Decoding::start();
             let extracted = extract(&bytes, &settings);
             drop(decoding);
-            drop((slot, memory));
+            drop((slot, memory, cpu));
             extracted
         })
         .await;

@@ -81,8 +81,6 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
 pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
     metrics::describe();
     let blobs = settings.blob.open().map_err(RunError::BlobStore)?;
-    // Decoding is CPU-bound: one image per core at a time, the highest-priority step first.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let step = MetadataHandler::new(blobs, settings.metadata.clone(), settings.worker.concurrency.min(cores));
+    let step = MetadataHandler::new(blobs, settings.metadata.clone(), settings.worker.concurrency);
     Ok(run_step(bus, settings, queues::METADATA, SERVICE, step, shutdown).await?)
 }

@@ -43,6 +43,13 @@ pub struct GateSlot {
     state: Arc<Mutex<State>>,
 }
 
+/// The process's CPU gate: one slot per core, shared by every stage of the process (the three
+/// of `imagepipe run`), so CPU-bound steps never outnumber the cores and a high one is next.
+pub fn cpu() -> &'static PriorityGate {
+    static CPU: std::sync::OnceLock<PriorityGate> = std::sync::OnceLock::new();
+    CPU.get_or_init(|| PriorityGate::new(std::thread::available_parallelism().map_or(1, |n| n.get())))
+}
+
 impl PriorityGate {
     /// A gate of `slots` slots (at least 1).
     pub fn new(slots: usize) -> Self {
