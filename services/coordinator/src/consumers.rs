@@ -154,49 +154,42 @@ impl Handler for ResultHandler {
 /// A consumer that fetches nothing while the coordinator is at its in-flight cap, so
 /// submissions wait in their queue (DESIGN.md, "Backpressure").
 ///
-/// With a `headroom` (the `high` submit lane's, [`Engine::high_cap`]), it fetches until the
-/// tasks in flight reach the cap plus the headroom: a high submission is taken and started at
-/// once, never behind the backlog of the lanes below (and one recheck period).
+/// The `high` submit lane's ([`CappedConsumer::high`]) is gated on [`Engine::high_cap`]: a high
+/// submission is taken and started at once, never behind the backlog of the lanes below (and
+/// one recheck period).
 pub struct CappedConsumer {
     inner: Box<dyn Consumer>,
     engine: Engine,
     recheck: Duration,
-    headroom: u64,
+    /// The cap it is gated on: `max_in_flight`, or the high cap.
+    cap: u64,
 }
 
 impl CappedConsumer {
     /// Gates `inner` on `engine`'s cap, checking again every `recheck` while full.
     pub fn new(inner: Box<dyn Consumer>, engine: Engine, recheck: Duration) -> Self {
-        Self { inner, engine, recheck, headroom: 0 }
+        let cap = engine.config().max_in_flight;
+        Self { inner, engine, recheck, cap }
     }
 
-    /// The same gate for a lane that may take `headroom` tasks past the cap, queued.
-    pub fn with_headroom(mut self, headroom: u64) -> Self {
-        self.headroom = headroom;
-        self
-    }
-
-    async fn room(&self) -> Result<u64, crate::store::StoreError> {
-        let cap = self.engine.config().max_in_flight;
-        let in_flight = self.engine.in_flight().await?;
-        if self.headroom == 0 {
-            return Ok(cap.saturating_sub(in_flight));
-        }
-        Ok((cap + self.headroom).saturating_sub(in_flight))
+    /// Gates the high lane `inner` on `engine`'s high cap.
+    pub fn high(inner: Box<dyn Consumer>, engine: Engine, recheck: Duration) -> Self {
+        let cap = engine.high_cap();
+        Self { inner, engine, recheck, cap }
     }
 }
 
 #[async_trait]
 impl Consumer for CappedConsumer {
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError> {
-        let room = match self.room().await {
-            Ok(room) => room,
+        let room = match self.engine.in_flight().await {
+            Ok(n) => self.cap.saturating_sub(n),
             Err(e) => {
                 tracing::warn!(error = %e, "in-flight count unavailable; not pulling submissions");
                 0
             }
         };
-        if self.headroom == 0 {
+        if self.cap == self.engine.config().max_in_flight {
             metrics::gauge!(m::SUBMISSIONS_PAUSED, "reason" => m::PAUSED_BY_CAP).set(if room == 0 { 1.0 } else { 0.0 });
         }
         if room == 0 {

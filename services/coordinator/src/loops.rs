@@ -11,7 +11,7 @@ use imagepipe_contracts::names::{self, queues};
 use imagepipe_runtime::backoff::ExponentialBackoff;
 use imagepipe_runtime::clock::{Clock, SystemClock};
 use imagepipe_runtime::shutdown::Shutdown;
-use imagepipe_runtime::worker::{BatchWorker, Handler, LoopConfig, Worker, WorkerError};
+use imagepipe_runtime::worker::{BatchHandler, BatchWorker, Handler, LoopConfig, Worker, WorkerError};
 use tokio::task::JoinSet;
 
 use crate::consumers::{CappedConsumer, DeadLetterArchiver, ResultHandler, SubmitHandler};
@@ -70,6 +70,27 @@ pub struct LoopsConfig {
     pub retention: Retention,
     /// How often the expirer deletes what outlived its retention.
     pub expiry_interval: Duration,
+}
+
+/// Runs a batch worker of `handler` on `consumer` in `loops` until `shutdown`.
+fn spawn_batch<H: BatchHandler>(
+    loops: &mut JoinSet<Result<(), RunError>>,
+    consumer: Box<dyn Consumer>,
+    handler: H,
+    config: LoopConfig,
+    shutdown: &Shutdown,
+) {
+    let (worker, stop) = (BatchWorker::new(consumer, handler, config), shutdown.clone());
+    loops.spawn(async move { Ok(worker.run(stop).await?) });
+}
+
+/// The high lane's consumer of `lanes` ([`Lanes::open_each`], highest first), and the others.
+fn split_high(
+    mut lanes: Vec<(Priority, Box<dyn Consumer>)>,
+) -> (Box<dyn Consumer>, Vec<(Priority, Box<dyn Consumer>)>) {
+    let (priority, high) = lanes.remove(0);
+    debug_assert_eq!(priority, Priority::High, "open_each lists the high lane first");
+    (high, lanes)
 }
 
 /// Why the coordinator stopped other than by shutdown.
@@ -135,15 +156,8 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         .map(|q| names::dead_letter_queue(q))
         .chain(config.dlq_groups.iter().map(|g| names::dead_letter_queue_of_group(g)))
         .collect();
-    let task_queues = &bus.queues;
-    let submit = futures::future::try_join_all(Priority::ALL.map(|priority| {
-        let (lane, consumer) = (priority.lane(queues::SUBMIT), config.consumer.clone());
-        async move { Ok::<_, BusError>((priority, task_queues.consume(&lane, consumer).await?)) }
-    }));
-    let results = futures::future::try_join_all(Priority::ALL.map(|priority| {
-        let (lane, consumer) = (priority.lane(queues::RESULTS), config.consumer.clone());
-        async move { Ok::<_, BusError>((priority, task_queues.consume(&lane, consumer).await?)) }
-    }));
+    let submit = Lanes::open_each(&*bus.queues, queues::SUBMIT, config.consumer.clone());
+    let results = Lanes::open_each(&*bus.queues, queues::RESULTS, config.consumer.clone());
     let dlqs = futures::future::try_join_all(
         dlq_names.iter().map(|dlq| bus.queues.consume(dlq, config.consumer.clone()).map_err(|e| open(dlq.clone(), e))),
     );
@@ -156,41 +170,23 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
     // The high lanes of the submit and results queues have loops of their own, in small
     // batches, so a high task's transitions never wait behind a backlog's batch; the other
     // lanes share the bulk loops by their shares. Each submit lane is gated on the cap, the
-    // high one on the cap and its headroom.
+    // high one on the high cap.
     let batched = |name, max| LoopConfig { concurrency: max, ..named(&config.worker, name) };
-    let headroom = engine.high_cap() - engine.config().max_in_flight;
-    let (mut submit_lanes, mut express_submit) = (Vec::new(), None);
-    for (priority, consumer) in submit {
-        let capped = CappedConsumer::new(consumer, engine.clone(), config.cap_recheck);
-        match priority {
-            Priority::High => express_submit = Some(capped.with_headroom(headroom)),
-            _ => submit_lanes.push((priority, Box::new(capped) as Box<dyn Consumer>)),
-        }
-    }
-    let express_submit = express_submit.expect("the high submit lane is opened");
-    let (stop, handler) = (shutdown.clone(), SubmitHandler::new(engine.clone()));
-    let worker = BatchWorker::new(Box::new(express_submit), handler, batched(EXPRESS_SUBMIT, EXPRESS_BATCH));
-    loops.spawn(async move { Ok(worker.run(stop).await?) });
-    let (stop, handler) = (shutdown.clone(), SubmitHandler::new(engine.clone()));
-    let submit = Lanes::new(submit_lanes, config.shares);
-    let worker = BatchWorker::new(Box::new(submit), handler, batched(queues::SUBMIT, config.max_batch));
-    loops.spawn(async move { Ok(worker.run(stop).await?) });
-
-    let (mut result_lanes, mut express_results) = (Vec::new(), None);
-    for (priority, consumer) in results {
-        match priority {
-            Priority::High => express_results = Some(consumer),
-            _ => result_lanes.push((priority, consumer)),
-        }
-    }
-    let express_results = express_results.expect("the high results lane is opened");
-    let (stop, handler) = (shutdown.clone(), ResultHandler::new(engine.clone()));
-    let worker = BatchWorker::new(express_results, handler, batched(EXPRESS_RESULTS, EXPRESS_BATCH));
-    loops.spawn(async move { Ok(worker.run(stop).await?) });
-    let (stop, handler) = (shutdown.clone(), ResultHandler::new(engine.clone()));
-    let results = Lanes::new(result_lanes, config.shares);
-    let worker = BatchWorker::new(Box::new(results), handler, batched(queues::RESULTS, config.max_batch));
-    loops.spawn(async move { Ok(worker.run(stop).await?) });
+    let (express_submit, submit) = split_high(submit);
+    let express_submit = CappedConsumer::high(express_submit, engine.clone(), config.cap_recheck);
+    let submit = submit
+        .into_iter()
+        .map(|(p, c)| (p, Box::new(CappedConsumer::new(c, engine.clone(), config.cap_recheck)) as Box<dyn Consumer>))
+        .collect();
+    let (express_results, results) = split_high(results);
+    let submissions = || SubmitHandler::new(engine.clone());
+    let step_results = || ResultHandler::new(engine.clone());
+    spawn_batch(&mut loops, Box::new(express_submit), submissions(), batched(EXPRESS_SUBMIT, EXPRESS_BATCH), &shutdown);
+    let submit = Box::new(Lanes::new(submit, config.shares));
+    spawn_batch(&mut loops, submit, submissions(), batched(queues::SUBMIT, config.max_batch), &shutdown);
+    spawn_batch(&mut loops, express_results, step_results(), batched(EXPRESS_RESULTS, EXPRESS_BATCH), &shutdown);
+    let results = Box::new(Lanes::new(results, config.shares));
+    spawn_batch(&mut loops, results, step_results(), batched(queues::RESULTS, config.max_batch), &shutdown);
     for (dlq, consumer) in dlq_names.iter().zip(dlqs) {
         let archiver = DeadLetterArchiver::new(engine.clone(), expirer.clone());
         spawn(&mut loops, consumer, archiver, named(&config.worker, dlq), &shutdown);

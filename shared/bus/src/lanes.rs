@@ -88,12 +88,21 @@ impl Lanes {
         config: ConsumerConfig,
         shares: Shares,
     ) -> Result<Self, BusError> {
-        let opened = futures::future::try_join_all(Priority::ALL.map(|priority| {
+        Ok(Self::new(Self::open_each(queues, queue, config).await?, shares))
+    }
+
+    /// Opens a consumer on every lane of `queue`, highest first, for a caller that reads some
+    /// lanes on their own (the coordinator's express loops).
+    pub async fn open_each(
+        queues: &dyn TaskQueue,
+        queue: &str,
+        config: ConsumerConfig,
+    ) -> Result<Vec<(Priority, Box<dyn Consumer>)>, BusError> {
+        futures::future::try_join_all(Priority::ALL.map(|priority| {
             let (lane, config) = (priority.lane(queue), config.clone());
             async move { Ok::<_, BusError>((priority, queues.consume(&lane, config).await?)) }
         }))
-        .await?;
-        Ok(Self::new(opened, shares))
+        .await
     }
 
     /// How many of `slots` each lane gets, by smooth weighted round-robin over the lanes in

@@ -94,19 +94,13 @@ pub async fn view(engine: &Engine, queue: &'static str) -> Result<QueueView, Api
     let (state, activity) = tokio::join!(control.state(), control.activity(queue, now));
     let (state, activity) = (state.map_err(ApiError::unavailable)?, activity.map_err(ApiError::unavailable)?);
     let mut views = Vec::with_capacity(3);
-    let mut depth = Some(0u64);
     for ((priority, lane), backlog) in lanes.into_iter().zip(backlogs) {
-        let lane_depth = backlog.map_err(ApiError::unavailable)?.map(|b| b.waiting);
-        depth = match (depth, lane_depth) {
-            (Some(total), Some(n)) => Some(total + n),
-            (total, None) => total,
-            (None, Some(n)) => Some(n),
-        };
-        views.push(LaneView { priority, queue: lane, depth: lane_depth });
+        let depth = backlog.map_err(ApiError::unavailable)?.map(|b| b.waiting);
+        views.push(LaneView { priority, queue: lane, depth });
     }
-    if views.iter().all(|l| l.depth.is_none()) {
-        depth = None;
-    }
+    // Unknown only when no lane's broker count is known.
+    let known: Vec<u64> = views.iter().filter_map(|l| l.depth).collect();
+    let depth = (!known.is_empty()).then(|| known.iter().sum());
     let oldest = oldest.into_iter().filter_map(|o| o.ok().flatten()).min();
     let control = state.queue(queue);
     Ok(QueueView {
