@@ -108,5 +108,5 @@ pub fn analyze(model: &Model, settings: &AnalysisOptions, bytes: &[u8]) -> Resul
     let input = preprocess(bytes, settings.max_pixels)?;
     let probabilities = model.probabilities(input)?;
     let (predictions, tags) = model.taxonomy().analyze(&probabilities, settings.top_k, settings.tag_min_score);
-    Ok(AnalysisOutput { model: model.name().to_owned(), predictions, tags })
+    Ok(AnalysisOutput { model: model.name().to_owned(), predictions, tags, embedding: None })
 }

@@ -153,7 +153,7 @@ fn completed(task_id: &str, callback_url: Option<String>) -> Vec<u8> {
             "phash": "00", "blurhash": "LEHV6nWB2yk8", "thumbnailKey": "sha256:00"
         }))
         .unwrap(),
-        analysis: AnalysisOutput { model: "m".into(), predictions: vec![], tags: vec![] },
+        analysis: AnalysisOutput { model: "m".into(), predictions: vec![], tags: vec![], embedding: None },
         callback_url,
         labels: Default::default(),
     };

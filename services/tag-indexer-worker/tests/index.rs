@@ -177,7 +177,7 @@ fn analyzed(task_id: &str, tags: &[(&str, f64)]) -> Vec<u8> {
     let tags = tags.iter().map(|(label, score)| Prediction { label: (*label).into(), score: *score }).collect();
     let payload = ImageAnalyzed {
         blob_key: "sha256:00".into(),
-        analysis: AnalysisOutput { model: "m".into(), predictions: vec![], tags },
+        analysis: AnalysisOutput { model: "m".into(), predictions: vec![], tags, embedding: None },
         labels: Default::default(),
     };
     Event::for_task(task_id, 1, TraceId::random(), now_ms(), "ai-worker", payload).to_json()

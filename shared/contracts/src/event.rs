@@ -47,6 +47,9 @@ pub enum EventType {
     /// The AI worker labelled the image.
     #[serde(rename = "image.analyzed")]
     ImageAnalyzed,
+    /// The similarity indexer found the image to be a near-duplicate of an earlier one.
+    #[serde(rename = "image.duplicate_detected")]
+    ImageDuplicateDetected,
     /// The coordinator accepted a new task.
     #[serde(rename = "task.created")]
     TaskCreated,
@@ -78,10 +81,11 @@ pub enum EventType {
 
 impl EventType {
     /// Every event type.
-    pub const ALL: [EventType; 12] = [
+    pub const ALL: [EventType; 13] = [
         Self::ImageDownloaded,
         Self::ImageMetadataExtracted,
         Self::ImageAnalyzed,
+        Self::ImageDuplicateDetected,
         Self::TaskCreated,
         Self::TaskRetrying,
         Self::TaskCompleted,
@@ -99,6 +103,7 @@ impl EventType {
             Self::ImageDownloaded => "image.downloaded",
             Self::ImageMetadataExtracted => "image.metadata_extracted",
             Self::ImageAnalyzed => "image.analyzed",
+            Self::ImageDuplicateDetected => "image.duplicate_detected",
             Self::TaskCreated => "task.created",
             Self::TaskRetrying => "task.retrying",
             Self::TaskCompleted => "task.completed",
@@ -144,6 +149,14 @@ const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6b1f_4a8e_93d2_4c5e_8f71_2d0c
 /// so a redelivered step publishes the same id and subscribers deduplicate by it.
 pub fn event_id(task_id: &str, event_type: EventType, attempt: u32) -> Uuid {
     let name = format!("{task_id}\n{}\n{attempt}", event_type.as_str());
+    Uuid::new_v5(&EVENT_ID_NAMESPACE, name.as_bytes())
+}
+
+/// The deterministic id of an event a subscriber publishes because of another event (`cause`,
+/// that event's id): UUIDv5 over `(cause, eventType, key)`, so a redelivered cause publishes the
+/// same id and a new cause (a new generation of the task) a new one.
+pub fn derived_event_id(cause: Uuid, event_type: EventType, key: &str) -> Uuid {
+    let name = format!("{cause}\n{}\n{key}", event_type.as_str());
     Uuid::new_v5(&EVENT_ID_NAMESPACE, name.as_bytes())
 }
 
@@ -234,6 +247,7 @@ mod tests {
                 "image.downloaded",
                 "image.metadata_extracted",
                 "image.analyzed",
+                "image.duplicate_detected",
                 "task.created",
                 "task.retrying",
                 "task.completed",

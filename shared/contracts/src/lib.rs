@@ -15,6 +15,7 @@
 
 pub mod command;
 pub mod decode;
+pub mod embedding;
 pub mod event;
 pub mod names;
 pub mod payload;
@@ -28,6 +29,7 @@ pub mod trace;
 
 pub use command::{AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, SubmitError, SubmitTask};
 pub use decode::{DecodeError, decode};
+pub use embedding::{Embedding, EmbeddingError};
 pub use event::{Event, EventPayload, EventType, UnknownEventType, event_id};
 pub use priority::{Priority, UnknownPriority, lane_of};
 pub use step::{Step, StepError, StepOutcome, StepOutput, StepResult};

@@ -48,6 +48,27 @@ pub struct ImageAnalyzed {
     pub labels: Labels,
 }
 
+/// Payload of `image.duplicate_detected`: the task's image (the envelope's `taskId`) is a
+/// near-duplicate of an earlier task's, by perceptual hash, by embedding, or both.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageDuplicateDetected {
+    /// The earlier task whose image this one duplicates.
+    pub duplicate_of: String,
+    /// Hamming distance of the two 64-bit perceptual hashes (0 = identical), when both have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phash_distance: Option<u32>,
+    /// Cosine of the two embeddings (1 = same direction), when both have one of one version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cosine: Option<f64>,
+    /// Blob key of the earlier image's thumbnail, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate_thumbnail_key: Option<String>,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
 /// Payload of `task.created`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -196,6 +217,7 @@ payload_of! {
     ImageDownloaded => ImageDownloaded,
     ImageMetadataExtracted => ImageMetadataExtracted,
     ImageAnalyzed => ImageAnalyzed,
+    ImageDuplicateDetected => ImageDuplicateDetected,
     TaskCreated => TaskCreated,
     TaskRetrying => TaskRetrying,
     TaskCompleted => TaskCompleted,

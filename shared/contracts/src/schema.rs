@@ -6,8 +6,8 @@
 use schemars::{JsonSchema, Schema, schema_for};
 
 use crate::payload::{
-    ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted, QueuePaused, QueueResumed, TaskCancelled, TaskCompleted,
-    TaskCreated, TaskFailed, TaskPaused, TaskResumed, TaskRetrying,
+    ImageAnalyzed, ImageDownloaded, ImageDuplicateDetected, ImageMetadataExtracted, QueuePaused, QueueResumed,
+    TaskCancelled, TaskCompleted, TaskCreated, TaskFailed, TaskPaused, TaskResumed, TaskRetrying,
 };
 use crate::{AnalyzeCommand, DownloadCommand, Event, EventPayload, MetadataCommand, StepResult, SubmitTask};
 
@@ -25,6 +25,7 @@ pub fn all() -> Vec<(String, Schema)> {
         payload::<ImageDownloaded>(),
         payload::<ImageMetadataExtracted>(),
         payload::<ImageAnalyzed>(),
+        payload::<ImageDuplicateDetected>(),
         payload::<TaskCreated>(),
         payload::<TaskRetrying>(),
         payload::<TaskCompleted>(),

@@ -286,6 +286,10 @@ pub struct AnalysisOutput {
     pub predictions: Vec<Prediction>,
     /// Search tags (class names and their ancestors), best first.
     pub tags: Vec<Prediction>,
+    /// The image's visual embedding from the same inference, for similarity search. It travels
+    /// in `image.analyzed` only: the step result and the task's record leave it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<crate::Embedding>,
 }
 
 /// A label with the model's score for it.

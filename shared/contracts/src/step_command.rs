@@ -81,8 +81,13 @@ impl StepCommand for AnalyzeCommand {
     }
 
     fn announce(&self, analysis: AnalysisOutput) -> (ImageAnalyzed, StepOutput) {
-        let event =
-            ImageAnalyzed { blob_key: self.blob_key.clone(), analysis: analysis.clone(), labels: self.labels.clone() };
-        (event, StepOutput::Analyze(analysis))
+        let result = AnalysisOutput {
+            model: analysis.model.clone(),
+            predictions: analysis.predictions.clone(),
+            tags: analysis.tags.clone(),
+            embedding: None,
+        };
+        let event = ImageAnalyzed { blob_key: self.blob_key.clone(), analysis, labels: self.labels.clone() };
+        (event, StepOutput::Analyze(result))
     }
 }

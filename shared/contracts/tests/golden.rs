@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use imagepipe_contracts::payload::{
-    ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted, QueuePaused, QueueResumed, TaskCancelled, TaskCompleted,
-    TaskCreated, TaskFailed, TaskPaused, TaskResumed, TaskRetrying,
+    ImageAnalyzed, ImageDownloaded, ImageDuplicateDetected, ImageMetadataExtracted, QueuePaused, QueueResumed,
+    TaskCancelled, TaskCompleted, TaskCreated, TaskFailed, TaskPaused, TaskResumed, TaskRetrying,
 };
 use imagepipe_contracts::{
     AnalyzeCommand, DownloadCommand, Event, EventPayload, EventType, MetadataCommand, StepResult, SubmitTask, decode,
@@ -46,6 +46,7 @@ fn every_event_type_round_trips() {
     event_round_trip::<ImageDownloaded>();
     event_round_trip::<ImageMetadataExtracted>();
     event_round_trip::<ImageAnalyzed>();
+    event_round_trip::<ImageDuplicateDetected>();
     event_round_trip::<TaskCreated>();
     event_round_trip::<TaskRetrying>();
     event_round_trip::<TaskCompleted>();

@@ -51,6 +51,7 @@ pub(crate) fn output(step: Step) -> StepOutput {
             model: "m".into(),
             predictions: vec![Prediction { label: "cat".into(), score: 0.9 }],
             tags: vec![],
+            embedding: None,
         }),
     }
 }

@@ -83,6 +83,7 @@ pub fn output(step: Step) -> StepOutput {
             model: "m".into(),
             predictions: vec![Prediction { label: "cat".into(), score: 0.9 }],
             tags: vec![],
+            embedding: None,
         }),
     }
 }

@@ -150,6 +150,7 @@ fn analysis_output() -> AnalysisOutput {
         model: "mobilenetv2-12 (ImageNet-1k)".into(),
         predictions: scored(&["tiger cat", "tabby", "Egyptian cat", "lynx", "tiger"]),
         tags: scored(&["organism", "animal", "chordate", "vertebrate", "mammal", "carnivore", "feline", "cat"]),
+        embedding: None,
     }
 }
 
