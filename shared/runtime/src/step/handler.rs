@@ -63,6 +63,9 @@ impl<H: StepHandler> Handler for Reporting<H> {
         let attempt = Attempt::of(&command).in_lane(priority);
         let (task_id, step) = (attempt.task_id.as_str(), attempt.step);
         let running = self.cancels.as_ref().map(|c| c.register(task_id));
+        if priority == imagepipe_contracts::Priority::High {
+            crate::gate::cpu().note_high();
+        }
         let work = crate::gate::with_priority(priority, self.step.process(&command));
         let processed = match &running {
             Some(running) => tokio::select! {
