@@ -24,6 +24,7 @@ mod metadata;
 mod net;
 mod notification;
 mod secret;
+mod similarity;
 mod store;
 mod telemetry;
 mod validate;
@@ -46,6 +47,7 @@ pub use metadata::{MetadataConfig, ThumbnailFormat, ThumbnailSpec};
 pub use net::{NetConfig, Outbound};
 pub use notification::{InvalidWebhookSecret, NotificationConfig, WebhookSecret, WebhookTarget};
 pub use secret::{MASK, Secret, SecretUrl, mask_url_credentials};
+pub use similarity::SimilarityConfig;
 pub use store::{RedisConfig, StoreConfig, StoreKind};
 pub use telemetry::TelemetryConfig;
 pub use worker::{PriorityShares, WorkerConfig};
@@ -87,6 +89,8 @@ pub struct Settings {
     pub dedup: DedupConfig,
     /// Coordinator: bounds of the dead-letter archive (`dlq.*`).
     pub dlq: DlqConfig,
+    /// Similarity indexer: near-duplicate thresholds and the vector index (`similarity.*`).
+    pub similarity: SimilarityConfig,
 }
 
 /// Accepts a list, or one string of comma-separated items (how lists arrive from the

@@ -32,7 +32,8 @@ impl Settings {
         self.telemetry.validate()?;
         self.notification.validate()?;
         self.dedup.validate()?;
-        self.dlq.validate()
+        self.dlq.validate()?;
+        self.similarity.validate()
     }
 }
 

@@ -1,0 +1,49 @@
+//! The `similarity` section: when the similarity indexer calls two images near-duplicates, and
+//! when its vector index turns approximate.
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// The `similarity` section (the similarity indexer's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimilarityConfig {
+    /// A new image whose 64-bit perceptual hash differs from an earlier one's in at most this
+    /// many bits is a near-duplicate of it (0-64).
+    pub phash_max_distance: u32,
+    /// A new image whose embedding's cosine with an earlier one's is at least this is a
+    /// near-duplicate of it (0-1].
+    pub duplicate_threshold: f64,
+    /// Images held before the vector index adds an approximate (HNSW) graph to its exact search.
+    pub exact_limit: usize,
+    /// Lowest cosine kept as a pair for `GET /v1/duplicates` (its `threshold` may not go lower).
+    pub pair_floor: f64,
+}
+
+impl Default for SimilarityConfig {
+    fn default() -> Self {
+        Self { phash_max_distance: 6, duplicate_threshold: 0.95, exact_limit: 100_000, pair_floor: 0.85 }
+    }
+}
+
+impl SimilarityConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.phash_max_distance > 64 {
+            return Err(ConfigError::invalid("similarity.phash_max_distance", "must be 0-64 (bits of a 64-bit hash)"));
+        }
+        if !(self.duplicate_threshold > 0.0 && self.duplicate_threshold <= 1.0) {
+            return Err(ConfigError::invalid("similarity.duplicate_threshold", "must be a cosine in (0, 1]"));
+        }
+        if !(self.pair_floor > 0.0 && self.pair_floor <= self.duplicate_threshold) {
+            return Err(ConfigError::invalid(
+                "similarity.pair_floor",
+                "must be a cosine in (0, similarity.duplicate_threshold]",
+            ));
+        }
+        if self.exact_limit == 0 {
+            return Err(ConfigError::invalid("similarity.exact_limit", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
