@@ -104,6 +104,7 @@ impl Upstream {
                 ("/v1/tasks/{id}/similar", MethodFilter::GET),
                 ("/v1/search/similar", MethodFilter::POST),
                 ("/v1/duplicates", MethodFilter::GET),
+                ("/v1/similarity/rebuild", MethodFilter::GET.or(MethodFilter::POST)),
             ],
         }
     }

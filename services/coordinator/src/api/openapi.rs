@@ -257,23 +257,58 @@ pub fn document() -> Value {
             "get": {
                 "operationId": "getSimilarTasks",
                 "summary": "Images similar to a task's (the similarity indexer's)",
-                "parameters": [id_param("Task id")],
-                "responses": { "200": { "description": "Similar tasks, closest first", "content": { "application/json": { "schema": { "type": "object" } } } } }
+                "parameters": [id_param("Task id"), {
+                    "name": "limit", "in": "query", "required": false,
+                    "description": "Most results (1-100, default 10)",
+                    "schema": { "type": "integer", "minimum": 1, "maximum": 100 }
+                }],
+                "responses": { "200": { "description": "The task's embedding version and the most similar tasks, closest first (taskId, cosine, phashDistance, thumbnailKey)", "content": { "application/json": { "schema": { "type": "object" } } } } }
             }
         },
         "/v1/search/similar": {
             "post": {
                 "operationId": "searchSimilar",
-                "summary": "Images similar to the one given (the similarity indexer's)",
-                "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object" } } } },
-                "responses": { "200": { "description": "Similar tasks, closest first", "content": { "application/json": { "schema": { "type": "object" } } } } }
+                "summary": "Images similar to the one given (the similarity indexer's): the model runs on it",
+                "parameters": [{
+                    "name": "limit", "in": "query", "required": false,
+                    "description": "Most results (1-100, default 10)",
+                    "schema": { "type": "integer", "minimum": 1, "maximum": 100 }
+                }],
+                "requestBody": { "required": true, "content": {
+                    "application/octet-stream": { "schema": { "type": "string", "format": "binary" } },
+                    "application/json": { "schema": { "type": "object", "required": ["blobKey"],
+                        "properties": { "blobKey": { "type": "string", "description": "A stored blob, sha256:<hex>" } } } }
+                } },
+                "responses": { "200": { "description": "The most similar tasks, closest first", "content": { "application/json": { "schema": { "type": "object" } } } } }
             }
         },
         "/v1/duplicates": {
             "get": {
                 "operationId": "getDuplicates",
                 "summary": "Groups of near-duplicate images (the similarity indexer's)",
+                "parameters": [{
+                    "name": "threshold", "in": "query", "required": false,
+                    "description": "Cosine a pair needs, from similarity.pair_floor to 1 (default similarity.duplicate_threshold); a pair within similarity.phash_max_distance counts too",
+                    "schema": { "type": "number", "maximum": 1 }
+                }, {
+                    "name": "limit", "in": "query", "required": false,
+                    "description": "Most groups (1-1000, default 100), largest first",
+                    "schema": { "type": "integer", "minimum": 1, "maximum": 1000 }
+                }],
                 "responses": { "200": { "description": "Near-duplicate groups", "content": { "application/json": { "schema": { "type": "object" } } } } }
+            }
+        },
+        "/v1/similarity/rebuild": {
+            "post": {
+                "operationId": "startSimilarityRebuild",
+                "summary": "Rebuild the similarity index from the retained event stream (the similarity indexer's)",
+                "responses": { "202": { "description": "The rebuild started: its status", "content": { "application/json": { "schema": { "type": "object" } } } },
+                                "409": { "description": "A rebuild is already running on that replica", "content": { "application/json": { "schema": { "type": "object" } } } } }
+            },
+            "get": {
+                "operationId": "getSimilarityRebuild",
+                "summary": "How the latest rebuild of the similarity index went (running, done, failed; events read; duration)",
+                "responses": { "200": { "description": "The latest rebuild's status", "content": { "application/json": { "schema": { "type": "object" } } } } }
             }
         }
     });
@@ -584,8 +619,10 @@ mod tests {
             for &(path, _) in upstream.routes() {
                 let operations = document["paths"][path].as_object().unwrap_or_else(|| panic!("{path} documented"));
                 for (method, operation) in operations {
-                    for status in ["200", "404", "502", "504"] {
-                        assert!(operation["responses"].get(status).is_some(), "{method} {path}: {status}");
+                    let responses = operation["responses"].as_object().unwrap();
+                    assert!(responses.keys().any(|s| s.starts_with('2')), "{method} {path}: a success");
+                    for status in ["404", "502", "504"] {
+                        assert!(responses.get(status).is_some(), "{method} {path}: {status}");
                     }
                     assert!(operation["description"].as_str().unwrap().contains(upstream.key()), "{path}");
                 }
