@@ -1,28 +1,28 @@
 //! The tag index: tag → task ids with the tag's score, and each task's thumbnail key.
 //!
-//! [`RedisIndex`] keeps one sorted set per tag (`<prefix>:tags:tag:<tag>`, member task id,
-//! score the tag's score) and one hash of thumbnail keys (`<prefix>:tags:thumbnails`);
+//! [`RedisIndex`] keeps one sorted set per tag (member task id, score the tag's score) and one
+//! hash of thumbnail keys, every key under `<prefix>:{<prefix>:tags}:`, one Redis Cluster slot
+//! (its module docs have the layout, the trade-off and the move from the old layout);
 //! [`EmbeddedIndex`] holds the same in the group's redb file under `store.path`
 //! (`tag-indexer.redb`, kept across restarts), [`MemoryIndex`] in process memory (tests). Writing
 //! the same tag, task and score again changes nothing, so re-indexing an event is harmless.
 //!
 //! Nothing stays for ever: every write carries the time of its event, the index remembers each
-//! task's latest (`<prefix>:tags:indexed`, a sorted set by time) and the tags it has
-//! (`<prefix>:tags:task:<id>`, a hash of tag → empty: small hashes are kept compact, small
-//! sets are not before Redis 7.2), and [`TagIndex::expire`] drops every entry of the tasks whose
-//! latest event is older than the retention (the coordinator's, so a task leaves the index
-//! when it leaves the coordinator).
+//! task's latest (Redis: a sorted set by time) and the tags it has (Redis: a hash per task), and
+//! [`TagIndex::expire`] drops every entry of the tasks whose latest event is older than the
+//! retention (the coordinator's, so a task leaves the index when it leaves the coordinator).
 
 mod embedded;
+mod redis;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use imagepipe_runtime::embedded::EmbeddedError;
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
+pub use self::redis::RedisIndex;
 pub use embedded::EmbeddedIndex;
 
 /// How several query tags combine.
@@ -53,7 +53,7 @@ pub struct Hit {
 pub enum IndexError {
     /// Connecting to Redis failed.
     #[error("connecting to Redis for the tag index")]
-    Connect(#[source] redis::RedisError),
+    Connect(#[source] ::redis::RedisError),
     /// A Redis command failed.
     #[error("tag index: {action}")]
     Redis {
@@ -61,7 +61,7 @@ pub enum IndexError {
         action: &'static str,
         /// What Redis said.
         #[source]
-        source: redis::RedisError,
+        source: ::redis::RedisError,
     },
     /// The embedded file failed.
     #[error("tag index")]
@@ -81,130 +81,6 @@ pub trait TagIndex: Send + Sync + 'static {
     async fn expire(&self, before: u64, max: usize) -> Result<usize, IndexError>;
     /// The best `limit` tasks matching `tags` by `mode`, best first (ties by task id).
     async fn search(&self, tags: &[String], mode: TagMatch, limit: usize) -> Result<Vec<Hit>, IndexError>;
-}
-
-/// Drops the entries of up to ARGV[2] tasks whose latest event (KEYS[1], the indexed set) is at
-/// or before ARGV[1]: their tag entries (tag keys under ARGV[3], found in each task's hash of
-/// tags), their tag hash and their thumbnail (KEYS[2]). Returns how many tasks.
-const EXPIRE: &str = r"
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-for _, id in ipairs(ids) do
-  local task = ARGV[3] .. ':task:' .. id
-  for _, tag in ipairs(redis.call('HKEYS', task)) do
-    redis.call('ZREM', ARGV[3] .. ':tag:' .. tag, id)
-  end
-  redis.call('DEL', task)
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('ZREM', KEYS[1], id)
-end
-return #ids
-";
-
-/// The index in Redis, keys under `<prefix>:tags:`.
-#[derive(Clone)]
-pub struct RedisIndex {
-    connection: ConnectionManager,
-    prefix: String,
-    expire: redis::Script,
-}
-
-impl RedisIndex {
-    /// Connects to `url`, keys under `<prefix>:tags:`.
-    pub async fn connect(url: &str, prefix: &str) -> Result<Self, IndexError> {
-        let client = redis::Client::open(url).map_err(IndexError::Connect)?;
-        let connection = ConnectionManager::new(client).await.map_err(IndexError::Connect)?;
-        Ok(Self { connection, prefix: format!("{prefix}:tags"), expire: redis::Script::new(EXPIRE) })
-    }
-
-    fn tag_key(&self, tag: &str) -> String {
-        format!("{}:tag:{tag}", self.prefix)
-    }
-
-    fn task_key(&self, task_id: &str) -> String {
-        format!("{}:task:{task_id}", self.prefix)
-    }
-
-    fn indexed_key(&self) -> String {
-        format!("{}:indexed", self.prefix)
-    }
-
-    fn thumbnails_key(&self) -> String {
-        format!("{}:thumbnails", self.prefix)
-    }
-}
-
-fn redis_err(action: &'static str) -> impl FnOnce(redis::RedisError) -> IndexError {
-    move |source| IndexError::Redis { action, source }
-}
-
-#[async_trait]
-impl TagIndex for RedisIndex {
-    async fn index(&self, task_id: &str, tags: &[(String, f64)], at: u64) -> Result<(), IndexError> {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        for (tag, score) in tags {
-            pipe.cmd("ZADD").arg(self.tag_key(tag)).arg(*score).arg(task_id).ignore();
-            pipe.cmd("HSET").arg(self.task_key(task_id)).arg(tag).arg("").ignore();
-        }
-        pipe.cmd("ZADD").arg(self.indexed_key()).arg("GT").arg(at).arg(task_id).ignore();
-        pipe.query_async::<()>(&mut self.connection.clone()).await.map_err(redis_err("indexing tags"))
-    }
-
-    async fn set_thumbnail(&self, task_id: &str, thumbnail_key: &str, at: u64) -> Result<(), IndexError> {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        pipe.cmd("HSET").arg(self.thumbnails_key()).arg(task_id).arg(thumbnail_key).ignore();
-        pipe.cmd("ZADD").arg(self.indexed_key()).arg("GT").arg(at).arg(task_id).ignore();
-        pipe.query_async::<()>(&mut self.connection.clone()).await.map_err(redis_err("storing a thumbnail key"))
-    }
-
-    async fn expire(&self, before: u64, max: usize) -> Result<usize, IndexError> {
-        self.expire
-            .key(self.indexed_key())
-            .key(self.thumbnails_key())
-            .arg(before)
-            .arg(max)
-            .arg(&self.prefix)
-            .invoke_async(&mut self.connection.clone())
-            .await
-            .map_err(redis_err("expiring old entries"))
-    }
-
-    async fn search(&self, tags: &[String], mode: TagMatch, limit: usize) -> Result<Vec<Hit>, IndexError> {
-        if tags.is_empty() || limit == 0 {
-            return Ok(Vec::new());
-        }
-        let keys: Vec<String> = tags.iter().map(|t| self.tag_key(t)).collect();
-        let command = match mode {
-            TagMatch::All => "ZINTER",
-            TagMatch::Any => "ZUNION",
-        };
-        let scored: Vec<(String, f64)> = redis::cmd(command)
-            .arg(keys.len())
-            .arg(&keys)
-            .arg("AGGREGATE")
-            .arg("SUM")
-            .arg("WITHSCORES")
-            .query_async(&mut self.connection.clone())
-            .await
-            .map_err(redis_err("searching tags"))?;
-        let best = best_first(scored, limit);
-        if best.is_empty() {
-            return Ok(Vec::new());
-        }
-        let task_ids: Vec<&str> = best.iter().map(|(id, _)| id.as_str()).collect();
-        let thumbnails: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(self.thumbnails_key())
-            .arg(&task_ids)
-            .query_async(&mut self.connection.clone())
-            .await
-            .map_err(redis_err("reading thumbnail keys"))?;
-        Ok(best
-            .into_iter()
-            .zip(thumbnails)
-            .map(|((task_id, score), thumbnail_key)| Hit { task_id, score, thumbnail_key })
-            .collect())
-    }
 }
 
 /// Sorts by score descending, then task id, and keeps `limit`.

@@ -59,9 +59,10 @@ pub enum RunError {
     Worker(#[source] WorkerError),
 }
 
-/// The index `settings` call for: Redis at `store.redis.url` (keys under `<bus.prefix>:tags:`)
-/// when `store.kind = redis`, the group's embedded file (`store.path/tag-indexer.redb`, beside
-/// its dedup set) otherwise.
+/// The index `settings` call for: Redis at `store.redis.url` (keys under
+/// `<bus.prefix>:{<bus.prefix>:tags}:`, one Redis Cluster slot; keys an older version wrote under
+/// `<bus.prefix>:tags:` are moved there) when `store.kind = redis`, the group's embedded file
+/// (`store.path/tag-indexer.redb`, beside its dedup set) otherwise.
 pub async fn open_index(settings: &Settings) -> Result<Arc<dyn TagIndex>, RunError> {
     Ok(match settings.store.kind {
         StoreKind::Redis => Arc::new(

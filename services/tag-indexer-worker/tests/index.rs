@@ -167,6 +167,112 @@ async fn the_redis_index_searches_best_first() {
     let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
 }
 
+/// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (the part between the first
+/// `{` and the next `}`, when not empty) or of the whole key, mod 16384.
+fn cluster_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &bytes[open + 1..open + 1 + close])
+        })
+        .unwrap_or(bytes);
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16_384
+}
+
+/// The values Redis's cluster specification and `CLUSTER KEYSLOT` give.
+#[test]
+fn cluster_slot_is_the_one_redis_computes() {
+    assert_eq!(cluster_slot("123456789"), 0x31C3, "the CRC16/XMODEM check value");
+    assert_eq!(cluster_slot("foo"), 12_182);
+    assert_eq!(cluster_slot("bar"), 5_061);
+    assert_eq!(cluster_slot("{user1000}.following"), cluster_slot("{user1000}.followers"));
+    assert_eq!(cluster_slot("{user1000}.following"), cluster_slot("user1000"));
+    assert_eq!(cluster_slot("foo{bar}{zap}"), cluster_slot("bar"));
+    assert_ne!(cluster_slot("foo{}{bar}"), cluster_slot("bar"), "an empty first tag: the whole key is hashed");
+    assert_eq!(cluster_slot("foo{{bar}}zap"), cluster_slot("{bar"));
+}
+
+/// Every key the Redis index writes for tasks of several tags (some with `:`, a space or braces
+/// of their own) and a thumbnail is in one cluster slot, so each multi-key command, `MULTI`
+/// block and script touches one slot; searches over several tags and expiry work on them.
+#[tokio::test]
+async fn every_key_of_the_redis_index_is_in_one_cluster_slot() {
+    let (index, prefix) = redis_index("slot").await;
+    let several = tags(&[("cat", 0.9), ("animal", 0.95), ("tiger cat", 0.4), ("a:b", 0.3), ("{x}", 0.2)]);
+    index.index("t1", &several, T0).await.unwrap();
+    index.index("t2", &tags(&[("dog", 0.8), ("animal", 0.6)]), T0).await.unwrap();
+    index.set_thumbnail("t1", "sha256:aa", T0).await.unwrap();
+    assert_eq!(ids(&index.search(&q(&["cat", "animal", "{x}"]), TagMatch::All, 10).await.unwrap()), ["t1"]);
+    assert_eq!(ids(&index.search(&q(&["a:b", "dog"]), TagMatch::Any, 10).await.unwrap()), ["t2", "t1"]);
+
+    let (keys, _) = redis_keys(&prefix).await;
+    assert_eq!(keys.len(), 6 + 2 + 2, "a key per tag, per task, `indexed` and `thumbnails`: {keys:?}");
+    let slot = cluster_slot(&format!("{{{prefix}:tags}}"));
+    for key in &keys {
+        assert!(key.starts_with(&format!("{prefix}:{{{prefix}:tags}}:")), "{key}");
+        assert_eq!(cluster_slot(key), slot, "{key}");
+    }
+    assert_eq!(index.expire(T0, 10).await.unwrap(), 2);
+    let (left, _) = redis_keys(&prefix).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// An index written by the old layout (`P:tags:…`, a slot per key) is moved to the hash-tagged
+/// names at connect: renamed where the new name is free, merged where a newer indexer already
+/// wrote it (the later event time; the new layout's score and thumbnail where both have one);
+/// connecting again moves nothing; keys the index never wrote stay.
+#[tokio::test]
+async fn connecting_moves_the_keys_of_the_old_layout_once() {
+    let (index, prefix) = redis_index("migrate").await;
+    index.index("both", &tags(&[("cat", 0.7)]), T0 + 5).await.unwrap();
+    index.set_thumbnail("both", "sha256:new", T0 + 5).await.unwrap();
+    let (_, mut connection) = redis_keys(&prefix).await;
+    let old = |rest: &str| format!("{prefix}:tags:{rest}");
+    let mut write = redis::pipe();
+    write.cmd("ZADD").arg(old("tag:cat")).arg(0.9).arg("old").arg(0.1).arg("both").ignore();
+    write.cmd("ZADD").arg(old("tag:tiger cat")).arg(0.4).arg("old").ignore();
+    write.cmd("HSET").arg(old("task:old")).arg("cat").arg("").arg("tiger cat").arg("").ignore();
+    write.cmd("HSET").arg(old("task:both")).arg("cat").arg("").ignore();
+    write.cmd("ZADD").arg(old("indexed")).arg(T0).arg("old").arg(T0 + 9).arg("both").ignore();
+    write.cmd("HSET").arg(old("thumbnails")).arg("old").arg("sha256:old").arg("both").arg("sha256:stale").ignore();
+    write.cmd("SET").arg(old("unknown")).arg("x").ignore();
+    write.query_async::<()>(&mut connection).await.unwrap();
+
+    let moved = RedisIndex::connect(REDIS, &prefix).await.unwrap();
+    let cats = moved.search(&q(&["cat"]), TagMatch::Any, 10).await.unwrap();
+    assert_eq!(
+        cats,
+        [
+            Hit { task_id: "old".into(), score: 0.9, thumbnail_key: Some("sha256:old".into()) },
+            Hit { task_id: "both".into(), score: 0.7, thumbnail_key: Some("sha256:new".into()) },
+        ]
+    );
+    assert_eq!(ids(&moved.search(&q(&["cat", "tiger cat"]), TagMatch::All, 10).await.unwrap()), ["old"]);
+    let (keys, _) = redis_keys(&prefix).await;
+    let slot = cluster_slot(&format!("{{{prefix}:tags}}"));
+    let old_keys: Vec<&String> = keys.iter().filter(|key| cluster_slot(key) != slot).collect();
+    assert_eq!(old_keys, [&old("unknown")], "only the key the index never wrote stays");
+
+    drop(RedisIndex::connect(REDIS, &prefix).await.unwrap());
+    assert_eq!(redis_keys(&prefix).await.0.len(), keys.len(), "a second connect moves nothing");
+
+    assert_eq!(moved.expire(T0 + 8, 10).await.unwrap(), 1, "`old` at T0");
+    assert_eq!(moved.expire(T0 + 9, 10).await.unwrap(), 1, "`both` at the later of T0 + 5 and T0 + 9");
+    let (left, mut connection) = redis_keys(&prefix).await;
+    assert_eq!(left, [old("unknown")]);
+    let _: () = redis::cmd("DEL").arg(&left).query_async(&mut connection).await.unwrap();
+}
+
 /// Now in Unix ms: events of the end-to-end test are recent, so the indexer's expiry (of tasks
 /// older than `coordinator.retention`) leaves them alone.
 fn now_ms() -> u64 {
