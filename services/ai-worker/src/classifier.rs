@@ -1,11 +1,14 @@
 //! Analysing images on a blocking pool: one [`Model`] per process, at most `ai.threads`
-//! inferences at once, each on its own blocking thread, their decoded pixels within the memory
-//! budget (`ai.memory_budget`).
+//! inferences at once, each on its own blocking thread and holding a core of the process-wide
+//! CPU gate, their decoded pixels within the memory budget (`ai.memory_budget`). One run of the
+//! model gives an image's predictions, tags and embedding (its pooled features, L2-normalised
+//! and int8-quantised: [`Embedding`]).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use imagepipe_contracts::Embedding;
 use imagepipe_contracts::step::AnalysisOutput;
 use imagepipe_runtime::budget::MemoryBudget;
 use imagepipe_runtime::config::AiConfig;
@@ -103,10 +106,19 @@ fn crashed(join: JoinError) -> AnalyzeError {
     AnalyzeError::Panicked
 }
 
-/// Decodes, preprocesses and classifies one image, and tags it. CPU-bound.
+/// Decodes, preprocesses and classifies one image, tags it, and makes its embedding from the
+/// same run of the model (none when the model directory has no embedding). CPU-bound.
 pub fn analyze(model: &Model, settings: &AnalysisOptions, bytes: &[u8]) -> Result<AnalysisOutput, AnalyzeError> {
     let input = preprocess(bytes, settings.max_pixels)?;
-    let probabilities = model.probabilities(input)?;
-    let (predictions, tags) = model.taxonomy().analyze(&probabilities, settings.top_k, settings.tag_min_score);
-    Ok(AnalysisOutput { model: model.name().to_owned(), predictions, tags, embedding: None })
+    let inference = model.infer(input)?;
+    let (predictions, tags) =
+        model.taxonomy().analyze(&inference.probabilities, settings.top_k, settings.tag_min_score);
+    let embedding = match (model.embedding_version(), &inference.features) {
+        (Some(version), Some(features)) => Some(
+            Embedding::from_features(version, features)
+                .map_err(|reason| AnalyzeError::Embedding { version: version.to_owned(), reason })?,
+        ),
+        _ => None,
+    };
+    Ok(AnalysisOutput { model: model.name().to_owned(), predictions, tags, embedding })
 }

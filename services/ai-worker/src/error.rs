@@ -2,13 +2,16 @@
 
 use std::path::PathBuf;
 
+use imagepipe_contracts::EmbeddingError;
+
 /// Stable error codes of the analyze step (the `code` of its step errors).
 pub mod codes {
     /// The bytes are not an image in a supported format, or it is truncated or corrupt.
     pub const DECODE_FAILED: &str = "decode_failed";
     /// The image has more pixels than `ai.max_pixels` allows.
     pub const PIXEL_LIMIT: &str = "pixel_limit";
-    /// The model failed on a well-formed input, or the analysis crashed (retryable).
+    /// The model failed on a well-formed input or the analysis crashed (retryable), or the
+    /// model's features for the image make no embedding (not retryable).
     pub const INFERENCE_FAILED: &str = "inference_failed";
 }
 
@@ -105,6 +108,15 @@ pub enum AnalyzeError {
     /// The model failed to run.
     #[error("running the model failed: {0}")]
     Inference(String),
+    /// The model's features for the image make no embedding.
+    #[error("the model's features make no embedding of version {version}: {reason}")]
+    Embedding {
+        /// The embedding version of the model.
+        version: String,
+        /// Why the features make none (in the message too: the step error carries the message
+        /// alone).
+        reason: EmbeddingError,
+    },
     /// The blocking task analysing the image panicked.
     #[error("the analysis crashed on this image")]
     Panicked,
@@ -116,7 +128,7 @@ impl AnalyzeError {
         match self {
             Self::UnsupportedFormat | Self::Decode(_) | Self::Empty { .. } => codes::DECODE_FAILED,
             Self::TooManyPixels { .. } => codes::PIXEL_LIMIT,
-            Self::Inference(_) | Self::Panicked => codes::INFERENCE_FAILED,
+            Self::Inference(_) | Self::Panicked | Self::Embedding { .. } => codes::INFERENCE_FAILED,
         }
     }
 

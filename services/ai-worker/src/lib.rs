@@ -1,6 +1,8 @@
 //! imagepipe ai-worker: consumes `tasks.ai`, labels each downloaded image with EfficientNet-Lite0
 //! (ImageNet-1k, an ONNX graph run by onnxruntime, or by `tract` as the fallback; offline), tags
-//! it with the labels' broader WordNet names, publishes `image.analyzed` and reports the step.
+//! it with the labels' broader WordNet names, publishes `image.analyzed` with the image's
+//! embedding (the same run's pooled features, int8-quantised, for similarity search; the step
+//! result leaves it out) and reports the step.
 //!
 //! - [`model`]: the prepared model directory (`scripts/prepare-model.sh`), loaded once.
 //! - [`runtime`]: onnxruntime or tract, the runtime running the model (`ai.runtime`).
@@ -28,7 +30,7 @@ use imagepipe_runtime::{Service, Settings, Shutdown};
 pub use classifier::{AnalysisOptions, Classifier, analyze};
 pub use error::{AnalyzeError, ModelError, PREPARE_COMMAND};
 pub use handler::AiHandler;
-pub use model::Model;
+pub use model::{EmbeddingSpec, Inference, Model};
 pub use runtime::{AiRuntime, RuntimeKind, RuntimeOptions};
 
 /// The service's name: the `source` of its events, and its name in logs and traces.

@@ -1,10 +1,24 @@
 //! The prepared model directory (`ai.model_dir`, written by `scripts/prepare-model.sh`):
-//! `model.onnx` (EfficientNet-Lite0, input `[1,3,224,224]`, output logits `[1,1000]`),
-//! `labels.json`, `tags.json`, onnxruntime's shared library (`libonnxruntime.so.<version>`) and
-//! `manifest.json` (model name, the library's file name and each file's sha256).
+//! `model.onnx` (EfficientNet-Lite0, input `[1,3,224,224]`; outputs `logits` `[1,1000]` and
+//! `features` `[1,1280]`, the global-average-pooled features the final fully connected layer
+//! takes), `labels.json`, `tags.json`, onnxruntime's shared library
+//! (`libonnxruntime.so.<version>`) and `manifest.json`. The manifest fields the worker reads:
+//!
+//! - `model`: name and version (`efficientnet-lite0-imagenet1k@57934424`), reported with every
+//!   analysis;
+//! - `files`: each file's sha256, checked at load;
+//! - `output.name`: the logits output (`logits` when absent);
+//! - `onnxruntime`: `{"library": <file name>, "version"}`, the shipped library;
+//! - `embedding`: `{"output": "features", "dim": 1280, "version":
+//!   "efficientnet-lite0-imagenet1k@57934424/pool-1280"}`, the output holding the image's
+//!   embedding and the version every embedding is labelled with (it changes with the model or
+//!   the layer, so vectors of different models are never compared). A directory prepared before
+//!   embeddings has none: it still loads, its analyses have no embedding, and a warning names
+//!   `scripts/prepare-model.sh`, which brings it up to date.
+//!
 //! [`Model::load_with`] checks the files it uses against the manifest, then loads the graph once
-//! into the runtime `ai.runtime` picks (see [`runtime`](crate::runtime));
-//! [`Model::probabilities`] runs it.
+//! into the runtime `ai.runtime` picks (see [`runtime`](crate::runtime)); [`Model::infer`] runs
+//! it once per image for both the probabilities and the features.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,8 +28,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tract_onnx::prelude::tract_ndarray::Array4;
 
-use crate::error::{AnalyzeError, ModelError};
-use crate::runtime::{Backend, RuntimeKind, RuntimeOptions};
+use crate::error::{AnalyzeError, ModelError, PREPARE_COMMAND};
+use crate::runtime::{Backend, OutputNames, RuntimeKind, RuntimeOptions};
 use crate::taxonomy::{CLASSES, Taxonomy};
 
 /// The ONNX graph's file name.
@@ -26,6 +40,8 @@ pub const LABELS_FILE: &str = "labels.json";
 pub const TAGS_FILE: &str = "tags.json";
 /// The manifest's file name.
 pub const MANIFEST_FILE: &str = "manifest.json";
+/// The logits output's name when the manifest does not say.
+const DEFAULT_LOGITS_OUTPUT: &str = "logits";
 
 /// What `manifest.json` says (the fields the worker reads).
 #[derive(Debug, Deserialize)]
@@ -37,6 +53,40 @@ struct Manifest {
     /// onnxruntime's library in the directory; absent in a directory prepared before the
     /// preparation shipped it.
     onnxruntime: Option<OnnxruntimeEntry>,
+    /// The logits output.
+    output: Option<OutputEntry>,
+    /// The embedding output; absent in a directory prepared before embeddings.
+    embedding: Option<EmbeddingSpec>,
+}
+
+/// The manifest's `output` entry.
+#[derive(Debug, Deserialize)]
+struct OutputEntry {
+    /// The graph output holding the logits.
+    name: String,
+}
+
+/// The manifest's `embedding` entry: where the image's embedding comes from and how it is
+/// labelled.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct EmbeddingSpec {
+    /// The graph output holding the pooled features (`features`).
+    pub output: String,
+    /// Its number of components (1280).
+    pub dim: usize,
+    /// The version every embedding of this model is labelled with (the model's name and the
+    /// layer's, `efficientnet-lite0-imagenet1k@57934424/pool-1280`).
+    pub version: String,
+}
+
+/// What one run of the model gave for one image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inference {
+    /// The softmax of the logits, one per class.
+    pub probabilities: Vec<f32>,
+    /// The pooled features (not normalised), [`EmbeddingSpec::dim`] of them; `None` when the
+    /// model has no embedding output.
+    pub features: Option<Vec<f32>>,
 }
 
 /// The manifest's `onnxruntime` entry.
@@ -52,6 +102,7 @@ pub struct Model {
     name: String,
     backend: Backend,
     taxonomy: Taxonomy,
+    embedding: Option<EmbeddingSpec>,
 }
 
 impl Model {
@@ -81,10 +132,30 @@ impl Model {
             (None, Some(entry)) => shipped_library(dir, &manifest_path, &manifest, &entry.library),
             (None, None) => Err(ModelError::NoOnnxruntime { manifest: manifest_path.clone() }),
         };
-        let backend = Backend::load(&checked[MODEL_FILE], &dir.join(MODEL_FILE), library, options)?;
+        let embedding = manifest.embedding.clone();
+        if let Some(spec) = &embedding
+            && (spec.output.is_empty() || spec.version.is_empty() || spec.dim == 0)
+        {
+            return Err(ModelError::Invalid {
+                path: manifest_path,
+                reason: format!("its embedding entry {spec:?} needs an output, a version and a dimension"),
+            });
+        }
+        let outputs = OutputNames {
+            logits: manifest.output.as_ref().map_or(DEFAULT_LOGITS_OUTPUT, |output| &output.name).to_owned(),
+            features: embedding.as_ref().map(|spec| spec.output.clone()),
+        };
+        let backend = Backend::load(&checked[MODEL_FILE], &dir.join(MODEL_FILE), &outputs, library, options)?;
         tracing::info!(model = %manifest.model, runtime = %backend.kind(), detail = %backend.detail(),
+            embedding = embedding.as_ref().map_or("none", |spec| spec.version.as_str()),
             dir = %dir.display(), load_ms = started.elapsed().as_millis(), "model loaded");
-        Ok(Self { name: manifest.model, backend, taxonomy })
+        if embedding.is_none() {
+            tracing::warn!(dir = %dir.display(),
+                "the model directory was prepared before embeddings (its manifest has no embedding entry): \
+                 images are analysed without one, so similarity search and near-duplicate detection skip them; \
+                 run `{PREPARE_COMMAND}` to bring the directory up to date");
+        }
+        Ok(Self { name: manifest.model, backend, taxonomy, embedding })
     }
 
     /// Model name and version (`efficientnet-lite0-imagenet1k@57934424`).
@@ -102,15 +173,45 @@ impl Model {
         &self.taxonomy
     }
 
-    /// The softmax of the model's logits for one preprocessed input (see
-    /// [`preprocess`](crate::preprocess)). CPU-bound, on the caller's thread alone: call it on a
-    /// blocking thread.
-    pub fn probabilities(&self, input: Array4<f32>) -> Result<Vec<f32>, AnalyzeError> {
-        let logits = self.backend.logits(input)?;
-        if logits.len() != CLASSES {
-            return Err(AnalyzeError::Inference(format!("the model gave {} logits, expected {CLASSES}", logits.len())));
+    /// The embedding the model gives (the manifest's `embedding`), or `None` for a directory
+    /// prepared before embeddings.
+    pub fn embedding(&self) -> Option<&EmbeddingSpec> {
+        self.embedding.as_ref()
+    }
+
+    /// The version the model's embeddings are labelled with, when it gives them.
+    pub fn embedding_version(&self) -> Option<&str> {
+        self.embedding.as_ref().map(|spec| spec.version.as_str())
+    }
+
+    /// One run of the model on one preprocessed input (see [`preprocess`](crate::preprocess)):
+    /// the softmax of its logits and its pooled features. CPU-bound, on the caller's thread
+    /// alone: call it on a blocking thread.
+    pub fn infer(&self, input: Array4<f32>) -> Result<Inference, AnalyzeError> {
+        let outputs = self.backend.run(input)?;
+        if outputs.logits.len() != CLASSES {
+            return Err(AnalyzeError::Inference(format!(
+                "the model gave {} logits, expected {CLASSES}",
+                outputs.logits.len()
+            )));
         }
-        Ok(softmax(logits.iter().copied()))
+        if let (Some(spec), Some(features)) = (&self.embedding, &outputs.features)
+            && features.len() != spec.dim
+        {
+            return Err(AnalyzeError::Inference(format!(
+                "the model gave {} features in {}, its manifest says {}",
+                features.len(),
+                spec.output,
+                spec.dim
+            )));
+        }
+        Ok(Inference { probabilities: softmax(outputs.logits.iter().copied()), features: outputs.features })
+    }
+
+    /// The softmax of the model's logits for one preprocessed input: [`Model::infer`] without
+    /// the features.
+    pub fn probabilities(&self, input: Array4<f32>) -> Result<Vec<f32>, AnalyzeError> {
+        self.infer(input).map(|inference| inference.probabilities)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Each runtime against the numpy reference on the reference's exact inputs: the preparation
 //! writes each sample photo's preprocessed tensor (`verification/<photo>.input.f32`, Pillow's
-//! preprocessing) and the float64 reference's 1000 probabilities for it (`verification.json`), so
-//! any difference here is the runtime's, not the preprocessing's.
+//! preprocessing), the float64 reference's 1000 probabilities and 1280 pooled features for it
+//! (`verification.json`), so any difference here is the runtime's, not the preprocessing's.
 
 mod common;
 
@@ -14,9 +14,11 @@ use tract_onnx::prelude::tract_ndarray::Array4;
 
 /// Most a probability may differ from the reference's.
 const TOLERANCE: f64 = 1e-4;
+/// Least cosine of the features with the reference's.
+const FEATURES_MIN_COSINE: f64 = 0.9999;
 
-/// The reference's input for `photo` and its probabilities.
-fn reference(dir: &Path, report: &serde_json::Value, photo: &str) -> (Array4<f32>, Vec<f64>) {
+/// The reference's input for `photo`, its probabilities and its features.
+fn reference(dir: &Path, report: &serde_json::Value, photo: &str) -> (Array4<f32>, Vec<f64>, Vec<f64>) {
     let entry = &report["photos"][photo];
     let input = &entry["input"];
     let path = dir.join(input["file"].as_str().unwrap_or_else(|| panic!("{photo}: no input in verification.json")));
@@ -32,7 +34,20 @@ fn reference(dir: &Path, report: &serde_json::Value, photo: &str) -> (Array4<f32
         .map(|p| p.as_f64().unwrap())
         .collect();
     assert_eq!(probabilities.len(), 1000);
-    (tensor, probabilities)
+    let features: Vec<f64> = entry["features"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{photo}: no features in verification.json (run scripts/prepare-model.sh)"))
+        .iter()
+        .map(|f| f.as_f64().unwrap())
+        .collect();
+    assert_eq!(features.len(), 1280);
+    (tensor, probabilities, features)
+}
+
+fn cosine(a: &[f32], b: &[f64]) -> f64 {
+    let a: Vec<f64> = a.iter().map(|&x| f64::from(x)).collect();
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (norm(&a) * norm(b))
 }
 
 /// Runs `runtime` (chosen explicitly: it must load) on every photo's reference input.
@@ -43,20 +58,23 @@ fn agrees_with_the_reference(runtime: AiRuntime, kind: RuntimeKind) {
     let model = Model::load_with(&dir, &options).unwrap_or_else(|e| panic!("{runtime} loads the model: {e}"));
     assert_eq!(model.runtime(), kind);
     for photo in common::PHOTOS {
-        let (input, expected) = reference(&dir, &report, photo);
-        let got = model.probabilities(input).unwrap();
-        let worst = got.iter().zip(&expected).map(|(g, e)| (f64::from(*g) - e).abs()).fold(0.0, f64::max);
-        eprintln!("{kind} {photo}: max |Δp| = {worst:.2e}");
+        let (input, expected, expected_features) = reference(&dir, &report, photo);
+        let got = model.infer(input).unwrap();
+        let worst = got.probabilities.iter().zip(&expected).map(|(g, e)| (f64::from(*g) - e).abs()).fold(0.0, f64::max);
+        let features = got.features.expect("the prepared model gives features");
+        let similarity = cosine(&features, &expected_features);
+        eprintln!("{kind} {photo}: max |Δp| = {worst:.2e}, features cosine {similarity:.7}");
         assert!(worst <= TOLERANCE, "{kind} {photo}: max |Δp| = {worst:e}, over {TOLERANCE:e}");
+        assert!(similarity >= FEATURES_MIN_COSINE, "{kind} {photo}: features cosine {similarity}");
     }
 }
 
 #[test]
-fn onnxruntime_agrees_with_the_numpy_reference_within_1e_4() {
+fn onnxruntime_agrees_with_the_numpy_reference_within_1e_4_and_its_features() {
     agrees_with_the_reference(AiRuntime::Onnxruntime, RuntimeKind::Onnxruntime);
 }
 
 #[test]
-fn tract_agrees_with_the_numpy_reference_within_1e_4() {
+fn tract_agrees_with_the_numpy_reference_within_1e_4_and_its_features() {
     agrees_with_the_reference(AiRuntime::Tract, RuntimeKind::Tract);
 }

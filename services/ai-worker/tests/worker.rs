@@ -1,5 +1,5 @@
 //! The AI worker end to end on the in-memory bus: commands on `tasks.ai`, images in a local blob
-//! store, `image.analyzed` events and step results out.
+//! store, `image.analyzed` events (with the embedding) and step results (without it) out.
 
 mod common;
 
@@ -13,6 +13,7 @@ use imagepipe_bus::{Bus, BusConfig, ConsumerConfig, Message, Selector, Subscript
 use imagepipe_contracts::command::AnalyzeCommand;
 use imagepipe_contracts::names::{dead_letter_queue, queues};
 use imagepipe_contracts::payload::ImageAnalyzed;
+use imagepipe_contracts::step::AnalysisOutput;
 use imagepipe_contracts::{Event, EventType, Step, StepOutcome, StepOutput, StepResult, decode, event_id};
 use imagepipe_runtime::budget::MemoryBudget;
 use imagepipe_runtime::{Settings, Shutdown};
@@ -46,6 +47,7 @@ async fn the_worker_analyses_stored_images_and_reports_failures() {
     let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
     let dead = bus.queues.consume(&dead_letter_queue(queues::AI), ConsumerConfig::default()).await.unwrap();
     let options = AnalysisOptions { top_k: 3, tag_min_score: 0.05, max_pixels: 1 << 26 };
+    let classifier_model = model.clone();
     let classifier = Classifier::new(model, options, 2, MemoryBudget::new("ai", settings.ai.memory_budget));
     let shutdown = Shutdown::new();
     let worker = tokio::spawn({
@@ -74,6 +76,7 @@ async fn the_worker_analyses_stored_images_and_reports_failures() {
         panic!("the cat: {:?}", outcomes["tsk_cat"]);
     };
     assert_eq!(analysis.predictions.len(), 3);
+    assert_eq!(analysis.embedding, None, "the step result leaves the embedding out");
     assert!(analysis.tags.iter().any(|t| t.label == "cat"), "{:?}", analysis.tags);
     let code = |task: &str| match &outcomes[task] {
         StepOutcome::Permanent { error } => error.code.clone(),
@@ -84,11 +87,17 @@ async fn the_worker_analyses_stored_images_and_reports_failures() {
 
     let delivered = events.fetch(5, Duration::from_secs(1)).await.unwrap();
     assert_eq!(delivered.len(), 1, "only the success publishes an event");
-    let event: Event<ImageAnalyzed> = decode(&delivered[0].message.payload).unwrap();
+    let wire = &delivered[0].message.payload;
+    assert!(wire.len() < 4096, "image.analyzed is {} bytes, over 4 KiB", wire.len());
+    let event: Event<ImageAnalyzed> = decode(wire).unwrap();
     assert_eq!(event.event_id, event_id("tsk_cat", EventType::ImageAnalyzed, 1));
     assert_eq!(event.source, "ai-worker");
     assert_eq!(event.payload.blob_key, cat);
-    assert_eq!(&event.payload.analysis, analysis);
+    let embedding = event.payload.analysis.embedding.as_ref().expect("image.analyzed carries the embedding");
+    assert_eq!(Some(embedding.version.as_str()), classifier_model.embedding_version());
+    assert_eq!(embedding.dim, 1280);
+    let without_embedding = AnalysisOutput { embedding: None, ..event.payload.analysis.clone() };
+    assert_eq!(&without_embedding, analysis);
     assert_eq!(event.payload.labels.get("album").map(String::as_str), Some("pets"));
 
     let rejected = dead.fetch(1, Duration::from_secs(10)).await.unwrap();

@@ -1,5 +1,6 @@
-//! The inference runtimes behind [`Model::probabilities`](crate::Model::probabilities), and which
-//! one runs the model (`ai.runtime`):
+//! The inference runtimes behind [`Model::infer`](crate::Model::infer), and which one runs the
+//! model (`ai.runtime`). Each runs the graph once per image and reads the outputs it is asked for
+//! ([`OutputNames`]: the logits, and the pooled features when the model directory has them):
 //!
 //! - [`onnxruntime`]: onnxruntime through the `ort` crate, its shared library loaded at run time
 //!   from the model directory (or `ai.onnxruntime_library`). Several times faster than tract.
@@ -73,6 +74,22 @@ impl From<&AiConfig> for RuntimeOptions {
     }
 }
 
+/// The graph outputs a run reads, as the model directory's manifest names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputNames {
+    /// The class logits, `[1, 1000]`.
+    pub logits: String,
+    /// The pooled features the embedding is made of; `None` for a graph prepared without them.
+    pub features: Option<String>,
+}
+
+/// What one run of the graph gave: the outputs [`OutputNames`] asked for, flattened.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RawOutputs {
+    pub(crate) logits: Vec<f32>,
+    pub(crate) features: Option<Vec<f32>>,
+}
+
 /// A graph loaded into one runtime.
 #[derive(Debug)]
 pub(crate) enum Backend {
@@ -81,19 +98,21 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    /// Loads `graph` (the bytes of `path`) into the runtime `options` pick. `library` finds
-    /// onnxruntime's library (or says why there is none); it is called only when onnxruntime is
-    /// wanted. Under `auto`, onnxruntime failing for any reason falls back to tract with a warning.
+    /// Loads `graph` (the bytes of `path`) into the runtime `options` pick, to read `outputs` on
+    /// each run (a missing output is an error). `library` finds onnxruntime's library (or says
+    /// why there is none); it is called only when onnxruntime is wanted. Under `auto`,
+    /// onnxruntime failing for any reason falls back to tract with a warning.
     pub(crate) fn load(
         graph: &[u8],
         path: &Path,
+        outputs: &OutputNames,
         library: impl FnOnce() -> Result<PathBuf, ModelError>,
         options: &RuntimeOptions,
     ) -> Result<Self, ModelError> {
         let onnxruntime =
-            || library().and_then(|library| OnnxruntimeBackend::load(&library, graph, path, options.sessions));
+            || library().and_then(|library| OnnxruntimeBackend::load(&library, graph, path, outputs, options.sessions));
         match options.runtime {
-            AiRuntime::Tract => Self::tract(graph, path),
+            AiRuntime::Tract => Self::tract(graph, path, outputs),
             AiRuntime::Onnxruntime => onnxruntime().map(Self::Onnxruntime),
             AiRuntime::Auto => match onnxruntime() {
                 Ok(backend) => Ok(Self::Onnxruntime(backend)),
@@ -103,14 +122,14 @@ impl Backend {
                         "onnxruntime is not available, so tract runs the model (several times slower); \
                          set ai.runtime = tract to choose it and silence this warning"
                     );
-                    Self::tract(graph, path)
+                    Self::tract(graph, path, outputs)
                 }
             },
         }
     }
 
-    fn tract(graph: &[u8], path: &Path) -> Result<Self, ModelError> {
-        TractBackend::load(graph).map(Self::Tract).map_err(|reason| ModelError::Graph {
+    fn tract(graph: &[u8], path: &Path, outputs: &OutputNames) -> Result<Self, ModelError> {
+        TractBackend::load(graph, outputs).map(Self::Tract).map_err(|reason| ModelError::Graph {
             runtime: "tract",
             path: path.to_owned(),
             reason,
@@ -133,11 +152,12 @@ impl Backend {
         }
     }
 
-    /// The graph's logits for one input. CPU-bound, on the caller's thread.
-    pub(crate) fn logits(&self, input: Array4<f32>) -> Result<Vec<f32>, AnalyzeError> {
+    /// One run of the graph on one input: the outputs it was loaded to read. CPU-bound, on the
+    /// caller's thread.
+    pub(crate) fn run(&self, input: Array4<f32>) -> Result<RawOutputs, AnalyzeError> {
         match self {
-            Self::Onnxruntime(ort) => ort.logits(input),
-            Self::Tract(tract) => tract.logits(input),
+            Self::Onnxruntime(ort) => ort.run(input),
+            Self::Tract(tract) => tract.run(input),
         }
     }
 }

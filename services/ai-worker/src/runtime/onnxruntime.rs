@@ -6,7 +6,8 @@
 //!
 //! Every session runs one inference at a time on its caller's thread (one intra-op thread, no
 //! inter-op pool, sequential execution, every graph optimisation): the worker runs `ai.threads`
-//! inferences at once on its blocking threads, each with a session of its own from a pool.
+//! inferences at once on its blocking threads, each with a session of its own from a pool. A run
+//! computes every output of the graph; the logits and the features are read from the same run.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights};
 use ort::value::{TensorRef, ValueType};
 use tract_onnx::prelude::tract_ndarray::Array4;
 
+use super::{OutputNames, RawOutputs};
 use crate::error::{AnalyzeError, ModelError};
 use crate::preprocess::INPUT_SIZE;
 
@@ -30,6 +32,8 @@ pub struct OnnxruntimeBackend {
     version: String,
     /// The graph's bytes, for a session more when every session is busy.
     graph: Arc<[u8]>,
+    /// The outputs each run reads.
+    outputs: OutputNames,
     /// Sessions not running an inference now.
     idle: Mutex<Vec<Session>>,
 }
@@ -39,6 +43,7 @@ impl std::fmt::Debug for OnnxruntimeBackend {
         f.debug_struct("OnnxruntimeBackend")
             .field("library", &self.library)
             .field("version", &self.version)
+            .field("outputs", &self.outputs)
             .field("idle_sessions", &self.idle.lock().map_or(0, |idle| idle.len()))
             .finish_non_exhaustive()
     }
@@ -46,8 +51,15 @@ impl std::fmt::Debug for OnnxruntimeBackend {
 
 impl OnnxruntimeBackend {
     /// Loads onnxruntime's shared library `library` (once per process), then `graph` (the
-    /// bytes of `path`) into `sessions` sessions sharing their prepacked weights.
-    pub fn load(library: &Path, graph: &[u8], path: &Path, sessions: usize) -> Result<Self, ModelError> {
+    /// bytes of `path`) into `sessions` sessions sharing their prepacked weights; the graph must
+    /// have the float `outputs`.
+    pub fn load(
+        library: &Path,
+        graph: &[u8],
+        path: &Path,
+        outputs: &OutputNames,
+        sessions: usize,
+    ) -> Result<Self, ModelError> {
         let version = load_library(library)?;
         let graph_error = |reason: String| ModelError::Graph { runtime: "onnxruntime", path: path.to_owned(), reason };
         let prepacked = PrepackedWeights::new();
@@ -55,8 +67,14 @@ impl OnnxruntimeBackend {
         for _ in 0..sessions.max(1) {
             idle.push(new_session(graph, Some(&prepacked)).map_err(graph_error)?);
         }
-        check_signature(&idle[0]).map_err(graph_error)?;
-        Ok(Self { library: library.to_owned(), version, graph: graph.into(), idle: Mutex::new(idle) })
+        check_signature(&idle[0], outputs).map_err(graph_error)?;
+        Ok(Self {
+            library: library.to_owned(),
+            version,
+            graph: graph.into(),
+            outputs: outputs.clone(),
+            idle: Mutex::new(idle),
+        })
     }
 
     /// The library's path.
@@ -69,18 +87,18 @@ impl OnnxruntimeBackend {
         &self.version
     }
 
-    /// The graph's first output (the logits) for one input, on an idle session (a new one when
-    /// every session is busy; it stays in the pool).
-    pub fn logits(&self, input: Array4<f32>) -> Result<Vec<f32>, AnalyzeError> {
+    /// One run on one input, on an idle session (a new one when every session is busy; it stays
+    /// in the pool): the outputs the backend was loaded to read.
+    pub(crate) fn run(&self, input: Array4<f32>) -> Result<RawOutputs, AnalyzeError> {
         let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let mut session = match idle {
             Some(session) => session,
             None => new_session(&self.graph, None)
                 .map_err(|reason| AnalyzeError::Inference(format!("onnxruntime: a session more: {reason}")))?,
         };
-        let logits = run(&mut session, input);
+        let outputs = run(&mut session, input, &self.outputs);
         self.idle.lock().unwrap_or_else(PoisonError::into_inner).push(session);
-        logits
+        outputs
     }
 }
 
@@ -146,8 +164,8 @@ fn new_session(graph: &[u8], prepacked: Option<&PrepackedWeights>) -> Result<Ses
     builder.commit_from_memory(graph).map_err(|e| e.to_string())
 }
 
-/// The graph takes one float tensor `[1,3,224,224]` and gives at least one output.
-fn check_signature(session: &Session) -> Result<(), String> {
+/// The graph takes one float tensor `[1,3,224,224]` and gives the float `outputs`.
+fn check_signature(session: &Session, outputs: &OutputNames) -> Result<(), String> {
     let size = i64::from(INPUT_SIZE);
     let [input] = session.inputs.as_slice() else {
         return Err(format!("it has {} inputs, expected 1", session.inputs.len()));
@@ -157,26 +175,43 @@ fn check_signature(session: &Session) -> Result<(), String> {
             if **shape == [1, 3, size, size] => {}
         other => return Err(format!("its input {} is {other:?}, expected f32 [1, 3, {size}, {size}]", input.name)),
     }
-    if session.outputs.is_empty() {
-        return Err("it has no outputs".into());
+    for name in std::iter::once(&outputs.logits).chain(&outputs.features) {
+        match session.outputs.iter().find(|output| output.name == *name) {
+            Some(output) if output.output_type.tensor_type() == Some(ort::tensor::TensorElementType::Float32) => {}
+            Some(output) => return Err(format!("its output {name} is {:?}, expected f32", output.output_type)),
+            None => {
+                let names: Vec<&str> = session.outputs.iter().map(|output| output.name.as_str()).collect();
+                return Err(format!("it has no output {name} (its outputs: {names:?})"));
+            }
+        }
     }
     Ok(())
 }
 
-fn run(session: &mut Session, input: Array4<f32>) -> Result<Vec<f32>, AnalyzeError> {
+fn run(session: &mut Session, input: Array4<f32>, names: &OutputNames) -> Result<RawOutputs, AnalyzeError> {
     let error = |e: ort::Error| AnalyzeError::Inference(format!("onnxruntime: {e}"));
     let (n, c, h, w) = input.dim();
     let input = input.as_standard_layout();
     let data = input.as_slice().expect("a standard-layout array is one slice");
     let tensor = TensorRef::from_array_view(([n, c, h, w], data)).map_err(error)?;
     let outputs = session.run(ort::inputs![tensor]).map_err(error)?;
-    let (_, logits) = outputs[0].try_extract_tensor::<f32>().map_err(error)?;
-    Ok(logits.to_vec())
+    let read = |name: &str| -> Result<Vec<f32>, AnalyzeError> {
+        let value = outputs
+            .get(name)
+            .ok_or_else(|| AnalyzeError::Inference(format!("onnxruntime: the run gave no output {name}")))?;
+        let (_, values) = value.try_extract_tensor::<f32>().map_err(error)?;
+        Ok(values.to_vec())
+    };
+    Ok(RawOutputs { logits: read(&names.logits)?, features: names.features.as_deref().map(read).transpose()? })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn outputs() -> OutputNames {
+        OutputNames { logits: "logits".into(), features: Some("features".into()) }
+    }
 
     #[test]
     fn the_version_is_read_from_the_build_information() {
@@ -192,13 +227,13 @@ mod tests {
         let bogus = dir.path().join("libonnxruntime.so");
         std::fs::write(&bogus, b"not a shared library").unwrap();
         for _ in 0..2 {
-            let err = OnnxruntimeBackend::load(&bogus, b"", Path::new("model.onnx"), 1).unwrap_err();
+            let err = OnnxruntimeBackend::load(&bogus, b"", Path::new("model.onnx"), &outputs(), 1).unwrap_err();
             assert!(matches!(&err, ModelError::OnnxruntimeLibrary { library, .. } if *library == bogus), "{err:?}");
             assert!(err.to_string().contains(&bogus.display().to_string()), "{err}");
         }
         let other = dir.path().join("libonnxruntime.so.2");
         std::fs::write(&other, b"another").unwrap();
-        let err = OnnxruntimeBackend::load(&other, b"", Path::new("model.onnx"), 1).unwrap_err();
+        let err = OnnxruntimeBackend::load(&other, b"", Path::new("model.onnx"), &outputs(), 1).unwrap_err();
         assert!(err.to_string().contains("loads one library only"), "{err}");
     }
 }
