@@ -30,7 +30,7 @@ pub mod trace;
 pub use command::{AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, SubmitError, SubmitTask};
 pub use decode::{DecodeError, decode};
 pub use embedding::{Embedding, EmbeddingError};
-pub use event::{Event, EventPayload, EventType, UnknownEventType, event_id};
+pub use event::{Event, EventPayload, EventType, UnknownEventType, derived_event_id, event_id};
 pub use priority::{Priority, UnknownPriority, lane_of};
 pub use step::{Step, StepError, StepOutcome, StepOutput, StepResult};
 pub use step_command::StepCommand;

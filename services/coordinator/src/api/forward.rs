@@ -68,6 +68,9 @@ pub enum Upstream {
     Similarity,
 }
 
+/// `GET` and `POST` on one path.
+const GET_OR_POST: MethodFilter = MethodFilter::GET.or(MethodFilter::POST);
+
 impl Upstream {
     /// Every forwarded service.
     pub const ALL: [Upstream; 3] = [Self::Search, Self::Stats, Self::Similarity];
@@ -95,7 +98,7 @@ impl Upstream {
         }
     }
 
-    /// Its routes: path and method.
+    /// Its routes: path and methods.
     pub fn routes(self) -> &'static [(&'static str, MethodFilter)] {
         match self {
             Self::Search => &[("/v1/search", MethodFilter::GET)],
@@ -104,7 +107,7 @@ impl Upstream {
                 ("/v1/tasks/{id}/similar", MethodFilter::GET),
                 ("/v1/search/similar", MethodFilter::POST),
                 ("/v1/duplicates", MethodFilter::GET),
-                ("/v1/similarity/rebuild", MethodFilter::GET.or(MethodFilter::POST)),
+                ("/v1/similarity/rebuild", GET_OR_POST),
             ],
         }
     }

@@ -4,7 +4,8 @@
 //! |---|---|---|
 //! | coordinator (tasks, history, outbox, timers, dead letters) | `store.path/coordinator.redb` | Redis at `store.redis.url`, keys under `<bus.prefix>:` |
 //! | analytics (counters, latencies, stage times) | `store.path/analytics.redb` | Redis, keys under `<bus.prefix>:analytics:` |
-//! | tag index (tag → tasks, thumbnails) | `store.path/tag-indexer.redb` | Redis, keys under `<bus.prefix>:tags:` |
+//! | tag index (tag → tasks, thumbnails) | `store.path/tag-indexer.redb` | Redis, keys under `<bus.prefix>:{<bus.prefix>:tags}:` (one cluster slot) |
+//! | similarity index (embeddings, hashes, near pairs, change log) | `store.path/similarity-indexer.redb` | Redis, keys under `<bus.prefix>:{<bus.prefix>:similarity}:` (one cluster slot) |
 //! | subscriber dedup (handled `eventId`s) | the group's file, `store.path/<group>.redb`, bounded by `dedup.capacity` | Redis, keys under `<bus.prefix>:dedup:<group>:` |
 //! | download politeness (per-host slots, rate, throttles) | process memory (one download worker per process: `imagepipe run`) | Redis, keys under `<bus.prefix>:polite:{<host>}:`, shared by every download replica |
 //!
