@@ -113,7 +113,7 @@ async fn run_pipeline(settings: &Settings, tasks: usize, redis: &mut Multiplexed
     let p = &settings.bus.prefix;
     let finished = format!("{p}:{{{p}:idx}}:finished");
     wait_for(redis, "finished tasks", tasks, started, |r| zcard(r, finished.clone())).await?;
-    let indexed = format!("{p}:tags:indexed");
+    let indexed = format!("{p}:{{{p}:tags}}:indexed");
     wait_for(redis, "tag-indexed tasks", tasks, started, |r| zcard(r, indexed.clone())).await?;
     let counters = format!("{p}:analytics:counters");
     wait_for(redis, "tasks counted by analytics", tasks, started, |r| completed_count(r, counters.clone())).await?;
@@ -194,13 +194,18 @@ fn kind_of(prefix: &str, key: &str) -> String {
     if rest.starts_with(&format!("{{{prefix}:dlq}}")) {
         return coordinator("dead-letter archive");
     }
+    if rest.starts_with(&format!("{{{prefix}:tags}}")) {
+        return "tag index".into();
+    }
+    if rest.starts_with(&format!("{{{prefix}:similarity}}")) {
+        return "similarity index".into();
+    }
     match rest.split(':').next().unwrap_or_default() {
         "task" => coordinator("task record (hash)"),
         "hist" => coordinator("history (list)"),
         "history" => coordinator("history (stream, before lists)"),
         "outbox" => coordinator("outbox (hash)"),
         "idem" => coordinator("idempotency key"),
-        "tags" => "tag index".into(),
         "analytics" => "analytics".into(),
         "dedup" => format!("dedup: {}", rest.split(':').nth(1).unwrap_or_default()),
         other => format!("other ({other})"),

@@ -164,6 +164,23 @@ impl ApiClient {
         self.json(Method::POST, path, request).await
     }
 
+    /// `GET /v1/tasks/{id}/similar?limit=N`: the images most like a task's.
+    pub async fn similar_to<T: DeserializeOwned>(&self, id: &str, limit: usize) -> Result<T, ClientError> {
+        self.get(&format!("/v1/tasks/{}/similar", encode(id)), &[("limit", limit.to_string())]).await
+    }
+
+    /// `POST /v1/search/similar?limit=N` with an image's bytes: the images most like it (the
+    /// similarity indexer runs the model on it).
+    pub async fn search_similar<T: DeserializeOwned>(&self, bytes: Bytes, limit: usize) -> Result<T, ClientError> {
+        let path = "/v1/search/similar";
+        let request = self
+            .request(Method::POST, path)
+            .query(&[("limit", limit.to_string())])
+            .header("content-type", "application/octet-stream")
+            .body(bytes);
+        self.json(Method::POST, path, request).await
+    }
+
     /// `GET /v1/tasks/{id}`.
     pub async fn task(&self, id: &str) -> Result<TaskView, ClientError> {
         self.get(&format!("/v1/tasks/{}", encode(id)), &[]).await
@@ -293,6 +310,6 @@ impl ApiClient {
 }
 
 /// `s` as one URL path segment.
-fn encode(s: &str) -> String {
+pub fn encode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>().replace('+', "%20")
 }

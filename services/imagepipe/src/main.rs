@@ -69,6 +69,12 @@ enum Command {
     Watch(cmd::watch::WatchArgs),
     /// Find tasks by tag.
     Search(cmd::search::SearchArgs),
+    /// Find the images most similar to a task's or an image file's.
+    Similar(cmd::similar::SimilarArgs),
+    /// List groups of near-duplicate images.
+    Duplicates(cmd::similar::DuplicatesArgs),
+    /// Manage the similarity index (rebuild it from the event stream).
+    Similarity(cmd::similar::SimilarityArgs),
     /// Show pipeline statistics.
     Stats(cmd::stats::StatsArgs),
     /// Inspect, replay or purge dead letters.
@@ -135,6 +141,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Thumbnail(args) => cmd::thumbnail::run(args).await,
         Command::Watch(args) => cmd::watch::run(args).await,
         Command::Search(args) => cmd::search::run(args).await,
+        Command::Similar(args) => cmd::similar::run_similar(args).await,
+        Command::Duplicates(args) => cmd::similar::run_duplicates(args).await,
+        Command::Similarity(args) => cmd::similar::run_similarity(args).await,
         Command::Stats(args) => cmd::stats::run(args).await,
         Command::Dlq(args) => cmd::dlq::run(args).await,
         Command::Bench(args) => cmd::bench::run(&cli.config, args).await,

@@ -1,5 +1,5 @@
 //! Every service in one process: the coordinator, the download, metadata and AI workers and the
-//! notification, tag-indexer and analytics subscribers (seven services) on one bus, the
+//! notification, tag-indexer, similarity-indexer and analytics subscribers on one bus, the
 //! coordinator's store, a local blob directory, and one HTTP server for all of their APIs. It
 //! starts like any service ([`Service::start_with`]): the same readiness checks, the same `/v1`
 //! edge and token check, the same connect with retry.
@@ -55,6 +55,9 @@ pub enum PipelineError {
     /// The tag index could not be opened.
     #[error("opening the tag index")]
     TagIndex(#[source] imagepipe_tag_indexer_worker::RunError),
+    /// The similarity index could not be opened.
+    #[error("opening the similarity index")]
+    Similarity(#[source] imagepipe_similarity_indexer::RunError),
     /// The coordinator's store could not be opened.
     #[error("opening the task store")]
     Store(#[source] StoreError),
@@ -136,10 +139,24 @@ impl Pipeline {
         let blobs = settings.blob.open().map_err(PipelineError::BlobStore)?;
         let tag_index = imagepipe_tag_indexer_worker::open_index(&settings).await.map_err(PipelineError::TagIndex)?;
         let stats = imagepipe_analytics_worker::open_store(&settings).await.map_err(PipelineError::Stats)?;
+        let similarity =
+            imagepipe_similarity_indexer::open_store(&settings).await.map_err(PipelineError::Similarity)?;
+        let live = Arc::new(imagepipe_similarity_indexer::LiveIndex::new(settings.similarity.clone()));
+        let similarity_api = imagepipe_similarity_indexer::api(
+            &settings,
+            bus.clone(),
+            similarity.clone(),
+            live.clone(),
+            Some(classifier.clone()),
+            service.shutdown.clone(),
+        )
+        .await
+        .map_err(PipelineError::Similarity)?;
         // Subscriber groups start at new events: create them before the coordinator publishes.
         for subscription in [
             imagepipe_notification_worker::subscription(&settings),
             imagepipe_tag_indexer_worker::subscription(&settings),
+            imagepipe_similarity_indexer::subscription(&settings),
             imagepipe_analytics_worker::subscription(&settings),
         ] {
             let group = subscription.group.clone();
@@ -149,8 +166,9 @@ impl Pipeline {
         service.serve(coordinator.routes(blobs.clone()));
         service.serve(imagepipe_tag_indexer_worker::api::routes(tag_index.clone()));
         service.serve(imagepipe_analytics_worker::api::routes(stats.clone()));
-        // Search and stats are served here; the coordinator forwards only the rest.
-        service.serve(coordinator.forwarded_routes(&[Upstream::Search, Upstream::Stats]));
+        service.serve(imagepipe_similarity_indexer::routes(similarity_api, settings.download.max_bytes));
+        // Search, stats and similarity are served here; the coordinator forwards nothing.
+        service.serve(coordinator.forwarded_routes(&Upstream::ALL));
 
         let settings = Arc::new(settings);
         let stop_services = service.shutdown.clone();
@@ -176,6 +194,11 @@ impl Pipeline {
         let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
         services.spawn(async move {
             ("tag indexer", imagepipe_tag_indexer_worker::run(b, &s, tag_index, stop).await.map_err(boxed))
+        });
+        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
+        services.spawn(async move {
+            let indexed = imagepipe_similarity_indexer::run(b, &s, similarity, live, stop).await;
+            ("similarity indexer", indexed.map_err(boxed))
         });
         let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
         services.spawn(async move {

@@ -126,9 +126,9 @@ async fn sample_photos_complete_with_every_event_and_a_404_url_fails_with_its_re
 }
 
 /// `imagepipe run` with `http.auth_token` set: every `/v1` route of every service it runs
-/// (search and stats included) needs the token; health and readiness do not.
+/// (search, stats and similarity included) needs the token; health and readiness do not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_a_token_search_stats_and_every_v1_route_need_it() {
+async fn with_a_token_search_stats_similarity_and_every_v1_route_need_it() {
     let Some(model_dir) = common::model_dir() else { return };
     let work = tempfile::tempdir().unwrap();
     let mut settings = common::settings(&model_dir, &work);
@@ -136,19 +136,17 @@ async fn with_a_token_search_stats_and_every_v1_route_need_it() {
     let pipeline = Pipeline::start(settings).await.unwrap();
     let addr = pipeline.local_addr();
 
-    for path in ["/v1/search?tags=cat", "/v1/stats", "/v1/tasks", "/v1/dlq", "/v1/openapi.json"] {
+    for path in ["/v1/search?tags=cat", "/v1/stats", "/v1/tasks", "/v1/dlq", "/v1/openapi.json", "/v1/duplicates"] {
         let anonymous = testing::get(addr, path).await;
         assert_eq!(anonymous.status, 401, "{path}: {anonymous:?}");
         assert!(anonymous.body.contains(r#""error":"unauthorized""#), "{path}: {anonymous:?}");
         assert_eq!(testing::request(addr, "GET", path, Some("wrong")).await.status, 401, "{path}");
         assert_eq!(testing::request(addr, "GET", path, Some("run-t0ken")).await.status, 200, "{path}");
     }
-    // Search and stats are this process's own routes; the coordinator forwards only what nothing
-    // here serves, the similarity routes, and says which key would point them somewhere.
-    let similar = testing::request(addr, "GET", "/v1/duplicates", Some("run-t0ken")).await;
-    assert_eq!(similar.status, 404, "{similar:?}");
-    assert!(similar.body.contains(r#""error":"not_configured""#), "{similar:?}");
-    assert!(similar.body.contains("coordinator.similarity_url"), "{similar:?}");
+    // The similarity routes are this process's own too: nothing is forwarded.
+    let unknown = testing::request(addr, "GET", "/v1/tasks/tsk_nobody/similar", Some("run-t0ken")).await;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+    assert!(unknown.body.contains("no embedding in the similarity index"), "{unknown:?}");
     assert_eq!(testing::get(addr, "/healthz").await.status, 200);
     let ready = testing::get_until(addr, "/readyz", None, |a| a.status == 200).await;
     assert_eq!(ready.status, 200, "{ready:?}");

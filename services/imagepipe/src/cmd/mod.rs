@@ -17,6 +17,7 @@ pub mod reprocess;
 pub mod run;
 pub mod search;
 pub mod show;
+pub mod similar;
 pub mod stats;
 pub mod status;
 pub mod submit;
