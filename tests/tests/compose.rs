@@ -420,7 +420,7 @@ fn every_pipeline_services_environment_loads_and_points_at_what_the_mode_starts(
 }
 
 #[test]
-fn the_coordinator_forwards_search_and_stats_to_the_services_that_serve_them() {
+fn the_coordinator_forwards_search_stats_and_similarity_to_the_services_that_serve_them() {
     let image = Image::load();
     for project in Project::all() {
         let mode = project.mode.command;
@@ -436,6 +436,7 @@ fn the_coordinator_forwards_search_and_stats_to_the_services_that_serve_them() {
         for (key, url, binary) in [
             ("coordinator.search_url", coordinator.search_url, "imagepipe-tag-indexer-worker"),
             ("coordinator.stats_url", coordinator.stats_url, "imagepipe-analytics-worker"),
+            ("coordinator.similarity_url", coordinator.similarity_url, "imagepipe-similarity-indexer"),
         ] {
             let url = url.unwrap_or_else(|| panic!("{mode}: {key} unset: that route on the coordinator's port is 404"));
             let (host, port) = host_port(&url);
