@@ -14,7 +14,7 @@
 //! and as medians across runs ([`report`]); idle memory of the real service binaries is
 //! measured once ([`idle`]). With `--photos DIR` the real stages run on those photos, and each
 //! stage is also measured on its own per image ([`photos`]), optionally beside Pillow and
-//! onnxruntime ([`compare`]).
+//! onnxruntime ([`compare`]). The [`similarity`] scenario measures the similarity index instead.
 
 pub mod backend;
 pub mod compare;
@@ -26,6 +26,7 @@ pub mod photos;
 pub mod priority;
 pub mod process;
 pub mod report;
+pub mod similarity;
 pub mod stats;
 
 use std::collections::BTreeMap;

@@ -25,7 +25,10 @@ pub struct BenchArgs {
     #[arg(long, value_enum)]
     store: Option<StoreArg>,
     /// `throughput`: full load, then low load; `priority`: a high task's latency idle and behind
-    /// `--tasks` queued low tasks (`--low-load-tasks` high tasks timed in each phase).
+    /// `--tasks` queued low tasks (`--low-load-tasks` high tasks timed in each phase);
+    /// `similarity`: the similarity index at `--tasks` images (default 100000) with
+    /// `--low-load-tasks` queries (default 1000), and a rebuild of `--rebuild-images` from the
+    /// event stream.
     #[arg(long, value_enum, default_value_t = ScenarioArg::Throughput)]
     scenario: ScenarioArg,
     /// `noop`: stages that answer at once (orchestration only); `real`: the real download,
@@ -38,6 +41,9 @@ pub struct BenchArgs {
     /// Tasks submitted one at a time in the low-load phase (default 500; 20 in real mode).
     #[arg(long)]
     low_load_tasks: Option<usize>,
+    /// Similarity scenario: images replayed by the rebuild from the event stream.
+    #[arg(long, default_value_t = 10_000)]
+    rebuild_images: usize,
     /// Runs; figures are the medians.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     runs: u64,
@@ -83,6 +89,7 @@ enum StoreArg {
 enum ScenarioArg {
     Throughput,
     Priority,
+    Similarity,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -134,6 +141,11 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
     let scenario = match args.scenario {
         ScenarioArg::Throughput => Scenario::Throughput,
         ScenarioArg::Priority => Scenario::Priority,
+        ScenarioArg::Similarity => {
+            let outcome = similarity(&settings, &args).await;
+            telemetry.shutdown();
+            return outcome;
+        }
     };
     let options = BenchOptions {
         scenario,
@@ -187,6 +199,25 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
         print_json(&report)?;
     } else {
         out!("{}", report.text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--scenario similarity`: the similarity index at `--tasks` images, and a rebuild from the
+/// event stream.
+async fn similarity(settings: &imagepipe_runtime::Settings, args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    let (images, queries) = (args.tasks.unwrap_or(100_000), args.low_load_tasks.unwrap_or(1_000));
+    eprintln!(
+        "imagepipe bench: the similarity index at {images} images ({queries} queries, exact up to {}), \
+         a rebuild of {} from the event stream",
+        settings.similarity.exact_limit, args.rebuild_images
+    );
+    let (scale, rebuilt) = bench::similarity::run(settings, images, queries, args.rebuild_images).await?;
+    if args.json {
+        print_json(&serde_json::json!({ "index": scale.to_string(), "rebuild": rebuilt }))?;
+    } else {
+        outln!("{scale}");
+        outln!("{rebuilt}");
     }
     Ok(ExitCode::SUCCESS)
 }
