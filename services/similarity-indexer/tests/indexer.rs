@@ -86,6 +86,12 @@ impl Indexer {
         self.bus.events.publish(event.event_type.as_str(), message).await.unwrap();
     }
 
+    /// A group of its own reading the `image.duplicate_detected` events from now on.
+    async fn watch_duplicates(&self) -> Box<dyn imagepipe_bus::Consumer> {
+        let selector = Selector::parse("image.duplicate_detected").unwrap();
+        self.bus.events.subscribe(Subscription::new("watch", selector)).await.unwrap()
+    }
+
     async fn get(&self, path: &str) -> (u16, serde_json::Value) {
         let answer = testing::get(self.addr, path).await;
         (answer.status, serde_json::from_str(&answer.body).unwrap_or_default())
@@ -112,12 +118,7 @@ impl Indexer {
 #[tokio::test]
 async fn near_duplicates_are_announced_once_and_searchable() {
     let indexer = start().await;
-    let announced = indexer
-        .bus
-        .events
-        .subscribe(Subscription::new("watch", Selector::parse("image.duplicate_detected").unwrap()))
-        .await
-        .unwrap();
+    let announced = indexer.watch_duplicates().await;
 
     // An original, then a copy close to it (a redelivered event among them), and a different image.
     indexer.publish(&extracted("tsk_orig", T0, 0xf0f0_f0f0_0f0f_0f0f)).await;
@@ -195,12 +196,7 @@ async fn near_duplicates_are_announced_once_and_searchable() {
 #[tokio::test]
 async fn a_copy_compared_before_its_original_was_complete_is_announced_when_it_is() {
     let indexer = start().await;
-    let announced = indexer
-        .bus
-        .events
-        .subscribe(Subscription::new("watch", Selector::parse("image.duplicate_detected").unwrap()))
-        .await
-        .unwrap();
+    let announced = indexer.watch_duplicates().await;
     // Far apart hashes: only the embedding can tell.
     indexer.publish(&extracted("tsk_orig", T0, 0)).await;
     indexer.publish(&extracted("tsk_copy", T0 + 10, u64::MAX)).await;
