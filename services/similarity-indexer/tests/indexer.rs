@@ -99,7 +99,7 @@ impl Indexer {
 
     /// Waits until the store's entry of `task_id` has pairs computed (or is complete).
     async fn complete(&self, task_id: &str) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
             if self.store.entry(task_id).await.unwrap().is_some_and(|e| e.is_complete()) {
                 return;
@@ -134,7 +134,7 @@ async fn near_duplicates_are_announced_once_and_searchable() {
     indexer.complete("tsk_other").await;
     indexer.complete("tsk_copy").await;
 
-    let mut first = announced.fetch(8, Duration::from_secs(5)).await.unwrap();
+    let mut first = announced.fetch(8, Duration::from_secs(15)).await.unwrap();
     assert_eq!(first.len(), 1, "one announcement, for the copy");
     let event: Event<ImageDuplicateDetected> = decode(&first[0].message.payload).unwrap();
     assert_eq!(event.task_id.as_deref(), Some("tsk_copy"));
@@ -204,7 +204,7 @@ async fn a_copy_compared_before_its_original_was_complete_is_announced_when_it_i
     indexer.complete("tsk_copy").await;
     assert!(announced.fetch(8, Duration::from_millis(500)).await.unwrap().is_empty(), "nothing to compare with yet");
     indexer.publish(&analyzed("tsk_orig", T0 + 30, &features(2, 0.0))).await;
-    let mut got = announced.fetch(8, Duration::from_secs(5)).await.unwrap();
+    let mut got = announced.fetch(8, Duration::from_secs(15)).await.unwrap();
     assert_eq!(got.len(), 1);
     let event: Event<ImageDuplicateDetected> = decode(&got[0].message.payload).unwrap();
     assert_eq!((event.task_id.as_deref(), event.payload.duplicate_of.as_str()), (Some("tsk_copy"), "tsk_orig"));
