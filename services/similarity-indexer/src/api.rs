@@ -137,7 +137,10 @@ fn limit(param: Option<&str>, default: usize, max: usize) -> Result<usize, ApiEr
 
 impl SimilarityApi {
     async fn synced(&self) -> Result<&LiveIndex, ApiError> {
-        self.live.sync(self.store.as_ref()).await.map_err(|e| ApiError::unavailable(crate::error_chain(&e)))?;
+        self.live
+            .sync(self.store.as_ref())
+            .await
+            .map_err(|e| ApiError::unavailable(imagepipe_runtime::error_chain(&e)))?;
         Ok(&self.live)
     }
 }

@@ -33,11 +33,10 @@ use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::service::checks;
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker};
+use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
 
 pub use api::{SimilarityApi, routes};
 pub use handler::IndexHandler;
-pub use imagepipe_runtime::error_chain;
 pub use live::{IndexSize, LiveIndex, Similar};
 pub use rebuild::{Rebuild, RebuildState, RebuildStatus};
 pub use store::{EmbeddedStore, Entry, Pair, RedisStore, SimilarityStore, StoreError};

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use imagepipe_bus::{Bus, Selector, StartPosition, Subscription};
 use imagepipe_contracts::Event;
-use imagepipe_runtime::Shutdown;
 use imagepipe_runtime::clock::{Clock, SystemClock};
+use imagepipe_runtime::{Shutdown, error_chain};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -148,13 +148,13 @@ pub async fn run(
     let selector = Selector::parse(crate::SELECTOR).expect("the selector is valid");
     let subscription =
         Subscription::new(group, selector).starting(StartPosition::Beginning).expiring_when_idle(GROUP_IDLE);
-    store.clear().await.map_err(|e| imagepipe_runtime::error_chain(&e))?;
-    let consumer = bus.events.subscribe(subscription).await.map_err(|e| imagepipe_runtime::error_chain(&e))?;
+    store.clear().await.map_err(|e| error_chain(&e))?;
+    let consumer = bus.events.subscribe(subscription).await.map_err(|e| error_chain(&e))?;
     let handler = IndexHandler::quiet(store, live);
     let (mut events, mut skipped) = (0u64, 0u64);
     loop {
         let deliveries = tokio::select! {
-            fetched = consumer.fetch(BATCH, IDLE_END) => fetched.map_err(|e| imagepipe_runtime::error_chain(&e))?,
+            fetched = consumer.fetch(BATCH, IDLE_END) => fetched.map_err(|e| error_chain(&e))?,
             () = shutdown.wait() => return Err("the service is stopping".into()),
         };
         if deliveries.is_empty() {
@@ -170,7 +170,7 @@ pub async fn run(
                 },
                 Err(_) => skipped += 1,
             }
-            delivery.ack().await.map_err(|e| imagepipe_runtime::error_chain(&e))?;
+            delivery.ack().await.map_err(|e| error_chain(&e))?;
         }
         progress(events, skipped);
     }

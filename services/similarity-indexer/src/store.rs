@@ -57,11 +57,6 @@ impl Entry {
     pub fn is_complete(&self) -> bool {
         self.phash.is_some() && self.embedding.is_some()
     }
-
-    /// Whether it came before `other` (by first event, then task id).
-    pub fn is_before(&self, other: &Entry) -> bool {
-        (self.created, &self.task_id) < (other.created, &other.task_id)
-    }
 }
 
 /// An earlier image near an entry's.
