@@ -108,6 +108,21 @@ impl Histogram {
         self.buckets[bucket_of(ms)] += 1;
     }
 
+    /// Adds every sample of `other` (the histogram of both sample sets).
+    pub fn merge(&mut self, other: &Histogram) {
+        if other.count == 0 {
+            return;
+        }
+        let first = self.count == 0;
+        self.count += other.count;
+        self.sum_ms = self.sum_ms.saturating_add(other.sum_ms);
+        self.min_ms = if first { other.min_ms } else { self.min_ms.min(other.min_ms) };
+        self.max_ms = if first { other.max_ms } else { self.max_ms.max(other.max_ms) };
+        for (mine, theirs) in self.buckets.iter_mut().zip(&other.buckets) {
+            *mine += theirs;
+        }
+    }
+
     /// Estimates the `q` quantile (`0.0..=1.0`) in ms: the bucket holding it is found by rank,
     /// and the value interpolated linearly between the least and the greatest whole ms the
     /// bucket may hold, both kept within the smallest and largest sample (a bucket `(lo, hi]`
@@ -256,6 +271,17 @@ mod tests {
         assert_eq!(histogram.quantile(0.99), Some(10_000_000.0));
         assert_eq!(histogram.quantile(0.5), Some(5.0));
         assert_eq!(of([4_000_000, 9_000_000]).quantile(0.5), Some(9_000_000.0));
+    }
+
+    #[test]
+    fn merged_histograms_are_the_histogram_of_both_sample_sets() {
+        let mut merged = Histogram::new();
+        merged.merge(&of([]));
+        assert_eq!(merged, Histogram::new());
+        merged.merge(&of([30, 5_000]));
+        merged.merge(&Histogram::new());
+        merged.merge(&of([7, 80, 4_000_000]));
+        assert_eq!(merged, of([30, 5_000, 7, 80, 4_000_000]));
     }
 
     #[test]

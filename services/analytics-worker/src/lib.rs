@@ -1,11 +1,13 @@
 //! imagepipe analytics-worker: an event subscriber that counts every event (tasks by outcome,
 //! events by type, image formats, bytes downloaded) and measures stage latencies from event
 //! timestamps (`task.created` → `image.downloaded` → `image.metadata_extracted` →
-//! `image.analyzed` → `task.completed`, and end to end) as histograms; serves `GET /v1/stats`
-//! and exports the same as Prometheus metrics.
+//! `image.analyzed` → `task.completed`, and end to end) as histograms, all time and for the
+//! last hour by minute; serves `GET /v1/stats` and exports the all-time counts and latencies as
+//! Prometheus metrics.
 //!
 //! - [`update`]: what one event adds.
 //! - [`histogram`]: fine fixed-bucket latency histograms and quantile estimates.
+//! - [`window`]: the last hour, in a bucket per minute.
 //! - [`store`]: the [`StatsStore`] seam, in Redis (`store.kind = redis`), in the embedded file
 //!   `store.path/analytics.redb` (`store.kind = embedded`) or in process memory.
 //! - [`handler`]: the [`EventHandler`](imagepipe_runtime::dedup::EventHandler) recording
@@ -19,6 +21,7 @@ pub mod handler;
 pub mod histogram;
 pub mod store;
 pub mod update;
+pub mod window;
 
 use std::sync::Arc;
 
@@ -35,6 +38,7 @@ pub use handler::StatsHandler;
 pub use histogram::{BUCKETS_MS, Histogram};
 pub use store::{DEFAULT_TASK_TTL, EmbeddedStore, MemoryStore, RedisStore, Stats, StatsStore, StoreError};
 pub use update::{Span, Stage, TaskOutcome, Update};
+pub use window::{Minute, Window};
 
 /// The service's name in logs and traces.
 pub const SERVICE: &str = "analytics-worker";

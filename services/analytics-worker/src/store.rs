@@ -11,15 +11,22 @@
 //! `task_ttl` after its last event. The Redis and embedded stores also mark the event handled
 //! for the dedup layer in the same step, so a retry after a failure the caller did not see
 //! counts nothing twice.
+//!
+//! The same step adds the event's finished task, failure code and completed latencies to the
+//! bucket of its minute (see [`crate::window`]); a snapshot holds the buckets of the hour up to
+//! the store's clock. Buckets outside that hour go (Redis: they expire
+//! [`MINUTE_GRACE`](crate::window::MINUTE_GRACE) after it; embedded: the next recordings drop
+//! them; memory: a ring of 60), so what the stores hold for it depends on the hour, not on the
+//! traffic.
 
 mod embedded;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use imagepipe_runtime::clock::millis;
+use imagepipe_runtime::clock::{Clock, SystemClock, millis};
 use imagepipe_runtime::embedded::EmbeddedError;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
@@ -28,6 +35,7 @@ pub use embedded::EmbeddedStore;
 
 use crate::histogram::{BUCKETS_MS, Histogram};
 use crate::update::{Span, Stage, Update};
+use crate::window::{self, FAILURE_CODES, MAX_CODES_PER_MINUTE, MINUTE_MS, Minute, OTHER_CODE, Window};
 
 /// How long a task's stage times are kept after its last event by default.
 pub const DEFAULT_TASK_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -48,6 +56,8 @@ pub struct Stats {
     pub bytes_downloaded: u64,
     /// Latency histograms of the spans measured at least once.
     pub latencies: BTreeMap<Span, Histogram>,
+    /// The last hour, by minute, up to when it was read.
+    pub last_hour: Window,
 }
 
 /// The counter fields an update adds to, with the amounts: `events:<type>`, `tasks:<outcome>`,
@@ -133,8 +143,11 @@ pub trait StatsStore: Send + Sync + 'static {
 }
 
 /// The statistics in Redis, under `<prefix>:analytics:`: a hash of counters, a hash of
-/// histogram fields (`latencies:v2`: `<span>:count`, `:sum`, `:min`, `:max`, `:<bucket>`), and a
-/// hash of stage times per task (`task:<id>`, with a TTL). One Lua script records an event.
+/// histogram fields (`latencies:v2`: `<span>:count`, `:sum`, `:min`, `:max`, `:<bucket>`), a
+/// hash of stage times per task (`task:<id>`, with a TTL), and a hash per minute of the last
+/// hour (`minute:<start, Unix ms>`, the fields of [`Minute::fields`], expiring
+/// [`MINUTE_GRACE`](window::MINUTE_GRACE) after the minute leaves the hour). One Lua script
+/// records an event. The hour is read up to the store's clock.
 ///
 /// The histogram hash is versioned: `<prefix>:analytics:latencies` held the coarser buckets of
 /// earlier versions, indexed differently, and is no longer read (its histograms start afresh).
@@ -146,29 +159,44 @@ pub struct RedisStore {
     task_ttl: Duration,
     dedup_ttl: Duration,
     script: redis::Script,
+    clock: Arc<dyn Clock>,
 }
 
-/// KEYS: counters, latencies, task, the event's dedup key. ARGV: event type, outcome, format,
-/// bytes, stage, timestamp, task TTL ms, forget ('1' drops the task's times), dedup TTL ms, then
-/// counted lists: every stage name; the spans touching the stage as (name, from, to). The
-/// bucket bounds are the table `bounds`, put before this text by [`record_script`]. Replies
-/// `'duplicate'` when the event was counted before, else `'counted'` followed by the latencies
-/// it completed as (span, ms) pairs.
+/// KEYS: counters, latencies, task, the event's dedup key, and the bucket of the minute it
+/// counts in (absent when it is before the last hour). ARGV: event type, outcome, format, bytes,
+/// stage, timestamp, task TTL ms, forget ('1' drops the task's times), dedup TTL ms, the
+/// minute's TTL ms, failure code, then counted lists: every stage name; the spans touching the
+/// stage as (name, from, to). The bucket bounds are the table `bounds`, the code that failures
+/// beyond `max_codes` distinct ones in a minute count as is `other`, both put before this text
+/// by [`record_script`]. Replies `'duplicate'` when the event was counted before, else
+/// `'counted'` followed by the latencies it completed as (span, ms) pairs.
 ///
 /// Marking the event done in the same script is what makes a retry safe: when the reply is lost
 /// (a timeout) after Redis ran the script, the redelivered event finds its mark and counts
 /// nothing.
 const RECORD_SCRIPT: &str = r"
-local counters, latencies, task, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local counters, latencies, task, seen, minute = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local event_type, outcome, format, bytes = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local stage, timestamp, ttl, forget = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local minute_ttl, code = ARGV[10], ARGV[11]
 if not redis.call('SET', seen, '1', 'NX', 'PX', ARGV[9]) then return {'duplicate'} end
-local i = 10
+local i = 12
 local stages = {}
 for _ = 1, tonumber(ARGV[i]) do i = i + 1; stages[#stages + 1] = ARGV[i] end
 i = i + 1
 local spans = {}
 for _ = 1, tonumber(ARGV[i]) do spans[#spans + 1] = {ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]}; i = i + 3 end
+
+-- Adds a sample of ms in bucket index `bucket` to the histogram in the fields `prefix ..` of hash.
+local function add_sample(hash, prefix, ms, bucket)
+  redis.call('HINCRBY', hash, prefix .. 'count', 1)
+  redis.call('HINCRBY', hash, prefix .. 'sum', ms)
+  redis.call('HINCRBY', hash, prefix .. bucket, 1)
+  local min = redis.call('HGET', hash, prefix .. 'min')
+  if not min or ms < tonumber(min) then redis.call('HSET', hash, prefix .. 'min', ms) end
+  local max = redis.call('HGET', hash, prefix .. 'max')
+  if not max or ms > tonumber(max) then redis.call('HSET', hash, prefix .. 'max', ms) end
+end
 
 redis.call('HINCRBY', counters, 'events:' .. event_type, 1)
 if outcome ~= '' then redis.call('HINCRBY', counters, 'tasks:' .. outcome, 1) end
@@ -188,13 +216,8 @@ if stage ~= '' and redis.call('HSETNX', task, stage, timestamp) == 1 then
         if bounds[mid] < ms then lo = mid + 1 else hi = mid end
       end
       local name = span[1]
-      redis.call('HINCRBY', latencies, name .. ':count', 1)
-      redis.call('HINCRBY', latencies, name .. ':sum', ms)
-      redis.call('HINCRBY', latencies, name .. ':' .. (lo - 1), 1)
-      local min = redis.call('HGET', latencies, name .. ':min')
-      if not min or ms < tonumber(min) then redis.call('HSET', latencies, name .. ':min', ms) end
-      local max = redis.call('HGET', latencies, name .. ':max')
-      if not max or ms > tonumber(max) then redis.call('HSET', latencies, name .. ':max', ms) end
+      add_sample(latencies, name .. ':', ms, lo - 1)
+      if minute then add_sample(minute, 'latencies:' .. name .. ':', ms, lo - 1) end
       recorded[#recorded + 1] = name
       recorded[#recorded + 1] = tostring(ms)
     end
@@ -210,13 +233,34 @@ if forget == '1' or known == #stages then
 elseif stage ~= '' then
   redis.call('PEXPIRE', task, ttl)
 end
+
+if minute then
+  if outcome ~= '' then redis.call('HINCRBY', minute, 'tasks:' .. outcome, 1) end
+  if code ~= '' then
+    if code ~= other and redis.call('HEXISTS', minute, 'failures:' .. code) == 0 then
+      if tonumber(redis.call('HGET', minute, failure_codes) or '0') < max_codes then
+        redis.call('HINCRBY', minute, failure_codes, 1)
+      else
+        code = other
+      end
+    end
+    redis.call('HINCRBY', minute, 'failures:' .. code, 1)
+  end
+  redis.call('PEXPIRE', minute, minute_ttl)
+end
 return recorded
 ";
 
-/// [`RECORD_SCRIPT`] with the bucket bounds ([`BUCKETS_MS`]) as its table `bounds`.
+/// [`RECORD_SCRIPT`] with the bucket bounds ([`BUCKETS_MS`]) as its table `bounds`, and the
+/// cap on failure codes per minute as `max_codes`, `other` and `failure_codes` (see
+/// [`Minute::failure_label`]).
 fn record_script() -> String {
     let bounds: Vec<String> = BUCKETS_MS.iter().map(u64::to_string).collect();
-    format!("local bounds = {{{}}}{RECORD_SCRIPT}", bounds.join(","))
+    format!(
+        "local bounds = {{{}}}\nlocal max_codes, other, failure_codes = {MAX_CODES_PER_MINUTE}, '{OTHER_CODE}', \
+         '{FAILURE_CODES}'{RECORD_SCRIPT}",
+        bounds.join(",")
+    )
 }
 
 impl RedisStore {
@@ -233,7 +277,15 @@ impl RedisStore {
             task_ttl,
             dedup_ttl,
             script: redis::Script::new(&record_script()),
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// The same store reading the time (the last hour's end, the minute an event counts in)
+    /// from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     fn counters_key(&self) -> String {
@@ -246,6 +298,10 @@ impl RedisStore {
 
     fn task_key(&self, task_id: &str) -> String {
         format!("{}:task:{task_id}", self.prefix)
+    }
+
+    fn minute_key(&self, minute: u64) -> String {
+        format!("{}:minute:{minute}", self.prefix)
     }
 }
 
@@ -260,12 +316,18 @@ fn parse_u64(what: &'static str, value: &str) -> Result<u64, StoreError> {
 #[async_trait]
 impl StatsStore for RedisStore {
     async fn record(&self, update: &Update) -> Result<Vec<(Span, u64)>, StoreError> {
+        let now = self.clock.unix_ms();
+        let minute = window::bucket_minute(update.timestamp, now);
         let mut invocation = self.script.prepare_invoke();
         invocation
             .key(self.counters_key())
             .key(self.latencies_key())
             .key(self.task_key(&update.task_id))
-            .key(format!("{}:{}", self.dedup_prefix, update.event_id))
+            .key(format!("{}:{}", self.dedup_prefix, update.event_id));
+        if let Some(minute) = minute {
+            invocation.key(self.minute_key(minute));
+        }
+        invocation
             .arg(update.event_type.as_str())
             .arg(update.outcome.map_or("", |o| o.as_str()))
             .arg(update.format.as_deref().unwrap_or(""))
@@ -275,6 +337,8 @@ impl StatsStore for RedisStore {
             .arg(millis(self.task_ttl).max(1))
             .arg(if update.ends_measurement() { "1" } else { "0" })
             .arg(millis(self.dedup_ttl).max(1))
+            .arg(minute.map_or(1, |minute| millis(window::bucket_ttl(minute, now))))
+            .arg(update.failure_code.as_deref().unwrap_or(""))
             .arg(Stage::ALL.len());
         for stage in Stage::ALL {
             invocation.arg(stage.as_str());
@@ -305,29 +369,40 @@ impl StatsStore for RedisStore {
     }
 
     async fn snapshot(&self) -> Result<Stats, StoreError> {
-        let (counters, latencies): (HashMap<String, String>, HashMap<String, String>) = redis::pipe()
-            .cmd("HGETALL")
-            .arg(self.counters_key())
-            .cmd("HGETALL")
-            .arg(self.latencies_key())
-            .query_async(&mut self.connection.clone())
-            .await
-            .map_err(redis_err("reading statistics"))?;
-        let mut stats = Stats::default();
+        let mut stats = Stats { last_hour: Window::ending_at(self.clock.unix_ms()), ..Stats::default() };
+        let minutes: Vec<u64> = stats.last_hour.minute_starts().collect();
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL").arg(self.counters_key()).cmd("HGETALL").arg(self.latencies_key());
+        for minute in &minutes {
+            pipe.cmd("HGETALL").arg(self.minute_key(*minute));
+        }
+        let hashes: Vec<HashMap<String, String>> =
+            pipe.query_async(&mut self.connection.clone()).await.map_err(redis_err("reading statistics"))?;
+        let [counters, latencies, buckets @ ..] = hashes.as_slice() else {
+            return Err(StoreError::Corrupt { what: "pipeline reply", value: format!("{} hashes", hashes.len()) });
+        };
         for (field, value) in counters {
-            stats.add_counter(&field, parse_u64("counter", &value)?)?;
+            stats.add_counter(field, parse_u64("counter", value)?)?;
         }
         for (field, value) in latencies {
-            stats.set_latency_field(&field, parse_u64("histogram value", &value)?)?;
+            stats.set_latency_field(field, parse_u64("histogram value", value)?)?;
+        }
+        for (minute, fields) in minutes.into_iter().zip(buckets).filter(|(_, fields)| !fields.is_empty()) {
+            let Some(bucket) = stats.last_hour.bucket_mut(minute) else { continue };
+            for (field, value) in fields {
+                bucket.set_field(field, parse_u64("minute value", value)?)?;
+            }
         }
         Ok(stats)
     }
 }
 
 /// The statistics in process memory, gone with the process (tests, handlers run in process).
+/// The last hour is a ring of a bucket per minute, on the store's clock.
 #[derive(Debug)]
 pub struct MemoryStore {
     task_ttl: Duration,
+    clock: Arc<dyn Clock>,
     inner: Mutex<Tables>,
 }
 
@@ -336,6 +411,43 @@ struct Tables {
     stats: Stats,
     tasks: HashMap<String, TaskTimes>,
     next_sweep: Instant,
+    minutes: MinuteRing,
+}
+
+/// The buckets of the last hour: slot `(minute / MINUTE_MS) % 60` holds the bucket of the
+/// latest minute recorded there, so the 60 minutes of any window have a slot each.
+#[derive(Debug)]
+struct MinuteRing {
+    slots: Vec<Option<(u64, Minute)>>,
+}
+
+impl MinuteRing {
+    fn new() -> Self {
+        Self { slots: (0..window::WINDOW_MINUTES).map(|_| None).collect() }
+    }
+
+    /// The bucket of `minute` (a minute's start), replacing an older minute's in its slot;
+    /// `None` when the slot holds a later minute (the clock went back over an hour).
+    fn bucket(&mut self, minute: u64) -> Option<&mut Minute> {
+        let slot = &mut self.slots[((minute / MINUTE_MS) % window::WINDOW_MINUTES) as usize];
+        match slot {
+            Some((held, _)) if *held > minute => return None,
+            Some((held, _)) if *held == minute => {}
+            _ => *slot = Some((minute, Minute::default())),
+        }
+        slot.as_mut().map(|(_, bucket)| bucket)
+    }
+
+    /// The window ending at `now` (Unix ms), with the buckets of its minutes.
+    fn window(&self, now: u64) -> Window {
+        let mut window = Window::ending_at(now);
+        for (minute, bucket) in self.slots.iter().flatten() {
+            if let Some(read) = window.bucket_mut(*minute) {
+                *read = bucket.clone();
+            }
+        }
+        window
+    }
 }
 
 #[derive(Debug, Default)]
@@ -347,8 +459,20 @@ struct TaskTimes {
 impl MemoryStore {
     /// An empty store keeping task times `task_ttl` after their last event.
     pub fn new(task_ttl: Duration) -> Self {
-        let tables = Tables { stats: Stats::default(), tasks: HashMap::new(), next_sweep: Instant::now() };
-        Self { task_ttl, inner: Mutex::new(tables) }
+        let tables = Tables {
+            stats: Stats::default(),
+            tasks: HashMap::new(),
+            next_sweep: Instant::now(),
+            minutes: MinuteRing::new(),
+        };
+        Self { task_ttl, clock: Arc::new(SystemClock), inner: Mutex::new(tables) }
+    }
+
+    /// The same store reading the time (the last hour's end, the minute an event counts in)
+    /// from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Tasks whose stage times are held.
@@ -407,10 +531,16 @@ impl StatsStore for MemoryStore {
         if update.ends_measurement() || complete {
             tables.tasks.remove(&update.task_id);
         }
+        if let Some(minute) = window::bucket_minute(update.timestamp, self.clock.unix_ms())
+            && let Some(bucket) = tables.minutes.bucket(minute)
+        {
+            bucket.record(update, &recorded);
+        }
         Ok(recorded)
     }
 
     async fn snapshot(&self) -> Result<Stats, StoreError> {
-        Ok(self.inner.lock().expect("analytics store lock").stats.clone())
+        let tables = self.inner.lock().expect("analytics store lock");
+        Ok(Stats { last_hour: tables.minutes.window(self.clock.unix_ms()), ..tables.stats.clone() })
     }
 }

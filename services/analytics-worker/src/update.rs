@@ -1,7 +1,7 @@
 //! What one event adds to the statistics: an [`Update`], read from the event by
 //! [`Update::from_event`], and the task stages and latency [`Span`]s it is measured on.
 
-use imagepipe_contracts::payload::ImageDownloaded;
+use imagepipe_contracts::payload::{ImageDownloaded, TaskFailed};
 use imagepipe_contracts::{DecodeError, Event, EventType};
 use serde_json::Value;
 
@@ -146,6 +146,11 @@ impl TaskOutcome {
             Self::Cancelled => "cancelled",
         }
     }
+
+    /// The outcome named `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|outcome| outcome.as_str() == name)
+    }
 }
 
 /// What one event adds: counters, and the time of the task stage it reports.
@@ -167,12 +172,20 @@ pub struct Update {
     pub format: Option<String>,
     /// Bytes downloaded (`image.downloaded`), else 0.
     pub bytes: u64,
+    /// Why the task failed (`task.failed`): its error's code, at most [`MAX_CODE_LEN`] bytes.
+    pub failure_code: Option<String>,
 }
 
 /// Longest format name kept as it is; longer or odd names count as [`OTHER_FORMAT`].
 const MAX_FORMAT_LEN: usize = 16;
 /// The format counted for names that are not short lowercase alphanumerics.
 pub const OTHER_FORMAT: &str = "other";
+
+/// Longest failure code kept (bytes); a longer one is cut there (at a character boundary), so
+/// a strange payload cannot make the stored codes large.
+pub const MAX_CODE_LEN: usize = 64;
+/// The code counted for a failure whose error has an empty code.
+pub const UNKNOWN_CODE: &str = "unknown";
 
 /// An event lacked what the statistics need.
 #[derive(Debug, thiserror::Error)]
@@ -192,13 +205,17 @@ impl Update {
         let event_id = event.event_id.to_string();
         let task_id = event.task_id.clone().ok_or(UpdateError::NoTaskId(event_type))?;
         let timestamp = event.timestamp;
-        let (format, bytes) = match event_type {
+        let (mut format, mut bytes, mut failure_code) = (None, 0, None);
+        match event_type {
             EventType::ImageDownloaded => {
                 let image = event.into_typed::<ImageDownloaded>()?.payload.image;
-                (Some(format_label(&image.format)), image.size)
+                (format, bytes) = (Some(format_label(&image.format)), image.size);
             }
-            _ => (None, 0),
-        };
+            EventType::TaskFailed => {
+                failure_code = Some(code_label(&event.into_typed::<TaskFailed>()?.payload.error.code));
+            }
+            _ => {}
+        }
         Ok(Self {
             event_id,
             event_type,
@@ -208,6 +225,7 @@ impl Update {
             outcome: TaskOutcome::of(event_type),
             format,
             bytes,
+            failure_code,
         })
     }
 
@@ -228,6 +246,19 @@ fn format_label(format: &str) -> String {
     } else {
         OTHER_FORMAT.to_owned()
     }
+}
+
+/// `code` trimmed and cut at [`MAX_CODE_LEN`] bytes, or [`UNKNOWN_CODE`] when empty.
+fn code_label(code: &str) -> String {
+    let code = code.trim();
+    if code.is_empty() {
+        return UNKNOWN_CODE.to_owned();
+    }
+    let mut end = code.len().min(MAX_CODE_LEN);
+    while !code.is_char_boundary(end) {
+        end -= 1;
+    }
+    code[..end].to_owned()
 }
 
 #[cfg(test)]
@@ -254,5 +285,34 @@ mod tests {
         assert_eq!(format_label(""), OTHER_FORMAT);
         assert_eq!(format_label("x/../y"), OTHER_FORMAT);
         assert_eq!(format_label(&"a".repeat(17)), OTHER_FORMAT);
+    }
+
+    #[test]
+    fn failure_codes_are_cut_at_64_bytes_on_a_character_boundary() {
+        assert_eq!(code_label("http_404"), "http_404");
+        assert_eq!(code_label("  timeout "), "timeout");
+        assert_eq!(code_label(""), UNKNOWN_CODE);
+        assert_eq!(code_label(&"x".repeat(200)), "x".repeat(64));
+        let accented = format!("{}é", "x".repeat(63));
+        assert_eq!(code_label(&accented), "x".repeat(63), "é would straddle byte 64");
+        assert_eq!(code_label(&"é".repeat(40)).len(), 64);
+    }
+
+    #[test]
+    fn a_failed_task_carries_its_error_code() {
+        use imagepipe_contracts::{Step, StepError, TraceId};
+        let payload = TaskFailed {
+            step: Step::Download,
+            attempt: 2,
+            error: StepError::new("http_404", "not found"),
+            callback_url: None,
+            labels: Default::default(),
+        };
+        let json = Event::for_task("t1", 2, TraceId::random(), 5_000, "coordinator", payload).to_json();
+        let update = Update::from_event(Event::from_json(&json).unwrap()).unwrap();
+        assert_eq!(update.failure_code.as_deref(), Some("http_404"));
+        assert_eq!(update.outcome, Some(TaskOutcome::Failed));
+        assert_eq!(TaskOutcome::parse("failed"), Some(TaskOutcome::Failed));
+        assert_eq!(TaskOutcome::parse("lost"), None);
     }
 }

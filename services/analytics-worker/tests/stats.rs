@@ -6,8 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use imagepipe_analytics_worker::api::StatsResponse;
+use imagepipe_analytics_worker::api::{FailureReasonView, StatsResponse};
 use imagepipe_analytics_worker::histogram::bucket_of;
+use imagepipe_analytics_worker::window::{MAX_CODES_PER_MINUTE, MINUTE_MS, OTHER_CODE, minute_of};
 use imagepipe_analytics_worker::{
     BUCKETS_MS, EmbeddedStore, GROUP, MemoryStore, RedisStore, Span, Stage, StatsStore, TaskOutcome, Update, api, run,
     serve, subscription,
@@ -17,7 +18,7 @@ use imagepipe_contracts::names::{self, headers};
 use imagepipe_contracts::payload::{ImageDownloaded, TaskCreated, TaskFailed};
 use imagepipe_contracts::step::DownloadOutput;
 use imagepipe_contracts::{Event, EventType, ImageSource, Step, StepError, TraceId};
-use imagepipe_runtime::clock::ManualClock;
+use imagepipe_runtime::clock::{Clock, ManualClock};
 use imagepipe_runtime::dedup::{Dedup, EmbeddedDedup};
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::http::testing;
@@ -37,7 +38,13 @@ fn update(event_type: EventType, task_id: &str, timestamp: u64) -> Update {
         outcome: TaskOutcome::of(event_type),
         format,
         bytes,
+        failure_code: (event_type == EventType::TaskFailed).then(|| "http_500".to_owned()),
     }
+}
+
+/// A `task.failed` of `task_id` at `timestamp` with the error code `code`.
+fn failed_with(task_id: &str, timestamp: u64, code: &str) -> Update {
+    Update { failure_code: Some(code.to_owned()), ..update(EventType::TaskFailed, task_id, timestamp) }
 }
 
 /// An event of a task at a time, and the latencies recording it completes.
@@ -106,6 +113,117 @@ async fn suite(store: &dyn StatsStore) {
     }
 }
 
+/// The last hour on a store whose clock is `clock` (standing at [`T0`], 40 s into a minute `M`):
+/// events count in the minute of their timestamp (a future one in `M`, one from before the
+/// window all-time only), a latency in the minute of the event completing it, 32 codes a
+/// minute by name and the rest as `other`; the answer has 60 minutes, the failure reasons most
+/// frequent first (ties by code, at most 10); minutes leave the window as the clock moves on.
+/// With `redelivered`, every event is recorded twice, for a store that marks events handled
+/// (Redis, embedded): the last hour counts it once.
+async fn last_hour(store: &dyn StatsStore, clock: &ManualClock, redelivered: bool) {
+    const MIN: u64 = 60_000;
+    assert_eq!(clock.unix_ms(), T0);
+    let m = minute_of(T0);
+    let records = [
+        update(EventType::TaskCancelled, "c1", T0 - 59 * MIN - 40_000),
+        update(EventType::TaskCreated, "w1", T0 - 30 * MIN),
+        update(EventType::ImageDownloaded, "w1", T0 - 30 * MIN + 120),
+        failed_with("t1", T0 - 10 * MIN, "timeout"),
+        failed_with("t2", T0 - 10 * MIN, "timeout"),
+        failed_with("h1", T0 - 5 * MIN, "http_404"),
+        failed_with("h2", T0 - 5 * MIN, "http_404"),
+        failed_with("h3", T0 - 5 * MIN, "http_404"),
+        update(EventType::TaskCreated, "w2", T0 - 62 * MIN),
+        update(EventType::TaskCompleted, "w2", T0 - 2 * MIN),
+        failed_with("d1", T0 - MIN, "dns"),
+        failed_with("d2", T0 - MIN, "dns"),
+        update(EventType::TaskCompleted, "w3", T0 + 10 * MIN),
+        update(EventType::TaskCompleted, "old", T0 - 61 * MIN),
+        failed_with("old2", T0 - 120 * MIN, "ancient"),
+    ];
+    let capped = MAX_CODES_PER_MINUTE + 2;
+    let cap_codes = (0..capped).map(|i| failed_with(&format!("cap{i}"), T0 - 3 * MIN, &format!("cap_{i:02}")));
+    for record in records.into_iter().chain(cap_codes) {
+        store.record(&record).await.unwrap();
+        if redelivered {
+            store.record(&record).await.unwrap();
+        }
+    }
+
+    let stats = store.snapshot().await.unwrap();
+    assert_eq!(stats.tasks["completed"], 3, "all-time counts the old task too");
+    assert_eq!(stats.last_hour.last_minute, m);
+    let keys: Vec<u64> = stats.last_hour.minutes.keys().copied().collect();
+    let expected: Vec<u64> = [59, 30, 10, 5, 3, 2, 1, 0].into_iter().map(|back| m - back * MIN).collect();
+    assert_eq!(keys, expected, "only minutes that counted something, oldest first");
+    let cap_minute = &stats.last_hour.minutes[&(m - 3 * MIN)];
+    assert_eq!(cap_minute.failures.len(), MAX_CODES_PER_MINUTE + 1, "{:?}", cap_minute.failures);
+    assert_eq!(cap_minute.failures[OTHER_CODE], 2);
+    assert_eq!(cap_minute.failures["cap_31"], 1);
+    assert!(!cap_minute.failures.contains_key("cap_32"));
+
+    let hour = StatsResponse::from(stats).last_hour;
+    assert_eq!(hour.window_seconds, 3600);
+    assert_eq!(hour.per_minute.len(), 60);
+    let starts: Vec<u64> = hour.per_minute.iter().map(|minute| minute.at).collect();
+    assert_eq!(starts, (0..60).rev().map(|back| m - back * MIN).collect::<Vec<_>>());
+    let row = |back: u64| {
+        let minute = hour.per_minute[59 - back as usize];
+        (minute.completed, minute.failed, minute.cancelled)
+    };
+    assert_eq!(row(59), (0, 0, 1), "the window's first minute");
+    assert_eq!(row(30), (0, 0, 0), "a minute of events that finish no task");
+    assert_eq!(row(10), (0, 2, 0));
+    assert_eq!(row(5), (0, 3, 0));
+    assert_eq!(row(3), (0, capped as u64, 0));
+    assert_eq!(row(2), (1, 0, 0));
+    assert_eq!(row(0), (1, 0, 0), "an event from the future counts now");
+    assert_eq!((hour.tasks.completed, hour.tasks.failed, hour.tasks.cancelled), (2, 41, 1));
+    assert_eq!(hour.tasks_per_second, 44.0 / 3600.0);
+
+    let download = &hour.latencies["download"];
+    assert_eq!((download.count, download.p50_ms, download.p95_ms), (1, Some(120.0), Some(120.0)));
+    let end_to_end = &hour.latencies["end_to_end"];
+    assert_eq!(end_to_end.count, 1, "measured in the window, though it started before");
+    assert_eq!(end_to_end.p95_ms, Some(3_600_000.0));
+    assert_eq!(hour.latencies.len(), Span::ALL.len(), "every span is listed");
+    assert_eq!((hour.latencies["analysis"].count, hour.latencies["analysis"].p50_ms), (0, None));
+
+    let reason = |code: &str, count| FailureReasonView { code: code.to_owned(), count };
+    let mut expected = vec![reason("http_404", 3), reason("dns", 2), reason(OTHER_CODE, 2), reason("timeout", 2)];
+    expected.extend((0..6).map(|i| reason(&format!("cap_{i:02}"), 1)));
+    assert_eq!(hour.failure_reasons, expected, "most frequent first, ties by code, at most 10");
+
+    clock.advance(Duration::from_secs(30 * 60));
+    let hour = StatsResponse::from(store.snapshot().await.unwrap()).last_hour;
+    assert_eq!(hour.per_minute[0].at, m - 29 * MIN);
+    assert_eq!((hour.tasks.completed, hour.tasks.failed, hour.tasks.cancelled), (2, 41, 0));
+    assert_eq!(hour.latencies["download"].count, 0, "minute M-30 left the window");
+    assert_eq!(hour.per_minute.iter().filter(|minute| minute.failed > 0).count(), 4);
+
+    clock.advance(Duration::from_secs(90 * 60));
+    let stats = store.snapshot().await.unwrap();
+    assert!(stats.last_hour.minutes.is_empty(), "{:?}", stats.last_hour.minutes.keys());
+    let hour = StatsResponse::from(stats).last_hour;
+    assert_eq!((hour.tasks.completed, hour.tasks.failed, hour.tasks.cancelled, hour.tasks_per_second), (0, 0, 0, 0.0));
+    assert!(hour.failure_reasons.is_empty());
+    assert!(hour.per_minute.iter().all(|minute| (minute.completed, minute.failed, minute.cancelled) == (0, 0, 0)));
+
+    let now = clock.unix_ms();
+    store.record(&failed_with("late", now, "http_404")).await.unwrap();
+    let stats = store.snapshot().await.unwrap();
+    assert_eq!(stats.last_hour.minutes.keys().copied().collect::<Vec<_>>(), [minute_of(now)]);
+    assert_eq!(stats.tasks["failed"], 43, "all-time keeps everything");
+    assert_eq!(minute_of(now) % MINUTE_MS, 0);
+}
+
+#[tokio::test]
+async fn the_memory_store_keeps_the_last_hour_by_minute() {
+    let clock = ManualClock::at_unix_ms(T0);
+    let store = MemoryStore::new(Duration::from_secs(3600)).with_clock(Arc::new(clock.clone()));
+    last_hour(&store, &clock, false).await;
+}
+
 #[tokio::test]
 async fn the_memory_store_measures_latencies_in_any_order_and_forgets_finished_tasks() {
     let store = MemoryStore::new(Duration::from_secs(3600));
@@ -154,6 +272,17 @@ async fn the_embedded_store_measures_latencies_in_any_order_and_forgets_finished
     let (store, _) = embedded(dir.path(), Duration::from_secs(3600), &clock).await;
     suite(&store).await;
     assert_eq!(store.tasks_tracked().await.unwrap(), 0, "completed, failed and cancelled tasks are forgotten");
+}
+
+#[tokio::test]
+async fn the_embedded_store_keeps_the_last_hour_by_minute_and_drops_older_minutes() {
+    let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::at_unix_ms(T0));
+    let (store, _) = embedded(dir.path(), Duration::from_secs(3600), &clock).await;
+    last_hour(&store, &clock, true).await;
+    assert_eq!(store.minutes_held().await.unwrap(), 1, "recording dropped the minutes before the hour");
+
+    let (reopened, _) = embedded(dir.path(), Duration::from_secs(3600), &clock).await;
+    assert_eq!(reopened.snapshot().await.unwrap().last_hour.minutes.len(), 1, "kept across a restart");
 }
 
 #[tokio::test]
@@ -240,6 +369,37 @@ async fn the_redis_store_measures_latencies_in_any_order_and_forgets_finished_ta
 }
 
 #[tokio::test]
+async fn the_redis_store_keeps_the_last_hour_in_a_hash_per_minute_that_expires() {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("imagepipe-test-analytics-hour-{}-{nanos}", std::process::id());
+    let clock = ManualClock::at_unix_ms(T0);
+    let store =
+        RedisStore::connect("redis://127.0.0.1:6379", &prefix, Duration::from_secs(600), Duration::from_secs(60))
+            .await
+            .expect("Redis on 127.0.0.1:6379")
+            .with_clock(Arc::new(clock.clone()));
+    last_hour(&store, &clock, true).await;
+
+    let (mut connection, keys) = redis_keys(&prefix).await;
+    let minutes: Vec<&String> = keys.iter().filter(|k| k.starts_with(&format!("{prefix}:analytics:minute:"))).collect();
+    assert!(!minutes.is_empty() && minutes.len() <= 9, "{minutes:?}");
+    let latest = format!("{prefix}:analytics:minute:{}", minute_of(clock.unix_ms()));
+    assert!(minutes.contains(&&latest), "{minutes:?}");
+    for key in minutes {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query_async(&mut connection).await.unwrap();
+        assert!((1..=65 * 60_000).contains(&ttl), "{key} expires within 65 minutes: {ttl}");
+    }
+    let fields: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&latest).query_async(&mut connection).await.unwrap();
+    let expected = [("tasks:failed", "1"), ("failures:http_404", "1"), ("failure_codes", "1")];
+    let expected = expected.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+    assert_eq!(fields, expected);
+    let ttl: i64 = redis::cmd("PTTL").arg(&latest).query_async(&mut connection).await.unwrap();
+    assert!(ttl > 64 * 60_000, "the current minute is kept the hour and the grace: {ttl}");
+    let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
+}
+
+#[tokio::test]
 async fn the_redis_store_counts_an_event_once_even_when_recorded_again_after_a_lost_reply() {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let prefix = format!("imagepipe-test-analytics-once-{}-{nanos}", std::process::id());
@@ -288,6 +448,48 @@ fn failed(task_id: &str, at: u64) -> Vec<u8> {
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let answer = testing::get(addr, path).await;
     (answer.status, answer.body)
+}
+
+/// `lastHour` in the JSON of `/v1/stats`, as the dashboard reads it: camelCase, 60 minutes,
+/// every span, null percentiles where nothing was measured.
+#[tokio::test]
+async fn the_last_hour_is_served_in_its_documented_shape() {
+    let clock = ManualClock::at_unix_ms(T0);
+    let store = Arc::new(MemoryStore::default().with_clock(Arc::new(clock.clone())));
+    for (task, at, latency_ms) in [("a", T0 - 125_000, 40), ("b", T0 - 65_000, 12), ("c", T0 - 5_000, 15)] {
+        store.record(&update(EventType::TaskCreated, task, at - latency_ms)).await.unwrap();
+        store.record(&update(EventType::ImageDownloaded, task, at)).await.unwrap();
+        store.record(&update(EventType::TaskCompleted, task, at + 1_000)).await.unwrap();
+    }
+    store.record(&failed_with("d", T0 - 1_000, "http_404")).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(axum::serve(listener, api::routes(store)).into_future());
+
+    let (status, body) = get(addr, "/v1/stats").await;
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let hour = &json["lastHour"];
+    let mut keys: Vec<&str> = hour.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["failureReasons", "latencies", "perMinute", "tasks", "tasksPerSecond", "windowSeconds"]);
+    assert_eq!(hour["windowSeconds"], 3600);
+    assert_eq!(hour["tasks"], serde_json::json!({"completed": 3, "failed": 1, "cancelled": 0}));
+    assert_eq!(hour["tasksPerSecond"], 4.0 / 3600.0);
+    let minutes = hour["perMinute"].as_array().unwrap();
+    assert_eq!(minutes.len(), 60);
+    let m = minute_of(T0);
+    assert_eq!(minutes[0], serde_json::json!({"at": m - 59 * 60_000, "completed": 0, "failed": 0, "cancelled": 0}));
+    assert_eq!(minutes[57], serde_json::json!({"at": m - 2 * 60_000, "completed": 1, "failed": 0, "cancelled": 0}));
+    assert_eq!(minutes[59], serde_json::json!({"at": m, "completed": 1, "failed": 1, "cancelled": 0}));
+    assert_eq!(hour["latencies"]["download"], serde_json::json!({"count": 3, "p50Ms": 15.0, "p95Ms": 40.0}));
+    assert_eq!(hour["latencies"]["analysis"], serde_json::json!({"count": 0, "p50Ms": null, "p95Ms": null}));
+    let spans: Vec<&String> = hour["latencies"].as_object().unwrap().keys().collect();
+    let all_time: Vec<&String> = json["latencies"].as_object().unwrap().keys().collect();
+    assert_eq!(spans, all_time, "the same span names as the all-time latencies");
+    assert_eq!(hour["failureReasons"], serde_json::json!([{"code": "http_404", "count": 1}]));
+    let answer: StatsResponse = serde_json::from_str(&body).unwrap();
+    assert_eq!(serde_json::to_value(&answer).unwrap(), json, "the answer reads back as it was served");
 }
 
 /// The analytics worker as its binary runs it ([`serve`]), with `http.auth_token` set:

@@ -1,8 +1,11 @@
 //! [`EmbeddedStore`]: the statistics in the analytics group's redb file under `store.path`
 //! (`analytics.redb`), kept across restarts, beside the group's dedup set. The tables hold what
 //! the Redis hashes hold, in the same fields: counters, histogram fields by span, stage times
-//! by task (with their expiry time and an index by it).
+//! by task (with their expiry time and an index by it), and the fields of each minute of the
+//! last hour (see [`crate::window`]) by minute. Recording an event also forgets a batch of the
+//! expired task times and of the rows of minutes before the hour, so neither grows unbounded.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +17,7 @@ use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 use super::{Stats, StatsStore, StoreError, counter_fields};
 use crate::histogram::Histogram;
 use crate::update::{Span, Stage, Update};
+use crate::window::{self, MINUTE_MS, Minute, Window};
 
 /// Counter field (see `counter_fields`) → value.
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("analytics_counters");
@@ -25,8 +29,12 @@ const STAGES: TableDefinition<(&str, &str), u64> = TableDefinition::new("analyti
 const EXPIRES: TableDefinition<&str, u64> = TableDefinition::new("analytics_expires");
 /// (expiry, task): the tasks by expiry, soonest first.
 const EXPIRY_ORDER: TableDefinition<(u64, &str), ()> = TableDefinition::new("analytics_expiry_order");
+/// (minute's start, Unix ms; field, see [`Minute::fields`]) → value: the last hour by minute.
+const MINUTES: TableDefinition<(u64, &str), u64> = TableDefinition::new("analytics_minutes");
 
-/// Most tasks whose times expired that one recording forgets besides its own.
+/// Most tasks whose times expired that one recording forgets besides its own, and most rows of
+/// minutes before the last hour it drops (a recording adds at most 13 rows to a minute, so old
+/// minutes go faster than new ones come).
 const SWEEP_BATCH: usize = 100;
 
 /// The statistics in the analytics group's embedded file (see the module docs).
@@ -54,6 +62,7 @@ impl EmbeddedStore {
                 txn.open_table(STAGES)?;
                 txn.open_table(EXPIRES)?;
                 txn.open_table(EXPIRY_ORDER)?;
+                txn.open_table(MINUTES)?;
                 Ok(())
             })
             .await
@@ -72,6 +81,21 @@ impl EmbeddedStore {
                 live += usize::from(row?.1.value() > now);
             }
             Ok(live)
+        })
+        .await
+        .map_err(embedded)
+    }
+
+    /// Minutes whose buckets the file holds, those before the last hour not dropped yet
+    /// included.
+    pub async fn minutes_held(&self) -> Result<usize, StoreError> {
+        let db = self.dedup.db();
+        db.read("counting minutes", move |txn| {
+            let mut minutes = std::collections::BTreeSet::new();
+            for row in txn.open_table(MINUTES)?.iter()? {
+                minutes.insert(row?.0.value().0);
+            }
+            Ok(minutes.len())
         })
         .await
         .map_err(embedded)
@@ -99,6 +123,8 @@ impl EmbeddedStore {
         for task in expired.iter().map(String::as_str).chain(own_expired.then_some(task_id)) {
             forget(&mut expires, &mut order, &mut stages, task)?;
         }
+        let mut minutes = txn.open_table(MINUTES)?;
+        drop_minutes_before(&mut minutes, Window::ending_at(now).first_minute())?;
 
         let mut counters = txn.open_table(COUNTERS)?;
         for (field, value) in counter_fields(update) {
@@ -133,8 +159,49 @@ impl EmbeddedStore {
         if update.ends_measurement() || complete {
             forget(&mut expires, &mut order, &mut stages, task_id)?;
         }
+        if let Some(minute) = window::bucket_minute(update.timestamp, now)
+            && Minute::changed_by(update, &recorded)
+        {
+            add_to_minute(&mut minutes, minute, update, &recorded)?;
+        }
         Ok(recorded)
     }
+}
+
+/// Adds what `update` (with the `latencies` it completed) adds to the bucket of `minute`.
+fn add_to_minute(
+    minutes: &mut Table<(u64, &str), u64>,
+    minute: u64,
+    update: &Update,
+    latencies: &[(Span, u64)],
+) -> Result<(), redb::Error> {
+    let mut bucket = Minute::default();
+    for row in minutes.range((minute, "")..(minute + MINUTE_MS, ""))? {
+        let (key, value) = row?;
+        bucket
+            .set_field(key.value().1, value.value())
+            .map_err(|e| redb::Error::Corrupted(format!("analytics_minutes: {e}")))?;
+    }
+    let before: HashMap<String, u64> = bucket.fields().into_iter().collect();
+    bucket.record(update, latencies);
+    for (field, value) in bucket.fields() {
+        if before.get(&field) != Some(&value) {
+            minutes.insert((minute, field.as_str()), value)?;
+        }
+    }
+    Ok(())
+}
+
+/// Drops up to [`SWEEP_BATCH`] rows of minutes before `first` (Unix ms).
+fn drop_minutes_before(minutes: &mut Table<(u64, &str), u64>, first: u64) -> Result<(), redb::Error> {
+    for _ in 0..SWEEP_BATCH {
+        let old = minutes.first()?.is_some_and(|(key, _)| key.value().0 < first);
+        if !old {
+            break;
+        }
+        minutes.pop_first()?;
+    }
+    Ok(())
 }
 
 /// Adds a sample of `ms` to `span`'s histogram in `latencies`.
@@ -184,20 +251,32 @@ impl StatsStore for EmbeddedStore {
         let rows = |table: &redb::ReadOnlyTable<&str, u64>| -> Result<Rows, redb::Error> {
             table.iter()?.map(|row| row.map(|(k, v)| (k.value().to_owned(), v.value())).map_err(Into::into)).collect()
         };
-        let (counters, latencies) = self
+        let last_hour = Window::ending_at(self.clock.unix_ms());
+        let first = last_hour.first_minute();
+        let (counters, latencies, minutes) = self
             .dedup
             .db()
             .read("reading statistics", move |txn| {
-                Ok((rows(&txn.open_table(COUNTERS)?)?, rows(&txn.open_table(LATENCIES)?)?))
+                let minutes: Vec<(u64, String, u64)> = txn
+                    .open_table(MINUTES)?
+                    .range((first, "")..)?
+                    .map(|row| row.map(|(k, v)| (k.value().0, k.value().1.to_owned(), v.value())))
+                    .collect::<Result<_, _>>()?;
+                Ok((rows(&txn.open_table(COUNTERS)?)?, rows(&txn.open_table(LATENCIES)?)?, minutes))
             })
             .await
             .map_err(embedded)?;
-        let mut stats = Stats::default();
+        let mut stats = Stats { last_hour, ..Stats::default() };
         for (field, value) in counters {
             stats.add_counter(&field, value)?;
         }
         for (field, value) in latencies {
             stats.set_latency_field(&field, value)?;
+        }
+        for (minute, field, value) in minutes {
+            if let Some(bucket) = stats.last_hour.bucket_mut(minute) {
+                bucket.set_field(&field, value)?;
+            }
         }
         Ok(stats)
     }
