@@ -225,15 +225,73 @@ async fn history(
     Ok(Json(History { task_id: id, entries }))
 }
 
-/// Query of `GET /v1/tasks`.
+/// Query of `GET /v1/tasks`. An empty `status`, `cursor`, `order` or `label` is an absent one
+/// (as an HTML form sends it); the times and `limit` are numbers or absent.
+///
+/// `createdAfter` and `createdBefore` bound the scan of the index where its order is the
+/// creation time (every listing but `status=queued`, which lists higher priorities first). A
+/// `label` filter (and a time bound on `status=queued`) is applied while scanning, at most
+/// [`LABEL_SCAN_LIMIT`](crate::store::LABEL_SCAN_LIMIT) tasks per page: a page may then be short of `limit`, even empty, and
+/// still carry `nextCursor`; the listing ends only when a page comes without one.
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct ListParams {
     /// Only tasks in this state.
     pub status: Option<String>,
     /// Page size, 1 to 500 (default 50).
     pub limit: Option<String>,
-    /// `nextCursor` of the previous page.
+    /// `nextCursor` of the previous page (of either order: it is a position, and the listing
+    /// goes on from it in the order asked).
     pub cursor: Option<String>,
+    /// `oldest` (default) or `newest` first: by creation time, or within `status=queued` by
+    /// priority, then creation time.
+    pub order: Option<String>,
+    /// Only tasks created at or after this time, Unix ms.
+    pub created_after: Option<String>,
+    /// Only tasks created before this time, Unix ms (greater than `createdAfter`).
+    pub created_before: Option<String>,
+    /// Only tasks with this label: `key=value` (split at the first `=`; the value may be empty).
+    pub label: Option<String>,
+}
+
+use crate::store::{LabelFilter, ListOrder};
+use imagepipe_contracts::command::{MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN};
+
+fn non_empty(value: Option<String>) -> Option<String> {
+    value.filter(|v| !v.is_empty())
+}
+
+/// A Unix-ms time parameter: a whole number of milliseconds, 0 to `u64::MAX`.
+fn unix_ms(name: &str, raw: Option<String>) -> Result<Option<u64>, ApiError> {
+    let Some(s) = raw else { return Ok(None) };
+    match s.parse::<u64>() {
+        Ok(ms) if s.bytes().all(|b| b.is_ascii_digit()) => Ok(Some(ms)),
+        _ => Err(ApiError::invalid(format!(
+            "`{name}` must be a time in Unix milliseconds, 0 to {} (got {s:?})",
+            u64::MAX
+        ))),
+    }
+}
+
+/// The `label` parameter, `key=value`, within the label caps of a submit.
+fn label_filter(raw: Option<String>) -> Result<Option<LabelFilter>, ApiError> {
+    let Some(raw) = non_empty(raw) else { return Ok(None) };
+    let Some((key, value)) = raw.split_once('=') else {
+        return Err(ApiError::invalid(format!("`label` must be `key=value` (got {raw:?})")));
+    };
+    if key.is_empty() || key.len() > MAX_LABEL_KEY_LEN {
+        return Err(ApiError::invalid(format!(
+            "`label` key must be 1 to {MAX_LABEL_KEY_LEN} bytes (got {} bytes)",
+            key.len()
+        )));
+    }
+    if value.len() > MAX_LABEL_VALUE_LEN {
+        return Err(ApiError::invalid(format!(
+            "`label` value must be at most {MAX_LABEL_VALUE_LEN} bytes (got {} bytes)",
+            value.len()
+        )));
+    }
+    Ok(Some(LabelFilter { key: key.to_owned(), value: value.to_owned() }))
 }
 
 async fn list(
@@ -241,14 +299,29 @@ async fn list(
     query: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<TaskPage>, ApiError> {
     let Query(params) = query?;
-    let status = match params.status.as_deref().filter(|s| !s.is_empty()) {
+    let status = match non_empty(params.status) {
         Some(s) => Some(s.parse::<TaskState>().map_err(|e| ApiError::invalid(format!("`status`: {e}")))?),
         None => None,
     };
+    let order = match non_empty(params.order) {
+        Some(s) => s.parse::<ListOrder>().map_err(|e| ApiError::invalid(format!("`order` {e}")))?,
+        None => ListOrder::default(),
+    };
+    let created_after = unix_ms("createdAfter", params.created_after)?;
+    let created_before = unix_ms("createdBefore", params.created_before)?;
+    if let (Some(after), Some(before)) = (created_after, created_before)
+        && after >= before
+    {
+        return Err(ApiError::invalid(format!("`createdAfter` ({after}) must be before `createdBefore` ({before})")));
+    }
     let query = ListQuery {
         state: status,
         limit: limit(params.limit.as_deref())?,
-        cursor: params.cursor.filter(|c| !c.is_empty()),
+        cursor: non_empty(params.cursor),
+        order,
+        created_after,
+        created_before,
+        label: label_filter(params.label)?,
     };
     Ok(Json(state.engine.store().list(&query).await?))
 }

@@ -818,7 +818,10 @@ impl Engine {
         for state in [TaskState::Downloading, TaskState::ExtractingMetadata, TaskState::Analyzing] {
             let mut cursor = None;
             loop {
-                let page = self.store.list(&ListQuery { state: Some(state), limit: 256, cursor }).await?;
+                let page = self
+                    .store
+                    .list(&ListQuery { state: Some(state), limit: 256, cursor, ..ListQuery::default() })
+                    .await?;
                 running.extend(page.tasks.into_iter().map(|task| task.id));
                 match page.next_cursor {
                     Some(next) => cursor = Some(next),
@@ -846,7 +849,8 @@ impl Engine {
             return Ok(0);
         }
         // Queued tasks list high first: past the cap, only high ones start (in its headroom).
-        let query = ListQuery { state: Some(TaskState::Queued), limit: high_room.min(256) as usize, cursor: None };
+        let query =
+            ListQuery { state: Some(TaskState::Queued), limit: high_room.min(256) as usize, ..ListQuery::default() };
         let queued: Vec<Task> = self
             .store
             .list(&query)

@@ -260,7 +260,7 @@ impl<'a> Pages<'a> {
         if self.done {
             return Ok(None);
         }
-        let query = ListQuery { state: self.state, limit: PAGE, cursor: self.cursor.take() };
+        let query = ListQuery { state: self.state, limit: PAGE, cursor: self.cursor.take(), ..ListQuery::default() };
         let page = self.engine.store().list(&query).await.map_err(|e| imagepipe_runtime::error_chain(&e))?;
         self.cursor = page.next_cursor;
         self.done = self.cursor.is_none();

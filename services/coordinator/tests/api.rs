@@ -111,6 +111,82 @@ async fn submit_read_list_and_history() {
 }
 
 #[tokio::test]
+async fn list_takes_an_order_creation_times_and_a_label() {
+    let s = serve(10, None).await;
+    for (id, labels) in [
+        ("tsk_list_a", r#"{"album":"summer"}"#),
+        ("tsk_list_b", r#"{"album":"winter"}"#),
+        ("tsk_list_c", r#"{"album":"summer","eq":"a=b"}"#),
+    ] {
+        let submit = format!(r#"{{"taskId":"{id}","url":"https://example.com/{id}.jpg","labels":{labels}}}"#);
+        assert_eq!(s.post("/v1/tasks", &submit).await.0, StatusCode::ACCEPTED);
+    }
+    // Every task is created at T0 (the clock stands still): ties go by id.
+    let list = |query: String| {
+        let s = &s;
+        async move {
+            let (status, page) = s.get(&format!("/v1/tasks?{query}")).await;
+            assert_eq!(status, StatusCode::OK, "{query}: {page}");
+            let ids: Vec<String> =
+                page["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect();
+            (ids, page["nextCursor"].as_str().map(str::to_owned))
+        }
+    };
+    let (a, b, c) = ("tsk_list_a", "tsk_list_b", "tsk_list_c");
+    assert_eq!(list("order=newest".into()).await, (vec![c.into(), b.into(), a.into()], None));
+    assert_eq!(list("order=oldest".into()).await.0, [a, b, c]);
+    let (first, cursor) = list("order=newest&limit=2".into()).await;
+    assert_eq!(first, [c, b]);
+    let cursor = cursor.expect("a cursor");
+    assert_eq!(list(format!("order=newest&limit=2&cursor={cursor}")).await, (vec![a.into()], None));
+    assert_eq!(list(format!("limit=2&cursor={cursor}")).await.0, [c], "the other order goes on the other way");
+
+    assert_eq!(list("label=album%3Dsummer&order=newest".into()).await, (vec![c.into(), a.into()], None));
+    assert_eq!(list("label=eq%3Da%3Db".into()).await.0, [c], "split at the first =");
+    assert_eq!(list("label=album%3D".into()).await, (vec![], None), "an empty value is a value");
+    let t0 = T0;
+    assert_eq!(list(format!("createdAfter={t0}")).await.0.len(), 3, "inclusive");
+    assert_eq!(list(format!("createdAfter={}", t0 + 1)).await, (vec![], None));
+    assert_eq!(list(format!("createdBefore={}", t0 + 1)).await.0.len(), 3);
+    assert_eq!(list(format!("createdBefore={t0}")).await, (vec![], None), "exclusive");
+    let combined =
+        format!("status=downloading&order=newest&label=album%3Dsummer&createdAfter={t0}&createdBefore={}", t0 + 1);
+    assert_eq!(list(combined).await.0, [c, a]);
+    assert_eq!(list("status=&order=&label=&cursor=".into()).await.0, [a, b, c], "empty: absent, as a form sends it");
+
+    let long_key = format!("label={}%3Dv", "k".repeat(65));
+    let long_value = format!("label=k%3D{}", "v".repeat(1025));
+    let bad = [
+        ("order=up", "`order`"),
+        ("order=NEWEST", "`order`"),
+        ("createdAfter=yesterday", "`createdAfter`"),
+        ("createdAfter=-1", "`createdAfter`"),
+        ("createdAfter=%2B5", "`createdAfter`"),
+        ("createdAfter=", "`createdAfter`"),
+        ("createdBefore=1.5", "`createdBefore`"),
+        ("createdBefore=18446744073709551616", "`createdBefore`"),
+        ("createdAfter=5&createdBefore=5", "`createdAfter` (5) must be before `createdBefore` (5)"),
+        ("createdAfter=6&createdBefore=5", "`createdAfter`"),
+        ("label=album", "`label` must be `key=value`"),
+        ("label=%3Dsummer", "`label` key"),
+        (long_key.as_str(), "`label` key must be 1 to 64 bytes"),
+        (long_value.as_str(), "`label` value must be at most 1024 bytes"),
+        ("label=a%3D1&label=b%3D2", "label"),
+    ];
+    for (query, says) in bad {
+        let (status, body) = s.get(&format!("/v1/tasks?{query}")).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request")),
+            "{query}: {body}"
+        );
+        assert!(body["message"].as_str().unwrap().contains(says), "{query}: {body}");
+    }
+    let ok = format!("createdAfter=0&createdBefore={}&label=k%3D{}", u64::MAX, "v".repeat(1024));
+    assert_eq!(list(ok).await, (vec![], None), "the largest values are taken");
+}
+
+#[tokio::test]
 async fn a_submitted_task_continues_the_trace_of_the_request() {
     let provider = imagepipe_runtime::telemetry::tracer_provider("api-test", None).unwrap();
     let filter = imagepipe_runtime::telemetry::env_filter(None, "info").unwrap();

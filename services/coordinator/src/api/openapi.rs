@@ -82,6 +82,8 @@ pub fn document() -> Value {
     let page_limit =
         || query("limit", "Page size (default 50)", json!({ "type": "integer", "minimum": 1, "maximum": MAX_LIMIT }));
     let cursor = || query("cursor", "nextCursor of the previous page", json!({ "type": "string" }));
+    let label_caps =
+        (imagepipe_contracts::command::MAX_LABEL_KEY_LEN, imagepipe_contracts::command::MAX_LABEL_VALUE_LEN);
     let too_large = |bytes: String| error(&format!("The body is larger than {bytes} (the message names the limit)"));
     // An empty `status` is no filter, as an absent one.
     let states: Vec<&str> = TaskState::ALL.iter().map(|s| s.as_str()).chain([""]).collect();
@@ -113,13 +115,35 @@ pub fn document() -> Value {
             },
             "get": {
                 "operationId": "listTasks",
-                "summary": "A page of tasks, oldest first",
+                "summary": "A page of tasks, oldest or newest first, filtered by state, creation time and label",
+                "description": format!(
+                    "Tasks in creation order (within status=queued: higher priorities first, then creation order), \
+                     oldest first or, with order=newest, newest first. createdAfter and createdBefore bound the scan \
+                     (except within status=queued, where they filter as label does). A label filter is applied while \
+                     scanning, at most {} tasks per page: such a page may be shorter than limit, even \
+                     empty, and still have a nextCursor; the listing ends at the first page without one. A cursor is a \
+                     position: given with the other order, the listing goes on from it the other way.",
+                    crate::store::LABEL_SCAN_LIMIT
+                ),
                 "parameters": [
                     query("status", "Only tasks in this state (empty: every state)", json!({ "type": "string", "enum": states })),
                     page_limit(),
-                    cursor()
+                    cursor(),
+                    query("order", "oldest (default) or newest first (empty: oldest)", json!({ "type": "string", "enum": ["oldest", "newest", ""] })),
+                    query("createdAfter", "Only tasks created at or after this time, Unix ms", json!({ "type": "integer", "minimum": 0, "maximum": u64::MAX })),
+                    query("createdBefore", "Only tasks created before this time, Unix ms; must be greater than createdAfter (else 400)", json!({ "type": "integer", "minimum": 0, "maximum": u64::MAX })),
+                    query(
+                        "label",
+                        &format!("Only tasks with this label: key=value, split at the first =; the key 1 to {} bytes, \
+                                  the value at most {} bytes (empty: no filter). Filtered while scanning: see the description.",
+                                 label_caps.0, label_caps.1),
+                        json!({ "type": "string", "pattern": "^(?:$|[^=]+=)", "maxLength": label_caps.0 + 1 + label_caps.1 })
+                    )
                 ],
-                "responses": { "200": ok("A page", "TaskPage"), "400": error("A bad parameter") }
+                "responses": {
+                    "200": ok("A page (short or empty with a nextCursor when a filtered scan reached its bound)", "TaskPage"),
+                    "400": error("A bad parameter (the message names it): status, limit, cursor, order, createdAfter, createdBefore (not a Unix-ms time, or createdAfter not before it), label (no =, an empty key, over the label caps)")
+                }
             }
         },
         "/v1/tasks/{id}": {

@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
-use imagepipe_contracts::{StepOutcome, StepResult, SubmitTask, TraceId};
+use imagepipe_contracts::{Priority, StepOutcome, StepResult, SubmitTask, TraceId};
 
-use super::{Applied, Created, DeadLetter, ListQuery, Settled, StoreError, TaskStore};
+use super::{
+    Applied, Created, DeadLetter, LABEL_SCAN_LIMIT, LabelFilter, ListOrder, ListQuery, Settled, StoreError, TaskStore,
+};
 use crate::machine::{self, Context, Decision, Input, Policy, Verdict};
 use crate::task::{Task, TaskState, TimerKind};
 
@@ -26,6 +28,10 @@ macro_rules! store_suite {
             history_keeps_every_transition_in_order,
             outbox_entries_stay_until_removed,
             lists_page_by_creation_and_filter_by_state,
+            lists_newest_first_across_pages_with_equal_times,
+            lists_within_creation_time_bounds,
+            lists_by_label_within_the_scan_bound,
+            state_filtered_lists_take_order_and_time_bounds,
             counts_tasks_in_flight,
             wake_index_hands_each_due_task_to_one_claimer,
             expired_leases_make_a_task_due_again,
@@ -189,7 +195,7 @@ pub async fn lists_page_by_creation_and_filter_by_state(store: &impl TaskStore) 
     let mut seen = Vec::new();
     let mut cursor = None;
     loop {
-        let page = store.list(&ListQuery { state: None, limit: 2, cursor }).await.unwrap();
+        let page = store.list(&ListQuery { limit: 2, cursor, ..ListQuery::default() }).await.unwrap();
         assert!(page.tasks.len() <= 2);
         seen.extend(page.tasks.iter().map(|t| t.id.clone()));
         match page.next_cursor {
@@ -200,21 +206,218 @@ pub async fn lists_page_by_creation_and_filter_by_state(store: &impl TaskStore) 
     let all: Vec<_> = (0..5).map(|i| format!("tsk_list_{i}")).collect();
     assert_eq!(seen, all);
 
-    let downloading =
-        store.list(&ListQuery { state: Some(TaskState::Downloading), limit: 10, cursor: None }).await.unwrap();
+    let downloading = store
+        .list(&ListQuery { state: Some(TaskState::Downloading), limit: 10, ..ListQuery::default() })
+        .await
+        .unwrap();
     let ids: Vec<_> = downloading.tasks.iter().map(|t| t.id.as_str()).collect();
     assert_eq!(ids, ["tsk_list_1", "tsk_list_3"]);
     assert!(downloading.tasks.iter().all(|t| t.state == TaskState::Downloading));
-    let queued = store.list(&ListQuery { state: Some(TaskState::Queued), limit: 1, cursor: None }).await.unwrap();
+    let queued =
+        store.list(&ListQuery { state: Some(TaskState::Queued), limit: 1, ..ListQuery::default() }).await.unwrap();
     assert_eq!(queued.tasks[0].id, "tsk_list_0");
-    let rest =
-        store.list(&ListQuery { state: Some(TaskState::Queued), limit: 10, cursor: queued.next_cursor }).await.unwrap();
+    let rest = store
+        .list(&ListQuery {
+            state: Some(TaskState::Queued),
+            limit: 10,
+            cursor: queued.next_cursor,
+            ..ListQuery::default()
+        })
+        .await
+        .unwrap();
     let ids: Vec<_> = rest.tasks.iter().map(|t| t.id.as_str()).collect();
     assert_eq!(ids, ["tsk_list_2", "tsk_list_4"]);
     assert_eq!(rest.next_cursor, None);
 
-    let bad = store.list(&ListQuery { state: None, limit: 1, cursor: Some("garbage".into()) }).await;
+    let bad = store.list(&ListQuery { limit: 1, cursor: Some("garbage".into()), ..ListQuery::default() }).await;
     assert!(matches!(bad, Err(StoreError::InvalidCursor(_))), "{bad:?}");
+}
+
+/// Creates task `id` at `at` with `labels` and `priority`, without waiting for a disk sync of
+/// its own: a decision of a new task, for [`TaskStore::apply_many`] batches.
+fn created_with(id: &str, at: u64, labels: &[(&str, &str)], priority: Priority) -> Decision {
+    let s = SubmitTask {
+        labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        priority,
+        ..SubmitTask::url("https://example.com/a.jpg")
+    };
+    machine::create(id.into(), &s, s.validate().unwrap(), TraceId::random(), at)
+}
+
+/// Every page of `query` (from its cursor on): the ids of each page, and whether each page but
+/// the last had a cursor.
+async fn pages(store: &impl TaskStore, query: ListQuery) -> Vec<Vec<String>> {
+    let mut query = query;
+    let mut pages = Vec::new();
+    loop {
+        let page = store.list(&query).await.unwrap();
+        assert!(page.tasks.len() <= query.limit);
+        pages.push(page.tasks.into_iter().map(|t| t.id).collect());
+        match page.next_cursor {
+            Some(c) => query.cursor = Some(c),
+            None => return pages,
+        }
+    }
+}
+
+fn ids(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| (*n).to_owned()).collect()
+}
+
+pub async fn lists_newest_first_across_pages_with_equal_times(store: &impl TaskStore) {
+    // Created out of id order, four of them in the same millisecond.
+    let made = [("tsk_eq_c", 1), ("tsk_eq_a", 0), ("tsk_eq_e", 1), ("tsk_eq_b", 1), ("tsk_eq_d", 1), ("tsk_eq_f", 2)];
+    for (id, at) in made {
+        create_new(store, id, T0 + at).await;
+    }
+    let oldest = ["tsk_eq_a", "tsk_eq_b", "tsk_eq_c", "tsk_eq_d", "tsk_eq_e", "tsk_eq_f"];
+    let newest: Vec<&str> = oldest.iter().rev().copied().collect();
+    for limit in [1, 2, 4, 6, 50] {
+        let query = ListQuery { limit, order: ListOrder::Newest, ..ListQuery::default() };
+        let seen: Vec<String> = pages(store, query).await.concat();
+        assert_eq!(seen, ids(&newest), "newest first, {limit} a page");
+        let seen: Vec<String> = pages(store, ListQuery { limit, ..ListQuery::default() }).await.concat();
+        assert_eq!(seen, ids(&oldest), "oldest first, {limit} a page");
+    }
+    let first = store.list(&ListQuery { limit: 2, order: ListOrder::Newest, ..ListQuery::default() }).await.unwrap();
+    assert_eq!(first.tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["tsk_eq_f", "tsk_eq_e"]);
+    let full = store.list(&ListQuery { limit: 6, order: ListOrder::Newest, ..ListQuery::default() }).await.unwrap();
+    assert_eq!((full.tasks.len(), full.next_cursor), (6, None), "a page that takes the last task is the last");
+
+    // A cursor is a position in the index: the other order goes on from it the other way.
+    let back = ListQuery { limit: 10, cursor: first.next_cursor.clone(), ..ListQuery::default() };
+    assert_eq!(pages(store, back).await.concat(), ids(&["tsk_eq_f"]));
+    let oldest_first = store.list(&ListQuery { limit: 3, ..ListQuery::default() }).await.unwrap();
+    let back =
+        ListQuery { limit: 10, order: ListOrder::Newest, cursor: oldest_first.next_cursor, ..ListQuery::default() };
+    assert_eq!(pages(store, back).await.concat(), ids(&["tsk_eq_b", "tsk_eq_a"]));
+
+    let bad = ListQuery { limit: 1, order: ListOrder::Newest, cursor: Some("12:".into()), ..ListQuery::default() };
+    assert!(matches!(store.list(&bad).await, Err(StoreError::InvalidCursor(_))));
+}
+
+pub async fn lists_within_creation_time_bounds(store: &impl TaskStore) {
+    let batch: Vec<Decision> =
+        (0..10u64).map(|i| created_with(&format!("tsk_time_{i}"), T0 + i, &[], Priority::Normal)).collect();
+    assert!(store.apply_many(&batch).await.unwrap().iter().all(|a| *a == Applied::Yes));
+    let named = |range: &[u64]| -> Vec<String> { range.iter().map(|i| format!("tsk_time_{i}")).collect() };
+    let between = ListQuery { created_after: Some(T0 + 3), created_before: Some(T0 + 7), ..ListQuery::default() };
+    for limit in [1, 3, 4, 50] {
+        let oldest = pages(store, ListQuery { limit, ..between.clone() }).await;
+        assert_eq!(oldest.concat(), named(&[3, 4, 5, 6]), "after inclusive, before exclusive; {limit} a page");
+        assert!(oldest.iter().all(|p| !p.is_empty()), "range bounds never leave a page empty: {oldest:?}");
+        let newest = pages(store, ListQuery { limit, order: ListOrder::Newest, ..between.clone() }).await;
+        assert_eq!(newest.concat(), named(&[6, 5, 4, 3]), "{limit} a page");
+    }
+    let after = ListQuery { limit: 50, created_after: Some(T0 + 8), ..ListQuery::default() };
+    assert_eq!(pages(store, after).await.concat(), named(&[8, 9]));
+    let before = ListQuery { limit: 2, order: ListOrder::Newest, created_before: Some(T0 + 2), ..ListQuery::default() };
+    assert_eq!(pages(store, before).await.concat(), named(&[1, 0]));
+    for (after, before) in
+        [(Some(T0 + 5), Some(T0 + 5)), (Some(T0 + 6), Some(T0 + 5)), (None, Some(0)), (Some(T0 + 10), None)]
+    {
+        for order in [ListOrder::Oldest, ListOrder::Newest] {
+            let query =
+                ListQuery { limit: 5, order, created_after: after, created_before: before, ..ListQuery::default() };
+            let page = store.list(&query).await.unwrap();
+            assert!(page.tasks.is_empty() && page.next_cursor.is_none(), "{after:?}..{before:?}: {page:?}");
+        }
+    }
+    // A cursor from outside the bounds: the bounds still hold.
+    let first = store.list(&ListQuery { limit: 1, ..ListQuery::default() }).await.unwrap();
+    let query = ListQuery { cursor: first.next_cursor, limit: 50, ..between.clone() };
+    assert_eq!(pages(store, query).await.concat(), named(&[3, 4, 5, 6]));
+}
+
+pub async fn lists_by_label_within_the_scan_bound(store: &impl TaskStore) {
+    let n = LABEL_SCAN_LIMIT as u64 + 10;
+    let labels = |i: u64| -> &'static [(&'static str, &'static str)] {
+        match i {
+            2 | 7 => &[("album", "summer"), ("camera", "x100")],
+            3 => &[("album", "winter")],
+            4 => &[("albums", "summer")],
+            i if i == n - 5 => &[("album", "summer")],
+            _ => &[],
+        }
+    };
+    let all: Vec<Decision> =
+        (0..n).map(|i| created_with(&format!("tsk_lbl_{i:05}"), T0 + i, labels(i), Priority::Normal)).collect();
+    for batch in all.chunks(500) {
+        assert!(store.apply_many(batch).await.unwrap().iter().all(|a| *a == Applied::Yes));
+    }
+    let summer = Some(LabelFilter { key: "album".into(), value: "summer".into() });
+    let late = format!("tsk_lbl_{:05}", n - 5);
+
+    // The first page scans the bound (tasks 0 to 4,999), short of the limit: a cursor anyway.
+    let query = ListQuery { limit: 10, label: summer.clone(), ..ListQuery::default() };
+    let first = store.list(&query).await.unwrap();
+    assert_eq!(first.tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["tsk_lbl_00002", "tsk_lbl_00007"]);
+    assert!(first.next_cursor.is_some(), "the scan stopped at its bound with entries left");
+    assert_eq!(pages(store, query.clone()).await, [ids(&["tsk_lbl_00002", "tsk_lbl_00007"]), vec![late.clone()]]);
+    let newest = pages(store, ListQuery { order: ListOrder::Newest, ..query.clone() }).await;
+    assert_eq!(newest, [vec![late.clone()], ids(&["tsk_lbl_00007", "tsk_lbl_00002"])]);
+    // A full page ends where its look for one more match stopped.
+    let one = ListQuery { limit: 1, label: summer.clone(), ..ListQuery::default() };
+    assert_eq!(pages(store, one).await, [ids(&["tsk_lbl_00002"]), ids(&["tsk_lbl_00007"]), vec![late]]);
+    // No match among the first entries scanned: an empty page, with a cursor.
+    let winter = Some(LabelFilter { key: "album".into(), value: "winter".into() });
+    let newest_winter =
+        ListQuery { limit: 10, order: ListOrder::Newest, label: winter.clone(), ..ListQuery::default() };
+    assert_eq!(pages(store, newest_winter).await, [vec![], ids(&["tsk_lbl_00003"])]);
+
+    // Within time bounds, the scan is within them too: no bound reached, no cursor.
+    let early = ListQuery { created_before: Some(T0 + 100), ..query.clone() };
+    let page = store.list(&early).await.unwrap();
+    assert_eq!(page.tasks.len(), 2);
+    assert_eq!(page.next_cursor, None);
+    let winter = ListQuery { label: winter, ..early };
+    assert_eq!(pages(store, winter).await.concat(), ids(&["tsk_lbl_00003"]));
+    let empty = ListQuery { label: Some(LabelFilter { key: "camera".into(), value: String::new() }), ..query };
+    assert!(pages(store, empty).await.concat().is_empty(), "an empty value matches only an empty value");
+}
+
+pub async fn state_filtered_lists_take_order_and_time_bounds(store: &impl TaskStore) {
+    let mut tasks = Vec::new();
+    for i in 0..6u64 {
+        tasks.push(create_new(store, &format!("tsk_st_{i}"), T0 + i).await);
+    }
+    for i in [1, 2, 4] {
+        start(store, &tasks[i], T0 + 10).await;
+    }
+    // A high-priority task created last lists first among the queued, oldest first.
+    let urgent = created_with("tsk_st_urgent", T0 + 6, &[("album", "summer")], Priority::High);
+    assert_eq!(store.create(&urgent).await.unwrap(), Created::New);
+    let q = |state: TaskState, order: ListOrder, after: Option<u64>, before: Option<u64>, limit: usize| ListQuery {
+        state: Some(state),
+        order,
+        limit,
+        created_after: after.map(|a| T0 + a),
+        created_before: before.map(|b| T0 + b),
+        ..ListQuery::default()
+    };
+    let named = |names: &[&str]| -> Vec<String> { names.iter().map(|n| format!("tsk_st_{n}")).collect() };
+    use ListOrder::{Newest, Oldest};
+    use TaskState::{Downloading, Queued};
+    for limit in [1, 2, 50] {
+        let downloading =
+            |order, after: Option<u64>, before: Option<u64>| pages(store, q(Downloading, order, after, before, limit));
+        assert_eq!(downloading(Oldest, None, None).await.concat(), named(&["1", "2", "4"]));
+        assert_eq!(downloading(Newest, None, None).await.concat(), named(&["4", "2", "1"]));
+        assert_eq!(downloading(Newest, Some(2), None).await.concat(), named(&["4", "2"]));
+        assert_eq!(downloading(Oldest, Some(2), Some(4)).await.concat(), named(&["2"]));
+        let queued =
+            |order, after: Option<u64>, before: Option<u64>| pages(store, q(Queued, order, after, before, limit));
+        assert_eq!(queued(Oldest, None, None).await.concat(), named(&["urgent", "0", "3", "5"]));
+        assert_eq!(queued(Newest, None, None).await.concat(), named(&["5", "3", "0", "urgent"]));
+        assert_eq!(queued(Newest, Some(3), None).await.concat(), named(&["5", "3", "urgent"]));
+        assert_eq!(queued(Oldest, Some(1), Some(6)).await.concat(), named(&["3", "5"]));
+        assert_eq!(queued(Oldest, Some(6), None).await.concat(), named(&["urgent"]));
+    }
+    let summer = Some(LabelFilter { key: "album".into(), value: "summer".into() });
+    let labelled = ListQuery { label: summer.clone(), ..q(Queued, Newest, None, None, 10) };
+    assert_eq!(pages(store, labelled).await.concat(), named(&["urgent"]));
+    let labelled = ListQuery { label: summer, ..q(Downloading, Newest, None, None, 10) };
+    assert!(pages(store, labelled).await.concat().is_empty());
 }
 
 pub async fn counts_tasks_in_flight(store: &impl TaskStore) {
@@ -270,7 +473,7 @@ async fn complete(store: &impl TaskStore, id: &str, key: Option<&str>, at: u64, 
 async fn listed(store: &impl TaskStore, state: Option<TaskState>) -> Vec<String> {
     let (mut ids, mut cursor) = (Vec::new(), None);
     loop {
-        let page = store.list(&ListQuery { state, limit: 50, cursor }).await.unwrap();
+        let page = store.list(&ListQuery { state, limit: 50, cursor, ..ListQuery::default() }).await.unwrap();
         ids.extend(page.tasks.into_iter().map(|t| t.id));
         match page.next_cursor {
             Some(c) => cursor = Some(c),
@@ -512,4 +715,54 @@ pub async fn check_a_started_task(store: &impl TaskStore, id: &str) {
     assert_eq!(store.count_in_flight().await.unwrap(), 1);
     let due = T0 + 1 + RELAY_GRACE.as_millis() as u64;
     assert_eq!(store.claim_due(due, Duration::from_secs(1), 10).await.unwrap(), [id]);
+}
+
+/// Writes `n` tasks (one in 100 labelled `album=summer`, one created per ms from `T0`) and
+/// times listings of them: the median of 20 runs of each, in ms, printed and returned as
+/// `(name, ms)`. For the ignored timing tests of the backends.
+pub async fn time_listings(store: &impl TaskStore, n: u64) -> Vec<(&'static str, f64)> {
+    let write = std::time::Instant::now();
+    let mut i = 0;
+    while i < n {
+        let batch: Vec<Decision> = (i..n.min(i + 1_000))
+            .map(|i| {
+                let labels: &[(&str, &str)] = if i % 100 == 0 { &[("album", "summer")] } else { &[] };
+                created_with(&format!("tsk_perf_{i:07}"), T0 + i, labels, Priority::Normal)
+            })
+            .collect();
+        assert!(store.apply_many(&batch).await.unwrap().iter().all(|a| *a == Applied::Yes));
+        i += 1_000;
+    }
+    println!("wrote {n} tasks in {:.1} s", write.elapsed().as_secs_f64());
+    let summer = Some(LabelFilter { key: "album".into(), value: "summer".into() });
+    let newest = ListQuery { limit: 50, order: ListOrder::Newest, ..ListQuery::default() };
+    let deep = store.list(&ListQuery { limit: 500, cursor: None, ..newest.clone() }).await.unwrap().next_cursor;
+    let cases = [
+        ("newest first, first page of 50", newest.clone()),
+        ("oldest first, first page of 50", ListQuery { order: ListOrder::Oldest, ..newest.clone() }),
+        ("newest first, page of 50 after a cursor", ListQuery { cursor: deep, ..newest.clone() }),
+        (
+            "newest first, 50 in a time range of the middle",
+            ListQuery { created_after: Some(T0 + n / 2), created_before: Some(T0 + n / 2 + 1_000), ..newest.clone() },
+        ),
+        ("newest first, label (1 in 100), 50", ListQuery { label: summer.clone(), ..newest.clone() }),
+        (
+            "newest first, label matching none (scan bound)",
+            ListQuery { label: Some(LabelFilter { key: "album".into(), value: "winter".into() }), ..newest.clone() },
+        ),
+    ];
+    let mut timings = Vec::new();
+    for (name, query) in cases {
+        let mut runs = Vec::new();
+        for _ in 0..20 {
+            let started = std::time::Instant::now();
+            let page = store.list(&query).await.unwrap();
+            runs.push(started.elapsed().as_secs_f64() * 1e3);
+            assert!(page.tasks.len() <= 50);
+        }
+        runs.sort_by(f64::total_cmp);
+        println!("{name}: median {:.2} ms, max {:.2} ms", runs[10], runs[19]);
+        timings.push((name, runs[10]));
+    }
+    timings
 }
