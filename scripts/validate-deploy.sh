@@ -864,6 +864,27 @@ def check_dashboard():
         check_expr(e, where)
 
 
+def check_grafana_provisioning():
+    """The provisioning files Grafana reads at start (apiVersion 1): a Prometheus data source at
+    the compose service `prometheus` when docker-compose.yml has one, and a file provider."""
+    path = "deploy/grafana/provisioning/datasources/prometheus.yml"
+    ds = yaml.safe_load(read(path))
+    if ds.get("apiVersion") != 1 or not ds.get("datasources"):
+        fail(path, "want apiVersion: 1 and a datasources list")
+    for d in ds.get("datasources", []):
+        if d.get("type") != "prometheus" or not re.fullmatch(r"https?://[^/]+(/.*)?", str(d.get("url", ""))):
+            fail(path, f"data source {d.get('name')}: type prometheus with an http(s) url")
+    compose = yaml.safe_load(read("docker-compose.yml"))["services"]
+    if "prometheus" in compose and not any(d.get("url") == "http://prometheus:9090" for d in ds.get("datasources", [])):
+        fail(path, "docker-compose.yml runs `prometheus`: the data source should be http://prometheus:9090")
+    path = "deploy/grafana/provisioning/dashboards/imagepipe.yml"
+    prov = yaml.safe_load(read(path))
+    if prov.get("apiVersion") != 1 or not all(p.get("type") == "file" and p.get("options", {}).get("path")
+                                              for p in prov.get("providers", []) or [{}]):
+        fail(path, "want apiVersion: 1 and file providers with options.path")
+    count("Grafana provisioning files checked", 2)
+
+
 # --- Run -------------------------------------------------------------------------------------
 
 def main():
@@ -888,6 +909,7 @@ def main():
         k8s[rel] = check_render(rel, docs, scaled_object)
     check_prometheus(k8s)
     check_dashboard()
+    check_grafana_provisioning()
     print(f"metrics the code exports: {len(METRICS)} families")
     for what, n in COUNTS.items():
         print(f"  {n:4d} {what}")
