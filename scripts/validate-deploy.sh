@@ -42,6 +42,13 @@ REQUIREMENTS=(
 )
 PROMETHEUS_DEB_VERSION="2.42.0+ds-5+deb12u1"
 
+ensure_python() {
+  if ! command -v python3 >/dev/null 2>&1; then
+    echo "==> installing python3 and python3-venv (Debian)" >&2
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >&2
+  fi
+}
+
 ensure_venv() {
   local stamp="$VENV/.imagepipe-requirements"
   if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "${REQUIREMENTS[*]}" ]]; then
@@ -82,6 +89,7 @@ ensure_promtool() {
   PROMTOOL="$bin"
 }
 
+ensure_python
 ensure_venv
 ensure_promtool
 export PATH="$VENV/bin:$PATH" PROMTOOL
