@@ -5,7 +5,8 @@ network in the imagepipe/e2e-client image (python3, nats-py, confluent-kafka).
     compose_e2e.py smoke --via nats|kafka --run RUN [--samples DIR]
     compose_e2e.py load --via nats|kafka|http --run RUN --tasks N --out FILE [--samples DIR]
     compose_e2e.py check --run RUN --tasks N --events FILE [--timeout S]
-    compose_e2e.py streams [--replicas R]
+    compose_e2e.py streams [--replicas R] [--summary]
+    compose_e2e.py metrics --url http://HOST:8080/metrics
 
 smoke  uploads two sample photos (POST /v1/blobs), then enqueues one as README's "Enqueue a task"
        says for the bus (a plain NATS publish on imagepipe.tasks.submit, or a Kafka produce to the
@@ -24,6 +25,8 @@ check  waits until GET /v1/tasks/ID shows every task of the run terminal, then a
        same event, a second id would be a second completion). Prints a summary; exit 1 if not.
 streams  prints the JetStream streams (name, replicas, leader, peers current) as JSON; with
        --replicas, exit 1 unless the three imagepipe streams have that many replicas, all current.
+metrics  prints the totals of a service's message counters (handled by outcome, fetch errors,
+       settle errors, abandoned) from its /metrics, one line.
 
 The API is http://coordinator:8080 (--api), NATS nats://nats:4222 (--nats), Kafka kafka:9092
 (--kafka): the compose services' own names.
@@ -140,7 +143,7 @@ class Watcher(threading.Thread):
 async def nats_publish(url, commands):
     import nats
 
-    nc = await nats.connect(url, connect_timeout=10)
+    nc = await nats.connect(servers=url.split(","), connect_timeout=10)
     try:
         for command in commands:
             await nc.publish(SUBMIT, json.dumps(command).encode())
@@ -372,7 +375,7 @@ def check(args):
 async def stream_report(url):
     import nats
 
-    nc = await nats.connect(url, connect_timeout=10)
+    nc = await nats.connect(servers=url.split(","), connect_timeout=10)
     try:
         js = nc.jetstream()
         report = {}
@@ -385,6 +388,11 @@ async def stream_report(url):
                 "replicasCurrent": [r.name for r in (cluster.replicas or []) if r.current] if cluster else [],
                 "messages": info.state.messages,
             }
+        # What the task queues' consumers redelivered (an ack that did not come in time).
+        redelivered = {}
+        for consumer in await js.consumers_info("IMAGEPIPE_TASKS"):
+            redelivered[consumer.name] = consumer.num_redelivered
+        report["IMAGEPIPE_TASKS"]["redelivered"] = redelivered
         return report
     finally:
         await nc.close()
@@ -401,6 +409,11 @@ def streams(args):
             s["replicas"] == args.replicas and s["leader"] and len(s["replicasCurrent"]) == args.replicas - 1
             for s in report.values()
         )
+        if args.summary and "error" not in report:
+            leaders = ", ".join(f"{name} led by {s['leader']}" for name, s in report.items())
+            redelivered = {k: v for k, v in report["IMAGEPIPE_TASKS"]["redelivered"].items() if v}
+            print(f"{leaders}; redelivered so far: {redelivered or 'none'}", flush=True)
+            return
         if not args.replicas or ok or time.monotonic() > deadline:
             print(json.dumps(report), flush=True)
             if args.replicas and not ok:
@@ -409,9 +422,29 @@ def streams(args):
         time.sleep(2)
 
 
+def metrics(args):
+    with urllib.request.urlopen(args.url, timeout=10) as response:
+        text = response.read().decode()
+    totals = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        if name not in ("imagepipe_messages_handled_total", "imagepipe_fetch_errors_total",
+                        "imagepipe_settle_errors_total", "imagepipe_messages_abandoned_total"):
+            continue
+        key = name.removeprefix("imagepipe_").removesuffix("_total")
+        if name == "imagepipe_messages_handled_total" and 'outcome="' in name_labels:
+            key += ":" + name_labels.split('outcome="', 1)[1].split('"', 1)[0]
+        totals[key] = totals.get(key, 0) + float(value)
+    print(", ".join(f"{k} {int(v)}" for k, v in sorted(totals.items())) or "no message counters", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["smoke", "load", "check", "streams"])
+    parser.add_argument("command", choices=["smoke", "load", "check", "streams", "metrics"])
+    parser.add_argument("--url", help="metrics: the /metrics URL")
     parser.add_argument("--via", choices=["nats", "kafka", "http"], default="nats")
     parser.add_argument("--run", required=True, help="run id: task ids are tsk_RUN_...")
     parser.add_argument("--api", default="http://coordinator:8080")
@@ -423,7 +456,10 @@ def main():
     parser.add_argument("--events", help="check: the file load wrote")
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--replicas", type=int, default=0, help="streams: the replicas every stream must have")
+    parser.add_argument("--summary", action="store_true", help="streams: one line, leaders and redeliveries")
     args = parser.parse_args()
+    if args.command == "metrics":
+        return metrics(args)
     {"smoke": smoke, "load": load, "check": check, "streams": streams}[args.command](args)
 
 

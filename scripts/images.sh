@@ -29,7 +29,9 @@
 # Environment: IMAGEPIPE_IMAGES_CACHE (default /var/cache/imagepipe-images: the debootstrap
 # tarball, the build contexts, the model), IMAGEPIPE_RELEASE_TARGET_DIR (default
 # /var/cache/imagepipe-release), IMAGEPIPE_DEBIAN_MIRROR (default http://deb.debian.org/debian),
-# IMAGEPIPE_BUILD_NICE (niceness of the cargo build, default 10).
+# IMAGEPIPE_BUILD_NICE (niceness of the cargo build, default 10), IMAGEPIPE_IMAGES_BINARIES (a
+# directory that already holds the nine binaries, e.g. "$CARGO_TARGET_DIR/debug" after the test
+# suite's build: used as they are, without the release build; same Debian 12 host).
 # Needs root (debootstrap, apt-get), a Docker engine, cargo, python3.
 set -euo pipefail
 
@@ -189,13 +191,20 @@ build_imagepipe() {
     [[ "${args[i]}" == --bin ]] && bins+=("${args[i + 1]}")
   done
   ((${#bins[@]})) || { echo "no --bin found in deploy/docker/Dockerfile" >&2; return 1; }
-  # shellcheck source=scripts/image-libs.sh
-  (source "$ROOT/scripts/image-libs.sh" && ensure_image_libs)
-  log "cargo build --release --locked ${args[*]} (CARGO_TARGET_DIR=$RELEASE_TARGET_DIR)"
-  (cd "$ROOT" && timed "release build" env CARGO_TARGET_DIR="$RELEASE_TARGET_DIR" \
-    nice -n "$NICE" cargo build --release --locked "${args[@]}" >&2)
+  local from="${IMAGEPIPE_IMAGES_BINARIES:-}"
+  if [[ -n "$from" ]]; then
+    log "binaries from $from (no release build)"
+  else
+    # shellcheck source=scripts/image-libs.sh
+    (source "$ROOT/scripts/image-libs.sh" && ensure_image_libs)
+    log "cargo build --release --locked ${args[*]} (CARGO_TARGET_DIR=$RELEASE_TARGET_DIR)"
+    (cd "$ROOT" && timed "release build" env CARGO_TARGET_DIR="$RELEASE_TARGET_DIR" \
+      nice -n "$NICE" cargo build --release --locked "${args[@]}" >&2)
+    from="$RELEASE_TARGET_DIR/release"
+  fi
   for word in "${bins[@]}"; do
-    stage_file "$RELEASE_TARGET_DIR/release/$word" "$context/bin/$word"
+    [[ -x "$from/$word" ]] || { echo "images.sh: no binary $from/$word" >&2; return 1; }
+    stage_file "$from/$word" "$context/bin/$word"
   done
   # The binaries' list, for the image's self-check (every one runs --version at build time).
   printf '%s\n' "${bins[@]}" >"$context/bin.list.tmp"

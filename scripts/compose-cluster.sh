@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# The pipeline replicated in containers, under failures, on local images:
+#
+#   scripts/compose-cluster.sh [--tasks N] [SCENARIO...]
+#
+# Starts docker-compose.yml's profile `cluster` (three NATS servers, JetStream clustered) with
+# IMAGEPIPE_BUS__NATS__URL naming the three and IMAGEPIPE_BUS__NATS__REPLICAS=3 (streams of three
+# replicas), Redis, and two replicas of every service (--scale; the rendered file publishes on
+# ephemeral host ports, so replicas do not collide), as project imagepipe-cluster-$$. Checks
+# that the three streams have three replicas, all current. Then, for each scenario, enqueues N
+# tasks (default 1000, POST /v1/tasks:batch; the coordinator stores each before it answers) and
+# disrupts the run (network: as soon as they are enqueued, while the downloads run; the others
+# once a tenth of the tasks completed):
+#
+#   nats-node    the NATS server leading the task stream is stopped for 20 s, then started
+#   network      a download worker is disconnected from the network for 30 s, then reconnected
+#   coordinator  a coordinator replica is stopped (docker stop: SIGTERM, 30 s grace) mid-run and
+#                stays stopped
+#
+# and asserts, from the client on the compose network (scripts/compose_e2e.py check): every task
+# terminal and completed (none lost), none completed twice (one transition to completed in its
+# history, one task.completed event id). Always `down -v` at the end.
+# Default: every scenario, in that order. IMAGEPIPE_E2E_SKIP_IMAGES=1 skips scripts/images.sh.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tasks=1000
+scenarios=()
+while (($#)); do
+  case "$1" in
+    --tasks) tasks="$2"; shift 2 ;;
+    nats-node | network | coordinator) scenarios+=("$1"); shift ;;
+    *) echo "usage: $0 [--tasks N] [nats-node|network|coordinator]..." >&2; exit 2 ;;
+  esac
+done
+((${#scenarios[@]})) || scenarios=(nats-node network coordinator)
+
+log() { echo "==> $(date +%T) $*" >&2; }
+started=$SECONDS
+
+if [[ "${IMAGEPIPE_E2E_SKIP_IMAGES:-}" != 1 ]]; then
+  "$ROOT/scripts/images.sh" base nats redis e2e-client imagepipe
+fi
+# shellcheck disable=SC2046 # KEY=value words
+export $("$ROOT/scripts/images.sh" --print-env base 2>/dev/null)
+
+project="imagepipe-cluster-$$"
+profiles=(--profile cluster)
+export IMAGEPIPE_BUS__KIND=nats
+export IMAGEPIPE_BUS__NATS__URL=nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222
+export IMAGEPIPE_BUS__NATS__REPLICAS=3
+unset IMAGEPIPE_HTTP__AUTH_TOKEN OTEL_EXPORTER_OTLP_ENDPOINT IMAGEPIPE_NET__ALLOW_CIDRS
+services=(coordinator download-worker metadata-worker ai-worker notification-worker tag-indexer-worker
+  similarity-indexer analytics-worker)
+scale=()
+for service in "${services[@]}"; do scale+=(--scale "$service=2"); done
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/$project.XXXXXX")"
+chmod 0777 "$work" # the client runs as nobody and writes its event logs here
+rendered="$work/docker-compose.yml"
+python3 "$ROOT/scripts/compose_render.py" -f "$ROOT/docker-compose.yml" -o "$rendered" --ephemeral-ports "${profiles[@]}"
+if docker compose version >/dev/null 2>&1; then compose_cmd=(docker compose); else compose_cmd=(docker-compose); fi
+compose() { "${compose_cmd[@]}" -f "$rendered" --project-directory "$ROOT" -p "$project" "${profiles[@]}" "$@"; }
+network="${project}_default"
+
+# The e2e client on the compose network; the event logs go to $work (/out).
+client() {
+  docker run --rm --network "$network" -v "$work:/out" \
+    -v "$ROOT/scripts/compose_e2e.py:/e2e/compose_e2e.py:ro" \
+    -v "$ROOT/services/imagepipe/samples:/samples:ro" \
+    "$@"
+}
+
+ok=0
+loaders=()
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  for loader in "${loaders[@]}"; do docker rm -f "$loader" >/dev/null 2>&1 || true; done
+  if ((ok == 0)); then
+    echo "==> FAILED; state and logs of $project:" >&2
+    compose ps >&2 || true
+    compose logs --no-color --tail=30 >&2 2>&1 || true
+  fi
+  log "down -v ($project)"
+  compose down -v --remove-orphans >/dev/null 2>&1 || true
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# The id of container $2 (1-based) of service $1.
+container() { compose ps -q "$1" | while read -r id; do docker inspect -f '{{.Name}} {{.Id}}' "$id"; done | sort | sed -n "${2}p" | cut -d' ' -f2; }
+name_of() { docker inspect -f '{{.Name}}' "$1" | sed 's|^/||'; }
+
+wait_healthy() {
+  local deadline=$((SECONDS + $1)) id state pending
+  while true; do
+    pending=()
+    for id in $(compose ps -q); do
+      state="$(docker inspect -f '{{.Name}} {{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")"
+      case "$state" in
+        *" running healthy" | *" running none") ;;
+        *" exited "* | *" created "*) [[ "${2:-}" == allow-stopped ]] || pending+=("$state") ;;
+        *) pending+=("$state") ;;
+      esac
+    done
+    ((${#pending[@]} == 0)) && return 0
+    if ((SECONDS > deadline)); then
+      echo "not healthy after $1 s: ${pending[*]}" >&2
+      return 1
+    fi
+    sleep 3
+  done
+}
+
+log "up ($project: 3 NATS servers, R3 streams, 2 replicas of each of ${#services[@]} services)"
+up_started=$SECONDS
+compose up -d --no-build "${scale[@]}" >&2
+wait_healthy 360
+log "every container healthy in $((SECONDS - up_started)) s ($(compose ps -q | wc -l) containers)"
+client imagepipe/e2e-client python3 /e2e/compose_e2e.py streams --run x --nats "$IMAGEPIPE_BUS__NATS__URL" \
+  --replicas 3 --timeout 60 >&2
+
+# Enqueues $tasks tasks of run $1 in a background client recording events; waits until enqueued.
+start_load() {
+  local run="$1" name="$project-load-$1"
+  loaders+=("$name")
+  docker run -d --name "$name" --network "$network" -v "$work:/out" \
+    -v "$ROOT/scripts/compose_e2e.py:/e2e/compose_e2e.py:ro" \
+    -v "$ROOT/services/imagepipe/samples:/samples:ro" \
+    imagepipe/e2e-client python3 /e2e/compose_e2e.py load --via http --run "$run" --tasks "$tasks" \
+    --out "/out/events-$run.jsonl" >/dev/null
+  local deadline=$((SECONDS + 300))
+  until docker logs "$name" 2>&1 | grep -q "tasks enqueued"; do
+    if ! docker inspect -f '{{.State.Running}}' "$name" | grep -q true || ((SECONDS > deadline)); then
+      docker logs "$name" >&2
+      echo "the load of run $run did not enqueue" >&2
+      return 1
+    fi
+    sleep 1
+  done
+  log "run $run: $(docker logs "$name" 2>&1 | grep 'tasks enqueued' | sed 's/^compose_e2e: //')"
+}
+
+# Waits for every task of run $1 and asserts; stops its recorder.
+check_run() {
+  local run="$1" started_at=$SECONDS summary
+  summary="$(client imagepipe/e2e-client python3 /e2e/compose_e2e.py check --run "$run" --tasks "$tasks" \
+    --events "/out/events-$run.jsonl" --timeout 900)" || { echo "$summary"; return 1; }
+  docker stop -t 5 "$project-load-$run" >/dev/null 2>&1 || true
+  log "run $run: every task checked $((SECONDS - started_at)) s after the disruption ended: $summary"
+  echo "$summary"
+}
+
+# Waits until at least $2 tasks of run $1 are completed (the disruption lands mid-run).
+wait_progress() {
+  local run="$1" want="$2" deadline=$((SECONDS + 300)) done_count
+  while true; do
+    done_count="$(grep -c '"eventType": "task.completed"' "$work/events-$run.jsonl" 2>/dev/null || true)"
+    ((${done_count:-0} >= want)) && { log "run $run: $done_count tasks completed"; return 0; }
+    ((SECONDS > deadline)) && { echo "run $run: only ${done_count:-0} of $want completed in 300 s" >&2; return 1; }
+    sleep 1
+  done
+}
+
+results=()
+for scenario in "${scenarios[@]}"; do
+  run="c${scenario//-/}$$"
+  scenario_started=$SECONDS
+  start_load "$run"
+  # Downloads run far ahead of the other stages (1,000 take about 20 s, before the first task
+  # completes): the download worker is cut off as soon as the tasks are enqueued, the others
+  # once a tenth of the tasks completed.
+  if [[ "$scenario" != network ]]; then wait_progress "$run" $((tasks / 10)); fi
+  case "$scenario" in
+    nats-node)
+      leader="$(client imagepipe/e2e-client python3 /e2e/compose_e2e.py streams --run x \
+        --nats "$IMAGEPIPE_BUS__NATS__URL" | python3 -c 'import json, sys; print(json.load(sys.stdin)["IMAGEPIPE_TASKS"]["leader"])')"
+      id="$(container "$leader" 1)"
+      log "stopping $leader (leader of IMAGEPIPE_TASKS) for 20 s"
+      docker stop "$id" >/dev/null
+      sleep 20
+      docker start "$id" >/dev/null
+      log "started $leader again"
+      ;;
+    network)
+      id="$(container download-worker 1)"
+      metrics_url="http://$(name_of "$id"):8080/metrics"
+      log "$(name_of "$id") before: $(client imagepipe/e2e-client python3 /e2e/compose_e2e.py metrics --run x --url "$metrics_url")"
+      log "disconnecting $(name_of "$id") from $network for 30 s"
+      docker network disconnect "$network" "$id"
+      sleep 30
+      docker network connect --alias download-worker "$network" "$id"
+      log "reconnected $(name_of "$id")"
+      ;;
+    coordinator)
+      id="$(container coordinator 1)"
+      log "stopping $(name_of "$id") (docker stop), leaving it stopped"
+      docker stop "$id" >/dev/null
+      log "$(name_of "$id") exited with $(docker inspect -f '{{.State.ExitCode}}' "$id")"
+      ;;
+  esac
+  summary="$(check_run "$run")"
+  if [[ "$scenario" == network ]]; then
+    log "$(name_of "$id") after: $(client imagepipe/e2e-client python3 /e2e/compose_e2e.py metrics --run x --url "$metrics_url")"
+  fi
+  log "after $scenario: $(client imagepipe/e2e-client python3 /e2e/compose_e2e.py streams --summary --run x \
+    --nats "$IMAGEPIPE_BUS__NATS__URL")"
+  results+=("$scenario: $summary (scenario $((SECONDS - scenario_started)) s)")
+  if [[ "$scenario" == coordinator ]]; then docker start "$id" >/dev/null; fi
+  wait_healthy 180 allow-stopped
+done
+
+ok=1
+log "PASSED in $((SECONDS - started)) s:"
+printf '  %s\n' "${results[@]}" >&2
