@@ -108,8 +108,8 @@ DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/*.bin ||
 EOF
   printf '#!/bin/sh\n# No daemon starts while an image is built.\nexit 101\n' >"$rootfs/usr/sbin/policy-rc.d"
   chmod 0755 "$rootfs/usr/sbin/policy-rc.d"
-  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/*.log \
-    "$rootfs"/tmp/* "$rootfs"/dev/*
+  rm -rf "${rootfs:?}"/var/cache/apt/archives/*.deb "${rootfs:?}"/var/lib/apt/lists/* "${rootfs:?}"/var/log/*.log \
+    "${rootfs:?}"/tmp/* "${rootfs:?}"/dev/*
   tar --numeric-owner -C "$rootfs" -cf "$tarball.tmp" .
   mv "$tarball.tmp" "$tarball"
   rm -rf "$rootfs"
@@ -193,6 +193,7 @@ build_imagepipe() {
   ((${#bins[@]})) || { echo "no --bin found in deploy/docker/Dockerfile" >&2; return 1; }
   local from="${IMAGEPIPE_IMAGES_BINARIES:-}"
   if [[ -n "$from" ]]; then
+    from="$(cd "$from" && pwd)"
     log "binaries from $from (no release build)"
   else
     # shellcheck source=scripts/image-libs.sh
