@@ -2,9 +2,9 @@
 # The whole test suite, on a fresh machine or a used one: installs and starts what the tests
 # need (Redis, NATS 2.9 with JetStream, a current NATS, a Kafka-compatible broker and what
 # building librdkafka needs, the image libraries and the HEIC/AVIF encoders of
-# scripts/image-libs.sh), then runs every test of the workspace
-# with every backend compiled in, and schemathesis against the coordinator's OpenAPI document
-# (scripts/schemathesis.sh). `.ci/run` calls exactly this.
+# scripts/image-libs.sh, Chromium and chromedriver for the dashboard's browser tests), then
+# runs every test of the workspace with every backend compiled in, and schemathesis against
+# the coordinator's OpenAPI document (scripts/schemathesis.sh). `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +23,8 @@ if [[ -f scripts/kafka.sh ]]; then
   ensure_kafka_build_deps
   ensure_kafka
 fi
+source scripts/chromium.sh
+ensure_chromium
 export IMAGEPIPE_TEST_MODEL_DIR; IMAGEPIPE_TEST_MODEL_DIR="$(scripts/prepare-model.sh --print-dir)"
 # Everything a test needs is provided above: a test that finds it missing fails, never skips.
 unset IMAGEPIPE_TEST_ALLOW_SKIP

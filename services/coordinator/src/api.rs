@@ -26,7 +26,7 @@ use futures::Stream;
 use imagepipe_blob::BlobStore;
 use imagepipe_bus::Selector;
 use imagepipe_contracts::command::is_valid_id;
-use imagepipe_contracts::{EventType, StepError, SubmitTask, decode};
+use imagepipe_contracts::{EventType, Step, StepError, SubmitTask, decode};
 use imagepipe_runtime::http::{ApiError, BodyLimit, WholeBody};
 use imagepipe_runtime::telemetry::continue_http_trace;
 use schemars::JsonSchema;
@@ -68,6 +68,7 @@ pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_uplo
         .route("/v1/tasks/{id}/cancel", post(cancel))
         .route("/v1/tasks/{id}/pause", post(pause))
         .route("/v1/tasks/{id}/resume", post(resume))
+        .route("/v1/tasks/{id}/retry", post(retry))
         .route("/v1/reprocess", post(start_reprocess))
         .route("/v1/reprocess/{id}", get(reprocess_job))
         .route("/v1/queues", get(queue_control::list))
@@ -372,6 +373,33 @@ async fn resume(
     Ok((StatusCode::ACCEPTED, Json(task.into())))
 }
 
+/// `POST /v1/tasks/{id}/retry`: a failed or cancelled task runs again from the first step whose
+/// output it lacks, as a new generation in its own lanes; `409` for a task that is not
+/// finished or lacks nothing.
+async fn retry(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<(StatusCode, Json<TaskView>), ApiError> {
+    let id = task_id(path)?;
+    let task = state.engine.store().get(&id).await?.ok_or_else(|| ApiError::not_found(format!("no task {id}")))?;
+    let outputs = &task.outputs;
+    let missing = [
+        (Step::Download, outputs.download.is_some()),
+        (Step::Metadata, outputs.metadata.is_some()),
+        (Step::Analyze, outputs.analysis.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(step, done)| (!done).then_some(step));
+    let Some(from) = missing.filter(|_| task.state.is_terminal()) else {
+        return Err(ApiError::conflict(format!(
+            "the task is {}: only a failed or cancelled task is retried (POST /v1/reprocess runs finished ones again)",
+            task.state
+        )));
+    };
+    let task = control_task(&state, &id, Input::Reprocess { from, priority: None }).await?;
+    Ok((StatusCode::ACCEPTED, Json(task.into())))
+}
+
 async fn start_reprocess(
     State(state): State<ApiState>,
     WholeBody(body): WholeBody,
@@ -485,13 +513,27 @@ pub struct DlqParams {
     pub cursor: Option<String>,
 }
 
+/// Answer of `GET /v1/dlq`: a page of the archive and how many letters it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterListing {
+    /// The page.
+    #[serde(flatten)]
+    pub page: DeadLetterPage,
+    /// Letters in the archive now.
+    pub total: u64,
+}
+
 async fn dead_letters(
     State(state): State<ApiState>,
     query: Result<Query<DlqParams>, QueryRejection>,
-) -> Result<Json<DeadLetterPage>, ApiError> {
+) -> Result<Json<DeadLetterListing>, ApiError> {
     let Query(params) = query?;
     let limit = limit(params.limit.as_deref())?;
-    Ok(Json(state.engine.store().dead_letters(limit, params.cursor.as_deref().filter(|c| !c.is_empty())).await?))
+    let store = state.engine.store();
+    let cursor = params.cursor.as_deref().filter(|c| !c.is_empty());
+    let (page, total) = tokio::try_join!(store.dead_letters(limit, cursor), store.count_dead_letters())?;
+    Ok(Json(DeadLetterListing { page, total }))
 }
 
 /// Answer of `POST /v1/dlq/{id}/replay`.

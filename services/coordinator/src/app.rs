@@ -91,6 +91,7 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
         Coordinator::new(settings, store, service.bus.clone(), Arc::new(SystemClock)).with_control(control);
     service.serve(coordinator.routes(blobs));
     service.serve(coordinator.forwarded_routes(&[]));
+    service.serve(coordinator.dashboard(service));
     coordinator.run(service.shutdown.clone()).await
 }
 
@@ -151,6 +152,13 @@ impl Coordinator {
     /// beside [`Coordinator::routes`].
     pub fn forwarded_routes(&self, served_here: &[Upstream]) -> Router {
         self.forwarding.router(served_here)
+    }
+
+    /// The dashboard's routes (`/`, [`crate::dashboard`]), rendering from the `/v1` routes
+    /// `service` serves; to serve with [`Service::serve`] once those are added.
+    pub fn dashboard(&self, service: &Service) -> Router {
+        let clock = self.engine.clock().clone();
+        crate::dashboard::Dashboard::new(service.api().clone(), &service.settings.telemetry, clock).router()
     }
 
     /// Runs the sweeper, every consumer and the gauge sampler until `shutdown`.

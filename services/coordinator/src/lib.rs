@@ -18,6 +18,7 @@ pub mod api;
 pub mod app;
 pub mod consumers;
 pub mod control;
+pub mod dashboard;
 pub mod engine;
 pub mod events;
 pub mod gauges;

@@ -169,6 +169,7 @@ impl Pipeline {
         service.serve(imagepipe_similarity_indexer::routes(similarity_api, settings.download.max_bytes));
         // Search, stats and similarity are served here; the coordinator forwards nothing.
         service.serve(coordinator.forwarded_routes(&Upstream::ALL));
+        service.serve(coordinator.dashboard(&service));
 
         let settings = Arc::new(settings);
         let stop_services = service.shutdown.clone();

@@ -161,6 +161,12 @@ impl Service {
         self.api.add(routes);
     }
 
+    /// The route table [`Service::serve`] adds to, for answering `/v1` requests inside the
+    /// process ([`ApiRoutes::call`]).
+    pub fn api(&self) -> &ApiRoutes {
+        &self.api
+    }
+
     /// The address the HTTP server listens on.
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr

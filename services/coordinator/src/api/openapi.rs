@@ -12,8 +12,9 @@ use super::dlq_replay::{ReplayFilter, ReplayReport};
 use super::forward::Upstream;
 use super::queue_control::{ConcurrencyRequest, QueueView, QueuesView};
 use super::{Accepted, ApiError, CancelRequest, History, JSON_BODY_BYTES, MAX_LIMIT, Replayed, TaskView};
+use crate::api::DeadLetterListing;
 use crate::reprocess::{ReprocessJob, ReprocessRequest};
-use crate::store::{DeadLetterPage, TaskPage};
+use crate::store::TaskPage;
 use crate::task::TaskState;
 use imagepipe_analytics_worker::api::StatsResponse;
 use imagepipe_contracts::SubmitTask;
@@ -56,7 +57,7 @@ pub fn document() -> Value {
     schemas.add::<TaskPage>("TaskPage");
     schemas.add::<History>("History");
     schemas.add::<CancelRequest>("CancelRequest");
-    schemas.add::<DeadLetterPage>("DeadLetterPage");
+    schemas.add::<DeadLetterListing>("DeadLetterPage");
     schemas.add::<Replayed>("Replayed");
     schemas.add::<Uploaded>("Uploaded");
     schemas.add::<SearchResponse>("SearchResponse");
@@ -396,6 +397,7 @@ pub fn document() -> Value {
         } },
         "/v1/tasks/{id}/pause": task_change("Pause a task at its next step boundary (at once when no step runs)", "pauseTask", true),
         "/v1/tasks/{id}/resume": task_change("Resume a paused task (or withdraw a pending pause)", "resumeTask", false),
+        "/v1/tasks/{id}/retry": task_change("Run a failed or cancelled task again from the first step whose output it lacks, as a new generation", "retryTask", false),
         "/v1/reprocess": { "post": {
             "operationId": "startReprocess",
             "summary": "Run a step and the ones after it again for matching finished tasks, as a new generation",

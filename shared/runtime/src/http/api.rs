@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tower::ServiceExt as _;
 
 use super::auth;
+use crate::clock::Clock as _;
 
 /// An error answer of any `/v1` route of any service: `{"error": "<code>", "message": "..."}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -226,16 +227,31 @@ impl ApiRoutes {
         *router = std::mem::take(&mut *router).merge(routes).method_not_allowed_fallback(method_not_allowed);
     }
 
-    /// Handles one request: the token check for `/v1` paths, then the routes.
+    /// Handles one request: for `/v1` paths the cross-origin check, then the token or session
+    /// check ([`auth::check`]); then the routes.
     pub(super) async fn dispatch(self, request: Request) -> Response {
         let path = request.uri().path();
-        if (path == "/v1" || path.starts_with("/v1/")) && !auth::authorized(self.token.as_deref(), request.headers()) {
-            return auth::unauthorized();
+        if path == "/v1" || path.starts_with("/v1/") {
+            let now_ms = crate::clock::SystemClock.unix_ms();
+            if let Err(refused) = auth::check(self.token.as_deref(), request.method(), request.headers(), now_ms) {
+                return refused;
+            }
         }
+        self.call(request).await
+    }
+
+    /// Handles `request` with the routes, without any token check: for callers inside the
+    /// process (the dashboard renders from the same answers the API gives).
+    pub async fn call(&self, request: Request) -> Response {
         let router = self.router.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         match router.oneshot(request).await {
             Ok(response) => response,
             Err(never) => match never {},
         }
+    }
+
+    /// The token every `/v1` request must carry, when set.
+    pub fn token(&self) -> Option<&Secret<String>> {
+        self.token.as_deref()
     }
 }

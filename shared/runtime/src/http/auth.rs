@@ -1,11 +1,13 @@
-//! The one bearer-token check of every `/v1` route (`http.auth_token`), compared in constant
-//! time.
+//! The one check of every `/v1` request: the bearer token (`http.auth_token`, compared in
+//! constant time) or a dashboard session with its CSRF token ([`session`](super::session)),
+//! after the cross-origin check every state-changing request passes.
 
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use imagepipe_secret::Secret;
 
 use super::ApiError;
+use super::session::{self, Session};
 
 /// What a configured token prints as.
 pub(super) const MASKED: &str = imagepipe_secret::MASK;
@@ -17,6 +19,33 @@ pub fn authorized(token: Option<&Secret<String>>, headers: &HeaderMap) -> bool {
     given
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|t| constant_time_eq(t.as_bytes(), token.expose().as_bytes()))
+}
+
+/// Lets a `/v1` request through, or answers it: `403 cross_origin` for a state-changing request
+/// a browser sent from another site; with a token set, `401` unless the request carries the
+/// bearer token or a valid session cookie, and `403 csrf` for a state-changing request on a
+/// session without its CSRF token.
+#[expect(clippy::result_large_err, reason = "the error is the answer, built once per refused request")]
+pub fn check(
+    token: Option<&Secret<String>>,
+    method: &Method,
+    headers: &HeaderMap,
+    now_ms: u64,
+) -> Result<(), Response> {
+    if let Some(reason) = session::cross_origin(method, headers) {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "cross_origin", reason).into_response());
+    }
+    let Some(token) = token else { return Ok(()) };
+    if headers.contains_key(header::AUTHORIZATION) {
+        return if authorized(Some(token), headers) { Ok(()) } else { Err(unauthorized()) };
+    }
+    let Some(session) = Session::from_headers(token, headers, now_ms) else { return Err(unauthorized()) };
+    if session::is_state_changing(method) && !session.csrf_in(headers) {
+        let message =
+            format!("a {method} on a dashboard session needs its token in the {} header", session::CSRF_HEADER);
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "csrf", message).into_response());
+    }
+    Ok(())
 }
 
 /// The `401` answer, with `WWW-Authenticate: Bearer`.

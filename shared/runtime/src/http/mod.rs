@@ -5,6 +5,7 @@
 mod api;
 pub mod auth;
 mod server;
+pub mod session;
 pub mod testing;
 
 use std::net::SocketAddr;

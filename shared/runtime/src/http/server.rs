@@ -11,6 +11,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -18,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
+use tower::ServiceExt as _;
 
 use crate::shutdown::Shutdown;
 
@@ -47,6 +49,23 @@ impl crate::config::HttpConfig {
             idle_timeout: self.idle_timeout,
         }
     }
+}
+
+/// `router` with the connection's peer address in every request's extensions, where axum's
+/// [`ConnectInfo`] extractor finds it.
+fn with_peer(
+    router: Router,
+    peer: std::net::SocketAddr,
+) -> impl tower::Service<
+    hyper::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future: Send,
+> + Clone {
+    router.map_request(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
+    })
 }
 
 /// Accepts on `listener` and serves `router` under `limits` until `shutdown` (see the module
@@ -84,7 +103,7 @@ pub(super) async fn serve(
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
-            .serve_connection(io, TowerToHyperService::new(router.clone()));
+            .serve_connection(io, TowerToHyperService::new(with_peer(router.clone(), peer)));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {

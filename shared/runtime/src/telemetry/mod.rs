@@ -210,7 +210,7 @@ mod tests {
 
     #[test]
     fn the_configured_service_name_wins_over_otel_service_name_which_wins_over_the_service() {
-        let configured = TelemetryConfig { service_name: Some("images-eu".into()) };
+        let configured = TelemetryConfig { service_name: Some("images-eu".into()), ..TelemetryConfig::default() };
         let unset = TelemetryConfig::default();
         assert_eq!(service_name("coordinator", &configured, Some("from-env".into())), "images-eu");
         assert_eq!(service_name("coordinator", &unset, Some("from-env".into())), "from-env");

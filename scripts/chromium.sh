@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Makes sure Debian's Chromium and its WebDriver (chromedriver) are installed, for the
+# dashboard's browser tests (services/imagepipe/tests/dashboard.rs). Source it, or run it.
+set -euo pipefail
+
+ensure_chromium() {
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then return 0; fi
+  echo "==> installing chromium and chromium-driver"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then ensure_chromium; fi

@@ -1,0 +1,383 @@
+//! The dashboard in a real browser: Debian's Chromium, headless, driven over WebDriver by
+//! chromedriver (both installed by scripts/chromium.sh, which the test command runs), against
+//! the whole pipeline on NATS with Redis, and on the embedded default with a token.
+//!
+//! - A photo submitted through the page's upload shows up in the task list and its row turns
+//!   `completed` without a reload; its page shows the thumbnail (loaded: natural width > 0) and
+//!   the model's label.
+//! - The metadata queue paused from the overview holds a new task until it is resumed there.
+//! - A dead letter is replayed from the dead-letter page.
+//! - With `http.auth_token` set: the login form, a wrong token refused, and a state-changing
+//!   request on the session without its CSRF token refused.
+//!
+//! Every page is photographed into `$CARGO_TARGET_TMPDIR/dashboard/` (the README's screenshots
+//! come from there). Chromium resolves no name but loopback and fetches nothing in the
+//! background: no packet leaves the machine.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use fantoccini::elements::Element;
+use fantoccini::{Client, ClientBuilder, Locator};
+use imagepipe::Pipeline;
+use imagepipe::samples::SAMPLES;
+use imagepipe_bus::{BusKind, Message};
+use imagepipe_runtime::config::Secret;
+use imagepipe_runtime::config::{SecretUrl, StoreKind};
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// chromedriver on a free loopback port, and one Chromium session it drives.
+struct Browser {
+    client: Client,
+    _driver: Child,
+    _profile: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).unwrap().local_addr().unwrap().port()
+}
+
+impl Browser {
+    async fn start() -> Self {
+        let chromedriver = std::env::var("IMAGEPIPE_TEST_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+        let port = free_port();
+        let driver = Command::new(&chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {chromedriver} (scripts/chromium.sh installs it): {e}"));
+        let profile = tempfile::tempdir().unwrap();
+        let binary = std::env::var("IMAGEPIPE_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        let args = [
+            "--headless=new".to_owned(),
+            "--no-sandbox".to_owned(),
+            "--disable-gpu".to_owned(),
+            "--disable-background-networking".to_owned(),
+            "--disable-component-update".to_owned(),
+            "--disable-sync".to_owned(),
+            "--disable-default-apps".to_owned(),
+            "--disable-dev-shm-usage".to_owned(),
+            "--no-first-run".to_owned(),
+            // Names other than loopback's resolve to nothing: no packet beyond this machine.
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1".to_owned(),
+            "--window-size=1280,800".to_owned(),
+            format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let capabilities = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": { "binary": binary, "args": args },
+        });
+        let serde_json::Value::Object(capabilities) = capabilities else { unreachable!() };
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let client = loop {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector).capabilities(capabilities.clone()).connect(&url).await {
+                Ok(client) => break client,
+                Err(e) => {
+                    assert!(tokio::time::Instant::now() < deadline, "chromedriver at {url} never answered: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        Self { client, _driver: driver, _profile: profile }
+    }
+
+    async fn goto(&self, url: &str) {
+        self.client.goto(url).await.unwrap_or_else(|e| panic!("opening {url}: {e}"));
+    }
+
+    async fn find(&self, css: &str) -> Element {
+        match self.client.wait().at_most(WAIT).for_element(Locator::Css(css)).await {
+            Ok(element) => element,
+            Err(e) => panic!("no {css} on {:?}: {e}", self.client.current_url().await),
+        }
+    }
+
+    /// Evaluates `script` (a function body returning a value) until it returns something truthy.
+    async fn until(&self, what: &str, script: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let value = self.client.execute(script, vec![]).await.unwrap_or(Value::Null);
+            let truthy = !matches!(&value, Value::Null | Value::Bool(false)) && value != json!("") && value != json!(0);
+            if truthy {
+                return value;
+            }
+            if tokio::time::Instant::now() > deadline {
+                let page = self.client.source().await.unwrap_or_default();
+                panic!("never {what}; the page:\n{}", &page[..page.len().min(4000)]);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Photographs the whole page: the window grows to the page's height for the shot.
+    async fn screenshot(&self, name: &str) {
+        let size = self
+            .client
+            .execute("return [window.innerWidth, document.documentElement.scrollHeight]", vec![])
+            .await
+            .unwrap();
+        let (width, height) = (size[0].as_u64().unwrap_or(1280) as u32, size[1].as_u64().unwrap_or(800) as u32);
+        let (_, _, window_width, window_height) = self.client.get_window_rect().await.unwrap();
+        self.client
+            .set_window_size(width.max(window_width as u32), height.clamp(window_height as u32, 4000))
+            .await
+            .unwrap();
+        let png = self.client.screenshot().await.unwrap();
+        self.client.set_window_size(window_width as u32, window_height as u32).await.unwrap();
+        let path = screenshot_dir().join(format!("{name}.png"));
+        std::fs::write(&path, png).unwrap();
+    }
+
+    /// Chooses `file` in the file input `css`.
+    async fn choose_file(&self, css: &str, file: &Path) {
+        self.find(css).await.send_keys(&file.display().to_string()).await.unwrap();
+    }
+
+    async fn close(self) {
+        let _ = self.client.close().await;
+    }
+}
+
+fn screenshot_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A sample photo written to a file the browser can upload.
+fn sample_file(dir: &Path, index: usize) -> PathBuf {
+    let sample = SAMPLES[index];
+    let path = dir.join(sample.name);
+    std::fs::write(&path, sample.bytes).unwrap();
+    path
+}
+
+struct Run {
+    pipeline: Pipeline,
+    work: tempfile::TempDir,
+    prefix: String,
+}
+
+async fn start(bus: BusKind, token: Option<&str>) -> Option<Run> {
+    let model_dir = common::model_dir()?;
+    let work = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(&model_dir, &work);
+    let prefix = format!("dash{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    settings.bus.prefix = prefix.clone();
+    settings.http.auth_token = token.map(|t| Secret::new(t.to_owned()));
+    settings.coordinator.dlq_groups = vec!["notification".into()];
+    if bus == BusKind::Nats {
+        settings.bus.kind = BusKind::Nats;
+        settings.bus.nats.url =
+            std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+        settings.store.kind = StoreKind::Redis;
+        settings.store.redis.url = SecretUrl::new(
+            std::env::var("IMAGEPIPE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        );
+    }
+    let pipeline = Pipeline::start(settings).await.unwrap();
+    Some(Run { pipeline, work, prefix })
+}
+
+impl Run {
+    async fn stop(self) {
+        let nats = self.pipeline.settings().bus.kind == BusKind::Nats;
+        self.pipeline.stop().await.unwrap();
+        if nats {
+            let url = std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+            let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+            for suffix in ["TASKS", "EVENTS", "DLQ"] {
+                let _ = js.delete_stream(format!("{}_{suffix}", self.prefix.to_uppercase())).await;
+            }
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.pipeline.api_url())
+    }
+}
+
+/// Submits `file` through the upload form of the page open now; the new task's id.
+async fn upload(browser: &Browser, file: &Path, labels: &str) -> String {
+    browser.choose_file("#upload-file", file).await;
+    browser.find("#upload-labels").await.send_keys(labels).await.unwrap();
+    browser.find("form[data-upload] button[type=submit]").await.click().await.unwrap();
+    let link = browser.find("[data-submitted-task]").await;
+    link.attr("data-submitted-task").await.unwrap().expect("the submitted task's id")
+}
+
+async fn the_dashboard_shows_and_steers_the_pipeline(bus: BusKind) {
+    let Some(run) = start(bus, None).await else { return };
+    let browser = Browser::start().await;
+    let photo = sample_file(run.work.path(), 0);
+
+    // The task list: a photo uploaded from the page appears and completes without a reload.
+    browser.goto(&run.url("/tasks")).await;
+    browser
+        .until(
+            "the live stream is connected",
+            "return document.querySelector('[data-live-state]').textContent === 'live'",
+        )
+        .await;
+    browser.client.execute("window.__notReloaded = true; return true", vec![]).await.unwrap();
+    let id = upload(&browser, &photo, "album=dashboard").await;
+    let row = format!("#task-{id}[data-state=completed]");
+    browser.until("the row is completed", &format!("return !!document.querySelector('{row}')")).await;
+    let same_page = browser.client.execute("return window.__notReloaded === true", vec![]).await.unwrap();
+    assert_eq!(same_page, json!(true), "the row changed without a reload");
+    let thumbnail_in_row = format!("return document.querySelector('#task-{id} td.thumb img')?.naturalWidth || 0");
+    browser.until("the row's thumbnail is loaded", &thumbnail_in_row).await;
+    browser.screenshot("tasks").await;
+
+    // The task's page: thumbnail loaded, the model's label, the labels given.
+    browser.find(&format!("#task-{id} a[href='/tasks/{id}']")).await.click().await.unwrap();
+    browser
+        .until("the thumbnail is loaded", "return document.querySelector('img[data-thumbnail]')?.naturalWidth || 0")
+        .await;
+    let label = browser.find("[data-prediction]").await.text().await.unwrap();
+    assert!(!label.trim().is_empty(), "a prediction label");
+    let page = browser.client.source().await.unwrap();
+    assert!(page.contains("album=dashboard"), "the labels are shown");
+    browser.until("similar images were looked up", "return document.querySelector('[data-similar]').dataset.loaded === 'true' && !document.querySelector('[data-similar]').textContent.includes('Looking')").await;
+    browser.screenshot("task").await;
+
+    // The overview: pause the metadata queue with the keyboard, submit, the task waits.
+    browser.goto(&run.url("/")).await;
+    browser.find("table.queues").await;
+    browser.screenshot("overview").await;
+    let pause = browser.find("button[aria-label='Pause the metadata queue']").await;
+    pause.send_keys("\u{E007}").await.unwrap();
+    browser
+        .until(
+            "the metadata queue shows paused",
+            "return document.querySelector(\"tr[data-queue=metadata] .badge.paused\") !== null",
+        )
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // every worker sees the pause within 0.5 s
+    let held = upload(&browser, &sample_file(run.work.path(), 1), "held=yes").await;
+    browser.goto(&run.url(&format!("/tasks/{held}"))).await;
+    browser
+        .until(
+            "the task waits at metadata",
+            "return document.querySelector('[data-state-badge]').textContent === 'extracting metadata'",
+        )
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let state = browser.find("[data-state-badge]").await.text().await.unwrap();
+    assert_eq!(state, "extracting metadata", "the paused queue holds the task");
+    browser.goto(&run.url("/")).await;
+    browser.find("button[aria-label='Resume the metadata queue']").await.click().await.unwrap();
+    browser
+        .until(
+            "the metadata queue runs",
+            "return document.querySelector(\"tr[data-queue=metadata] .badge.running\") !== null",
+        )
+        .await;
+    browser.goto(&run.url(&format!("/tasks/{held}"))).await;
+    browser
+        .until(
+            "the held task completes",
+            "return document.querySelector('[data-state-badge]').textContent === 'completed'",
+        )
+        .await;
+
+    // Dead letters: a malformed command is dead-lettered; replay it from the page.
+    run.pipeline.bus().queues.send("tasks.download", Message::new(&b"{not a command"[..])).await.unwrap();
+    browser.goto(&run.url("/dlq")).await;
+    let letter_id = loop {
+        if let Ok(letter) = browser.client.find(Locator::Css("li[data-letter]")).await {
+            break letter.attr("data-letter").await.unwrap().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        browser.client.refresh().await.unwrap();
+    };
+    browser.find("li[data-letter] details summary").await.click().await.unwrap();
+    browser.screenshot("dlq").await;
+    browser.find(&format!("button[aria-label='Replay dead letter {letter_id}']")).await.click().await.unwrap();
+    browser
+        .until("the letter leaves the page", &format!("return document.getElementById('letter-{letter_id}') === null"))
+        .await;
+    let archived = run.pipeline.engine().store().dead_letter(&letter_id).await.unwrap();
+    assert!(archived.is_none(), "replayed letters leave the archive");
+
+    // Search by tag, and a phone-width overview.
+    let tag = label.split(',').next().unwrap().trim().to_lowercase();
+    browser
+        .goto(
+            &run.url(&format!(
+                "/search?tag={}",
+                url::form_urlencoded::byte_serialize(tag.as_bytes()).collect::<String>()
+            )),
+        )
+        .await;
+    browser.screenshot("search").await;
+    browser.client.set_window_size(390, 844).await.unwrap();
+    browser.goto(&run.url("/")).await;
+    browser.find("table.queues").await;
+    browser.screenshot("overview-phone").await;
+
+    browser.close().await;
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_and_steers_the_pipeline_nats() {
+    the_dashboard_shows_and_steers_the_pipeline(BusKind::Nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_logs_in_with_the_token_and_refuses_requests_without_csrf() {
+    let token = "dashboard-test-token-7f3a";
+    let Some(run) = start(BusKind::Memory, Some(token)).await else { return };
+    let browser = Browser::start().await;
+
+    browser.goto(&run.url("/tasks?state=completed")).await;
+    browser.find("form.login").await;
+    assert!(browser.client.current_url().await.unwrap().path().ends_with("/login"), "sent to the login form");
+    browser.screenshot("login").await;
+
+    browser.find("#token").await.send_keys("not-the-token").await.unwrap();
+    browser.find("form.login button").await.click().await.unwrap();
+    let refused = browser.find("#login-error").await.text().await.unwrap();
+    assert!(refused.contains("not the token"), "{refused}");
+
+    browser.find("#token").await.send_keys(token).await.unwrap();
+    browser.find("form.login button").await.click().await.unwrap();
+    browser.find("table.tasks").await;
+    let url = browser.client.current_url().await.unwrap();
+    assert_eq!((url.path(), url.query()), ("/tasks", Some("state=completed")), "back to the page asked for");
+    let cookie = browser.client.execute("return document.cookie", vec![]).await.unwrap();
+    assert_eq!(cookie, json!(""), "the session cookie is HttpOnly");
+
+    let post = |with_csrf: bool| {
+        format!(
+            "const headers = {{}}; if ({with_csrf}) headers['X-CSRF-Token'] = document.querySelector('meta[name=csrf-token]').content; \
+             return fetch('/v1/queues/metadata/pause', {{method: 'POST', headers}}).then(r => r.status)"
+        )
+    };
+    let without = browser.client.execute(&post(false), vec![]).await.unwrap();
+    assert_eq!(without, json!(403), "a POST on the session without its CSRF token");
+    let with = browser.client.execute(&post(true), vec![]).await.unwrap();
+    assert_eq!(with, json!(200), "the same POST with the token");
+    let read = browser.client.execute("return fetch('/v1/queues').then(r => r.json()).then(v => v.queues.find(q => q.name === 'metadata').paused)", vec![]).await.unwrap();
+    assert_eq!(read, json!(true));
+
+    browser.find("form.logout button").await.click().await.unwrap();
+    browser.find("form.login").await;
+    let after = browser.client.execute("return fetch('/v1/queues').then(r => r.status)", vec![]).await.unwrap();
+    assert_eq!(after, json!(401), "logged out");
+
+    browser.close().await;
+    run.stop().await;
+}
