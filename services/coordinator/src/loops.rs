@@ -84,10 +84,11 @@ fn spawn_batch<H: BatchHandler>(
     loops.spawn(async move { Ok(worker.run(stop).await?) });
 }
 
+/// One consumer per priority lane.
+type LaneConsumers = Vec<(Priority, Box<dyn Consumer>)>;
+
 /// The high lane's consumer of `lanes` ([`Lanes::open_each`], highest first), and the others.
-fn split_high(
-    mut lanes: Vec<(Priority, Box<dyn Consumer>)>,
-) -> (Box<dyn Consumer>, Vec<(Priority, Box<dyn Consumer>)>) {
+fn split_high(mut lanes: LaneConsumers) -> (Box<dyn Consumer>, LaneConsumers) {
     let (priority, high) = lanes.remove(0);
     debug_assert_eq!(priority, Priority::High, "open_each lists the high lane first");
     (high, lanes)

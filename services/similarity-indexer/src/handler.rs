@@ -45,7 +45,7 @@ impl IndexHandler {
         let task_id =
             event.task_id.clone().ok_or_else(|| Outcome::reject(format!("{} without a taskId", event.event_type)))?;
         let cause = event.event_id;
-        let trace_id = event.trace_id.clone();
+        let trace_id = event.trace_id;
         let (at, change) = match event.event_type {
             EventType::ImageMetadataExtracted => {
                 let extracted = event.into_typed::<ImageMetadataExtracted>().map_err(Outcome::reject)?;
@@ -107,7 +107,7 @@ impl IndexHandler {
                 cosine: duplicate.cosine,
                 labels: entry.labels.clone(),
             };
-            announce(bus, clock.as_ref(), &entry, cause, trace_id.clone(), payload).await?;
+            announce(bus, clock.as_ref(), &entry, cause, *trace_id, payload).await?;
         }
         Ok(())
     }
