@@ -37,6 +37,9 @@ fi
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "==> deploy kit (kustomize, Kubernetes and KEDA schemas, Prometheus, Grafana)"
+scripts/validate-deploy.sh
+
 echo "==> cargo nextest run"
 cargo nextest run --workspace --all-features --profile ci "$@"
 

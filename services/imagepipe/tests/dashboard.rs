@@ -381,3 +381,51 @@ async fn the_dashboard_logs_in_with_the_token_and_refuses_requests_without_csrf(
     browser.close().await;
     run.stop().await;
 }
+
+/// Not a test but a measurement (`--run-ignored only --no-capture`): the pages' render times,
+/// median and worst of 20, with 100,000 tasks in the embedded store (the download queue paused,
+/// so they stay put). The target: the overview within 300 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --run-ignored only --no-capture"]
+async fn page_render_times_with_100_000_tasks() {
+    let Some(run) = start(BusKind::Memory, None).await else { return };
+    let client = reqwest::Client::new();
+    let paused = client.post(run.url("/v1/queues/download/pause")).send().await.unwrap();
+    assert!(paused.status().is_success());
+    let store = run.pipeline.engine().store().clone();
+    let now = run.pipeline.engine().clock().unix_ms();
+    let written = std::time::Instant::now();
+    for batch in 0..100u64 {
+        let decisions: Vec<_> = (0..1_000u64)
+            .map(|i| {
+                let n = batch * 1_000 + i;
+                let mut submit = imagepipe_contracts::SubmitTask::url(format!("http://127.0.0.1:9/{n}.jpg"));
+                submit.labels.insert("batch".into(), batch.to_string());
+                let source = submit.validate().unwrap();
+                let id = format!("tsk_load_{n:07}");
+                imagepipe_coordinator::machine::create(
+                    id,
+                    &submit,
+                    source,
+                    imagepipe_contracts::TraceId::random(),
+                    now - 100_000 + n,
+                )
+            })
+            .collect();
+        store.apply_many(&decisions).await.unwrap();
+    }
+    println!("wrote 100,000 tasks in {:.1} s", written.elapsed().as_secs_f64());
+    for path in ["/", "/partials/overview", "/tasks", "/tasks?state=queued", "/tasks?label=batch%3D7", "/dlq"] {
+        let mut runs = Vec::new();
+        for _ in 0..20 {
+            let started = std::time::Instant::now();
+            let answer = client.get(run.url(path)).send().await.unwrap();
+            assert!(answer.status().is_success(), "{path}: {}", answer.status());
+            answer.bytes().await.unwrap();
+            runs.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        runs.sort_by(f64::total_cmp);
+        println!("{path:<28} median {:>7.1} ms   worst {:>7.1} ms", runs[10], runs[19]);
+    }
+    run.stop().await;
+}

@@ -58,7 +58,7 @@ async fn live(dashboard: &Dashboard) -> Markup {
                 h2 id="failures-h" { "Failures" }
                 @match &dead {
                     Ok(listing) => p {
-                        a href="/dlq" data-dead-letters=(listing.total) { (listing.total) " dead letters" }
+                        a href="/dlq" data-dead-letters=(listing.total) { (listing.total) @if listing.total == 1 { " dead letter" } @else { " dead letters" } }
                     },
                     Err(e) => (layout::unavailable("Dead letters", e)),
                 }
