@@ -83,9 +83,42 @@ pub fn host_is_loopback(headers: &HeaderMap) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Request;
     use axum::http::HeaderValue;
+    use axum::routing::get;
+    use imagepipe_runtime::clock::SystemClock;
+    use imagepipe_runtime::config::TelemetryConfig;
+    use imagepipe_runtime::http::ApiRoutes;
+    use imagepipe_secret::Secret;
+    use tower::ServiceExt as _;
 
     use super::*;
+
+    /// The status a page answers `peer` asking for `host`, with and without a token.
+    async fn status(token: Option<&str>, peer: [u8; 4], host: &'static str) -> (u16, Option<String>) {
+        let api = ApiRoutes::new(token.map(|t| Secret::new(t.to_owned())));
+        let dashboard = Dashboard::new(api, &TelemetryConfig::default(), Arc::new(SystemClock));
+        let router = Router::new().route("/tasks", get(|_: Viewer| async { "page" })).with_state(dashboard);
+        let mut request = Request::get("/tasks?state=failed").header(header::HOST, host).body(Body::empty()).unwrap();
+        request.extensions_mut().insert(ConnectInfo(SocketAddr::from((peer, 40_000))));
+        let response = router.oneshot(request).await.unwrap();
+        let location = response.headers().get(header::LOCATION).map(|l| l.to_str().unwrap().to_owned());
+        (response.status().as_u16(), location)
+    }
+
+    #[tokio::test]
+    async fn without_a_token_only_loopback_browsers_see_pages() {
+        assert_eq!(status(None, [127, 0, 0, 1], "127.0.0.1:8080").await.0, 200);
+        assert_eq!(status(None, [127, 0, 0, 1], "localhost:8080").await.0, 200);
+        assert_eq!(status(None, [10, 0, 0, 7], "10.0.0.1:8080").await.0, 403, "another machine");
+        assert_eq!(status(None, [127, 0, 0, 1], "rebound.example:8080").await.0, 403, "a rebound name");
+        let (code, location) = status(Some("t0ken"), [10, 0, 0, 7], "images.example").await;
+        assert_eq!((code, location.as_deref()), (303, Some("/login?next=%2Ftasks%3Fstate%3Dfailed")), "with a token: log in first");
+    }
 
     #[test]
     fn only_loopback_names_pass() {

@@ -71,6 +71,28 @@ mod tests {
     }
 
     #[test]
+    fn a_session_passes_reads_and_needs_its_csrf_token_for_changes() {
+        let token = Secret::new("s3cret".to_owned());
+        let now = 1_800_000_000_000;
+        let session = Session::issue(&token, now);
+        let cookie = session.set_cookie(&token, now, false);
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, HeaderValue::from_str(cookie.to_str().unwrap().split(';').next().unwrap()).unwrap());
+        let status = |result: Result<(), Response>| result.err().map(|r| r.status().as_u16());
+        assert_eq!(status(check(Some(&token), &Method::GET, &headers, now)), None);
+        assert_eq!(status(check(Some(&token), &Method::POST, &headers, now)), Some(403), "no CSRF token");
+        headers.insert(session::CSRF_HEADER, HeaderValue::from_str(session.csrf_token()).unwrap());
+        assert_eq!(status(check(Some(&token), &Method::POST, &headers, now)), None);
+        headers.insert("origin", HeaderValue::from_static("http://evil.example"));
+        headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        assert_eq!(status(check(Some(&token), &Method::POST, &headers, now)), Some(403), "cross-origin");
+        assert_eq!(status(check(None, &Method::POST, &headers, now)), Some(403), "also without a token");
+        assert_eq!(status(check(Some(&token), &Method::GET, &HeaderMap::new(), now)), Some(401));
+        assert_eq!(status(check(Some(&token), &Method::POST, &self::headers("Bearer s3cret"), now)), None, "bearer needs no CSRF");
+        assert_eq!(status(check(Some(&token), &Method::GET, &headers, session.expires_at_ms())), Some(401), "expired");
+    }
+
+    #[test]
     fn only_the_exact_bearer_token_passes() {
         let token = Secret::new("s3cret".to_owned());
         assert!(authorized(Some(&token), &headers("Bearer s3cret")));
