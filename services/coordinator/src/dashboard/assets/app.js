@@ -136,7 +136,13 @@
       } catch (_) { /* lagged and the like: refresh everything */ }
     };
     for (const type of types.concat(["lagged"])) source.addEventListener(type, onEvent);
-    source.onopen = () => { if (state) state.textContent = "live"; };
+    let opened = false;
+    source.onopen = () => {
+      if (state) state.textContent = "live";
+      // Events published while the stream was down are not replayed: refresh what is shown.
+      if (opened) dirty = true;
+      opened = true;
+    };
     source.onerror = () => { if (state) state.textContent = "reconnecting…"; };
     setInterval(flush, FLUSH_MS);
   }
