@@ -117,7 +117,11 @@ mod tests {
         assert_eq!(status(None, [10, 0, 0, 7], "10.0.0.1:8080").await.0, 403, "another machine");
         assert_eq!(status(None, [127, 0, 0, 1], "rebound.example:8080").await.0, 403, "a rebound name");
         let (code, location) = status(Some("t0ken"), [10, 0, 0, 7], "images.example").await;
-        assert_eq!((code, location.as_deref()), (303, Some("/login?next=%2Ftasks%3Fstate%3Dfailed")), "with a token: log in first");
+        assert_eq!(
+            (code, location.as_deref()),
+            (303, Some("/login?next=%2Ftasks%3Fstate%3Dfailed")),
+            "with a token: log in first"
+        );
     }
 
     #[test]

@@ -77,7 +77,10 @@ mod tests {
         let session = Session::issue(&token, now);
         let cookie = session.set_cookie(&token, now, false);
         let mut headers = HeaderMap::new();
-        headers.insert(header::COOKIE, HeaderValue::from_str(cookie.to_str().unwrap().split(';').next().unwrap()).unwrap());
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_str(cookie.to_str().unwrap().split(';').next().unwrap()).unwrap(),
+        );
         let status = |result: Result<(), Response>| result.err().map(|r| r.status().as_u16());
         assert_eq!(status(check(Some(&token), &Method::GET, &headers, now)), None);
         assert_eq!(status(check(Some(&token), &Method::POST, &headers, now)), Some(403), "no CSRF token");
@@ -88,7 +91,11 @@ mod tests {
         assert_eq!(status(check(Some(&token), &Method::POST, &headers, now)), Some(403), "cross-origin");
         assert_eq!(status(check(None, &Method::POST, &headers, now)), Some(403), "also without a token");
         assert_eq!(status(check(Some(&token), &Method::GET, &HeaderMap::new(), now)), Some(401));
-        assert_eq!(status(check(Some(&token), &Method::POST, &self::headers("Bearer s3cret"), now)), None, "bearer needs no CSRF");
+        assert_eq!(
+            status(check(Some(&token), &Method::POST, &self::headers("Bearer s3cret"), now)),
+            None,
+            "bearer needs no CSRF"
+        );
         assert_eq!(status(check(Some(&token), &Method::GET, &headers, session.expires_at_ms())), Some(401), "expired");
     }
 
