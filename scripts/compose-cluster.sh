@@ -9,13 +9,17 @@
 # ephemeral host ports, so replicas do not collide), as project imagepipe-cluster-$$. Checks
 # that the three streams have three replicas, all current. Then, for each scenario, enqueues N
 # tasks (default 1000, POST /v1/tasks:batch; the coordinator stores each before it answers) and
-# disrupts the run (network: as soon as they are enqueued, while the downloads run; the others
-# once a tenth of the tasks completed):
+# disrupts the run (network: as soon as they are enqueued, while the downloads run; redis: once
+# half of the tasks completed; the others once a tenth of the tasks completed):
 #
 #   nats-node    the NATS server leading the task stream is stopped for 20 s, then started
 #   network      a download worker is disconnected from the network for 30 s, then reconnected
 #   coordinator  a coordinator replica is stopped (docker stop: SIGTERM, 30 s grace) mid-run and
 #                stays stopped
+#   redis        the Redis container is stopped for 10 s and started again with its volume, so it
+#                replays its append-only file (IMAGEPIPE_CLUSTER_REDIS_STOP=kill: SIGKILL instead
+#                of docker stop's SIGTERM, a crash: up to the last second of writes is lost);
+#                asserts besides that each task's task.completed event id was recorded once
 #
 # and asserts, from the client on the compose network (scripts/compose_e2e.py check): every task
 # terminal and completed (none lost), none completed twice (one transition to completed in its
@@ -29,11 +33,13 @@ scenarios=()
 while (($#)); do
   case "$1" in
     --tasks) tasks="$2"; shift 2 ;;
-    nats-node | network | coordinator) scenarios+=("$1"); shift ;;
-    *) echo "usage: $0 [--tasks N] [nats-node|network|coordinator]..." >&2; exit 2 ;;
+    nats-node | network | coordinator | redis) scenarios+=("$1"); shift ;;
+    *) echo "usage: $0 [--tasks N] [nats-node|network|coordinator|redis]..." >&2; exit 2 ;;
   esac
 done
-((${#scenarios[@]})) || scenarios=(nats-node network coordinator)
+((${#scenarios[@]})) || scenarios=(nats-node network coordinator redis)
+redis_stop="${IMAGEPIPE_CLUSTER_REDIS_STOP:-stop}"
+[[ "$redis_stop" == stop || "$redis_stop" == kill ]] || { echo "IMAGEPIPE_CLUSTER_REDIS_STOP: stop or kill" >&2; exit 2; }
 
 log() { echo "==> $(date +%T) $*" >&2; }
 started=$SECONDS
@@ -93,6 +99,12 @@ trap 'exit 130' INT TERM
 # The id of container $2 (1-based) of service $1.
 container() { compose ps -q "$1" | while read -r id; do docker inspect -f '{{.Name}} {{.Id}}' "$id"; done | sort | sed -n "${2}p" | cut -d' ' -f2; }
 name_of() { docker inspect -f '{{.Name}}' "$1" | sed 's|^/||'; }
+# Keys, AOF state and last fsync status of Redis container $1.
+redis_info() {
+  echo "keys $(docker exec "$1" redis-cli dbsize 2>/dev/null)," \
+    "$(docker exec "$1" redis-cli info persistence 2>/dev/null | tr -d '\r' |
+      grep -E '^(aof_enabled|aof_last_write_status|aof_last_bgrewrite_status):' | tr '\n' ' ')"
+}
 
 wait_healthy() {
   local deadline=$((SECONDS + $1)) id state pending
@@ -173,7 +185,11 @@ for scenario in "${scenarios[@]}"; do
   # Downloads run far ahead of the other stages (1,000 take about 20 s, before the first task
   # completes): the download worker is cut off as soon as the tasks are enqueued, the others
   # once a tenth of the tasks completed.
-  if [[ "$scenario" != network ]]; then wait_progress "$run" $((tasks / 10)); fi
+  case "$scenario" in
+    network) ;;
+    redis) wait_progress "$run" $((tasks / 2)) ;;
+    *) wait_progress "$run" $((tasks / 10)) ;;
+  esac
   case "$scenario" in
     nats-node)
       leader="$(client imagepipe/e2e-client python3 /e2e/compose_e2e.py streams --run x \
@@ -201,8 +217,32 @@ for scenario in "${scenarios[@]}"; do
       docker stop "$id" >/dev/null
       log "$(name_of "$id") exited with $(docker inspect -f '{{.State.ExitCode}}' "$id")"
       ;;
+    redis)
+      id="$(container redis 1)"
+      log "$(name_of "$id") before: $(redis_info "$id")"
+      log "stopping $(name_of "$id") ($redis_stop) for 10 s, volume kept"
+      if [[ "$redis_stop" == kill ]]; then docker kill "$id" >/dev/null; else docker stop "$id" >/dev/null; fi
+      log "$(name_of "$id") exited with $(docker inspect -f '{{.State.ExitCode}}' "$id");" \
+        "$(grep -c '"eventType": "task.completed"' "$work/events-$run.jsonl" || true) tasks completed"
+      sleep 10
+      docker start "$id" >/dev/null
+      redis_up=$SECONDS
+      until [[ "$(docker exec "$id" redis-cli ping 2>/dev/null)" == PONG ]]; do
+        ((SECONDS - redis_up > 120)) && { echo "redis did not answer PING in 120 s" >&2; exit 1; }
+        sleep 0.5
+      done
+      log "$(name_of "$id") answers after $((SECONDS - redis_up)) s: $(redis_info "$id");" \
+        "$(docker logs --since 60s "$id" 2>&1 | grep -Eio 'DB loaded from (append only file|disk|base file|incr file).*' | tr '\n' ' ')"
+      ;;
   esac
   summary="$(check_run "$run")"
+  if [[ "$scenario" == redis ]]; then
+    # Besides check's assertions: one task.completed event recorded for each task, none missed.
+    python3 -c 'import json, sys; s = json.loads(sys.argv[1]); n = int(sys.argv[2])
+bad = s["completedEvents"] != n or s["completedWithoutEvent"]
+print("completedEvents %d of %d, without event: %s" % (s["completedEvents"], n, s["completedWithoutEvent"]), file=sys.stderr)
+sys.exit(1 if bad else 0)' "$(tail -n1 <<<"$summary")" "$tasks" || { echo "run $run: task.completed events not one per task" >&2; exit 1; }
+  fi
   if [[ "$scenario" == network ]]; then
     log "$(name_of "$id") after: $(client imagepipe/e2e-client python3 /e2e/compose_e2e.py metrics --run x --url "$metrics_url")"
   fi
