@@ -330,7 +330,7 @@ async fn a_bearer_token_guards_every_v1_route() {
         assert!(doc["paths"][path].is_object(), "{path} missing");
     }
     let schemas = doc["components"]["schemas"].as_object().unwrap();
-    for name in ["SubmitTask", "TaskView", "TaskPage", "History", "DeadLetterPage"] {
+    for name in ["SubmitTask", "TaskView", "TaskPage", "History", "DeadLetterListing"] {
         assert!(schemas.contains_key(name), "{name} missing: {:?}", schemas.keys().collect::<Vec<_>>());
     }
     assert!(doc["components"]["schemas"]["SubmitTask"]["properties"]["idempotencyKey"].is_object());

@@ -57,7 +57,7 @@ pub fn document() -> Value {
     schemas.add::<TaskPage>("TaskPage");
     schemas.add::<History>("History");
     schemas.add::<CancelRequest>("CancelRequest");
-    schemas.add::<DeadLetterListing>("DeadLetterPage");
+    schemas.add::<DeadLetterListing>("DeadLetterListing");
     schemas.add::<Replayed>("Replayed");
     schemas.add::<Uploaded>("Uploaded");
     schemas.add::<SearchResponse>("SearchResponse");
@@ -198,7 +198,7 @@ pub fn document() -> Value {
                 "operationId": "listDeadLetters",
                 "summary": "Dead letters, oldest first",
                 "parameters": [page_limit(), cursor()],
-                "responses": { "200": ok("A page", "DeadLetterPage"), "400": error("A bad parameter") }
+                "responses": { "200": ok("A page of the archive, and how many letters it holds", "DeadLetterListing"), "400": error("A bad parameter") }
             }
         },
         "/v1/dlq/{id}": {
