@@ -39,8 +39,7 @@ impl Running {
             let prefix = format!("ctl{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
             settings.bus.kind = BusKind::Nats;
             settings.bus.prefix = prefix.clone();
-            settings.bus.nats.url =
-                std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+            settings.bus.nats.url = common::nats_url();
             nats_prefix = Some(prefix);
         }
         configure(&mut settings);
@@ -108,11 +107,7 @@ impl Running {
         }
         self.pipeline.stop().await.unwrap();
         if let Some(prefix) = self.nats_prefix {
-            let url = std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-            let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-            for suffix in ["TASKS", "EVENTS", "DLQ"] {
-                let _ = js.delete_stream(format!("{}_{suffix}", prefix.to_uppercase())).await;
-            }
+            common::delete_nats_streams(&prefix).await;
         }
     }
 }

@@ -27,7 +27,6 @@ use imagepipe::Pipeline;
 use imagepipe::samples::SAMPLES;
 use imagepipe_bus::{BusKind, Message};
 use imagepipe_runtime::config::Secret;
-use imagepipe_runtime::config::{SecretUrl, StoreKind};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
@@ -178,13 +177,7 @@ async fn start(bus: BusKind, token: Option<&str>) -> Option<Run> {
     settings.http.auth_token = token.map(|t| Secret::new(t.to_owned()));
     settings.coordinator.dlq_groups = vec!["notification".into()];
     if bus == BusKind::Nats {
-        settings.bus.kind = BusKind::Nats;
-        settings.bus.nats.url =
-            std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-        settings.store.kind = StoreKind::Redis;
-        settings.store.redis.url = SecretUrl::new(
-            std::env::var("IMAGEPIPE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-        );
+        common::on_nats_and_redis(&mut settings);
     }
     let pipeline = Pipeline::start(settings).await.unwrap();
     Some(Run { pipeline, work, prefix })
@@ -195,11 +188,7 @@ impl Run {
         let nats = self.pipeline.settings().bus.kind == BusKind::Nats;
         self.pipeline.stop().await.unwrap();
         if nats {
-            let url = std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-            let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-            for suffix in ["TASKS", "EVENTS", "DLQ"] {
-                let _ = js.delete_stream(format!("{}_{suffix}", self.prefix.to_uppercase())).await;
-            }
+            common::delete_nats_streams(&self.prefix).await;
         }
     }
 

@@ -16,18 +16,13 @@ use imagepipe_bus::{ConsumerConfig, KafkaConfig, NatsConfig, TaskQueue};
 use imagepipe_contracts::names::queues;
 use serde_json::Value;
 
-/// The NATS server the tests use (`IMAGEPIPE_TEST_NATS_URL` overrides).
-fn nats_url() -> String {
-    std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
-
 /// The Kafka broker the tests use (`IMAGEPIPE_TEST_KAFKA_BROKERS` overrides).
 fn kafka_brokers() -> String {
     std::env::var("IMAGEPIPE_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
 fn nats_config() -> NatsConfig {
-    NatsConfig { url: nats_url(), connect_timeout: Duration::from_secs(3), ..NatsConfig::default() }
+    NatsConfig { url: common::nats_url(), connect_timeout: Duration::from_secs(3), ..NatsConfig::default() }
 }
 
 fn kafka_config() -> KafkaConfig {
@@ -71,7 +66,7 @@ fn text(bytes: &[u8]) -> String {
 fn nats_env(prefix: &str, model_dir: &Path) -> Vec<(&'static str, String)> {
     vec![
         ("IMAGEPIPE_BUS__KIND", "nats".into()),
-        ("IMAGEPIPE_BUS__NATS__URL", nats_url()),
+        ("IMAGEPIPE_BUS__NATS__URL", common::nats_url()),
         ("IMAGEPIPE_BUS__PREFIX", prefix.into()),
         ("IMAGEPIPE_STORE__KIND", "redis".into()),
         ("IMAGEPIPE_STORE__REDIS__URL", "redis://127.0.0.1:6379".into()),

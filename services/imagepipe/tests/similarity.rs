@@ -20,7 +20,6 @@ use imagepipe_bus::{BusKind, Selector, Subscription};
 use imagepipe_contracts::payload::ImageDuplicateDetected;
 use imagepipe_contracts::{Event, EventType, SubmitTask, decode};
 use imagepipe_coordinator::TaskState;
-use imagepipe_runtime::config::StoreKind;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -53,13 +52,7 @@ async fn start(bus: BusKind) -> Option<Run> {
     let prefix = format!("sim{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
     settings.bus.prefix = prefix.clone();
     if bus == BusKind::Nats {
-        settings.bus.kind = BusKind::Nats;
-        settings.bus.nats.url =
-            std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-        settings.store.kind = StoreKind::Redis;
-        settings.store.redis.url = imagepipe_runtime::config::SecretUrl::new(
-            std::env::var("IMAGEPIPE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-        );
+        common::on_nats_and_redis(&mut settings);
     }
     let pipeline = Pipeline::start(settings).await.unwrap();
     Some(Run { pipeline, _work: work, prefix })
@@ -93,11 +86,7 @@ impl Run {
         let nats = self.pipeline.settings().bus.kind == BusKind::Nats;
         self.pipeline.stop().await.unwrap();
         if nats {
-            let url = std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-            let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-            for suffix in ["TASKS", "EVENTS", "DLQ"] {
-                let _ = js.delete_stream(format!("{}_{suffix}", self.prefix.to_uppercase())).await;
-            }
+            common::delete_nats_streams(&self.prefix).await;
         }
     }
 }

@@ -45,3 +45,27 @@ pub fn settings(model_dir: &Path, work: &TempDir) -> Settings {
     settings.worker.concurrency = 4;
     settings
 }
+
+/// The test NATS server (`IMAGEPIPE_TEST_NATS_URL`, else the local one scripts/nats.sh starts).
+pub fn nats_url() -> String {
+    std::env::var("IMAGEPIPE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// Points `settings` at the test NATS server with the store in the test Redis
+/// (`IMAGEPIPE_TEST_REDIS_URL`, else the local one scripts/redis.sh starts).
+pub fn on_nats_and_redis(settings: &mut Settings) {
+    settings.bus.kind = imagepipe_bus::BusKind::Nats;
+    settings.bus.nats.url = nats_url();
+    settings.store.kind = imagepipe_runtime::config::StoreKind::Redis;
+    settings.store.redis.url = imagepipe_runtime::config::SecretUrl::new(
+        std::env::var("IMAGEPIPE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+    );
+}
+
+/// Deletes the JetStream streams of a test's bus prefix `prefix`.
+pub async fn delete_nats_streams(prefix: &str) {
+    let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+    for suffix in ["TASKS", "EVENTS", "DLQ"] {
+        let _ = js.delete_stream(format!("{}_{suffix}", prefix.to_uppercase())).await;
+    }
+}
