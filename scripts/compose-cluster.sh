@@ -145,8 +145,8 @@ start_load() {
     imagepipe/e2e-client python3 /e2e/compose_e2e.py load --via http --run "$run" --tasks "$tasks" \
     --out "/out/events-$run.jsonl" >/dev/null
   local deadline=$((SECONDS + 300))
-  until docker logs "$name" 2>&1 | grep -q "tasks enqueued"; do
-    if ! docker inspect -f '{{.State.Running}}' "$name" | grep -q true || ((SECONDS > deadline)); then
+  until docker logs "$name" 2>&1 | grep -F "tasks enqueued" >/dev/null; do
+    if ! docker inspect -f '{{.State.Running}}' "$name" | grep -F true >/dev/null || ((SECONDS > deadline)); then
       docker logs "$name" >&2
       echo "the load of run $run did not enqueue" >&2
       return 1

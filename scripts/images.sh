@@ -178,8 +178,10 @@ build_e2e-client() {
 
 # The `--bin` and `--features` of the full Dockerfile's cargo build, so both images hold the same.
 dockerfile_cargo_args() {
+  # awk reads the whole file (a `grep -m1` would stop early and, under pipefail, fail the
+  # pipeline with sed's SIGPIPE: exit 141).
   sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "$ROOT/deploy/docker/Dockerfile" \
-    | grep -m1 'cargo build' \
+    | awk '/cargo build/ && !found { found = 1; print }' \
     | grep -oE -- '--(bin|features) [^ ]+'
 }
 

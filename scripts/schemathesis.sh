@@ -28,7 +28,7 @@ BIN_DIR="${CARGO_TARGET_DIR:-target}/debug"
 
 schemathesis_binary() {
   local bin="$SCHEMATHESIS_VENV/bin/schemathesis"
-  if [[ -x "$bin" ]] && "$bin" --version 2>/dev/null | grep -qF "$SCHEMATHESIS_VERSION"; then
+  if [[ -x "$bin" ]] && "$bin" --version 2>/dev/null | grep -F "$SCHEMATHESIS_VERSION" >/dev/null; then
     echo "$bin"
     return 0
   fi

@@ -67,7 +67,7 @@ ensure_venv() {
 # promtool of Debian's prometheus package, unpacked into the cache (no daemon is installed).
 ensure_promtool() {
   local bin="$PROMTOOL_DIR/usr/bin/promtool"
-  if [[ -x "$bin" ]] && "$bin" --version 2>&1 | grep -qF "${PROMETHEUS_DEB_VERSION%%+*}"; then
+  if [[ -x "$bin" ]] && "$bin" --version 2>&1 | grep -F "${PROMETHEUS_DEB_VERSION%%+*}" >/dev/null; then
     PROMTOOL="$bin"
     return 0
   fi
