@@ -6,8 +6,8 @@ set -euo pipefail
 ensure_chromium() {
   if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then return 0; fi
   echo "==> installing chromium and chromium-driver"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+  source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+  apt_install --no-install-recommends chromium chromium-driver
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then ensure_chromium; fi

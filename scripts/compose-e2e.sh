@@ -18,6 +18,8 @@
 #
 # Uses `docker compose` (v2) when the engine's CLI has it, `docker-compose` (v1) otherwise.
 # IMAGEPIPE_E2E_SKIP_IMAGES=1 skips step 1 (the images must exist).
+# IMAGEPIPE_E2E_IMAGE=<image> runs that imagepipe image instead of the host-built one (e.g.
+# imagepipe/imagepipe:full from `scripts/images.sh full`, the full multi-stage Dockerfile).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,10 +33,15 @@ log() { echo "==> $*" >&2; }
 started=$SECONDS
 
 if [[ "${IMAGEPIPE_E2E_SKIP_IMAGES:-}" != 1 ]]; then
-  "$ROOT/scripts/images.sh" base nats redis tansu e2e-client imagepipe
+  if [[ -n "${IMAGEPIPE_E2E_IMAGE:-}" ]]; then
+    "$ROOT/scripts/images.sh" base nats redis tansu e2e-client
+  else
+    "$ROOT/scripts/images.sh" base nats redis tansu e2e-client imagepipe
+  fi
 fi
 # shellcheck disable=SC2046 # KEY=value words
 export $("$ROOT/scripts/images.sh" --print-env base 2>/dev/null)
+if [[ -n "${IMAGEPIPE_E2E_IMAGE:-}" ]]; then export IMAGEPIPE_IMAGE="$IMAGEPIPE_E2E_IMAGE"; fi
 images_done=$SECONDS
 
 project="imagepipe-e2e-$$"

@@ -18,13 +18,12 @@ image_pkg_installed() {
 
 # Installs those of the Debian packages "$@" that are missing.
 image_apt_install() {
-  local missing=() pkg sudo=()
+  local missing=() pkg
   for pkg in "$@"; do image_pkg_installed "$pkg" || missing+=("$pkg"); done
   ((${#missing[@]})) || return 0
-  if [[ "$(id -u)" != 0 ]]; then sudo=(sudo); fi
   echo "==> installing ${missing[*]} (Debian)"
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+  apt_install --no-install-recommends "${missing[@]}"
 }
 
 ensure_image_libs() {

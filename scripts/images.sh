@@ -3,7 +3,7 @@
 # packages the project already uses: no image is pulled from a container registry.
 #
 #   scripts/images.sh [--print-env] [IMAGE...]     IMAGE: base nats redis tansu prometheus imagepipe
-#                                                  e2e-client (default: all of them)
+#                                                  e2e-client (default: all of them), rust, full
 #
 # base        imagepipe/debian:bookworm  `debootstrap --variant=minbase bookworm`, `docker import`ed;
 #             skipped when the image exists (the root file system's tarball is kept in the cache,
@@ -20,6 +20,16 @@
 #             instead; it is what `docker compose up --build` runs.
 # e2e-client  imagepipe/e2e-client       python3 with nats-py and confluent-kafka (PyPI wheels
 #             installed by the host's pip), the client of scripts/compose-e2e.sh
+# rust        imagepipe/rust:<rustc version>-bookworm  the public rust image's part the full
+#             Dockerfile uses, from this host's rustup toolchain: deploy/docker/rust.Dockerfile,
+#             on imagepipe/debian:bookworm-build, the base trusting the CAs this host added
+#             (deploy/docker/build-base.Dockerfile; also the full build's model stage)
+# full        imagepipe/imagepipe:full   the full multi-stage deploy/docker/Dockerfile (model
+#             prepared and every binary compiled inside Docker, crates from crates.io), with
+#             RUST_IMAGE=imagepipe/rust, MODEL_IMAGE the build base, RUNTIME_IMAGE the base; needs BuildKit:
+#             `docker buildx`, or a docker CLI older than 23 with DOCKER_BUILDKIT=1 (Debian 12's
+#             /usr/bin/docker). Not in the default list: a cold build takes ~30 min on 2 cores.
+#             IMAGEPIPE_E2E_IMAGE=imagepipe/imagepipe:full scripts/compose-e2e.sh runs it end to end.
 #
 # Each image is built FROM imagepipe/debian:bookworm with a Dockerfile of deploy/docker/ whose
 # BASE_IMAGE argument defaults to the public debian:bookworm-slim. Docker's layer cache makes a
@@ -48,6 +58,8 @@ REDIS_IMAGE=imagepipe/redis
 TANSU_IMAGE=imagepipe/tansu
 PROMETHEUS_IMAGE=imagepipe/prometheus
 IMAGEPIPE_IMAGE=imagepipe/imagepipe:prebuilt
+FULL_IMAGE=imagepipe/imagepipe:full
+BUILD_BASE_IMAGE=imagepipe/debian:bookworm-build
 CLIENT_IMAGE=imagepipe/e2e-client
 # The client's PyPI packages, pinned.
 CLIENT_REQUIREMENTS=(nats-py==2.16.0 confluent-kafka==2.16.1)
@@ -84,7 +96,8 @@ base_rootfs_tarball() {
   if [[ -f "$tarball" ]]; then echo "$tarball"; return 0; fi
   if ! command -v debootstrap >/dev/null 2>&1; then
     log "installing debootstrap (Debian)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    source "$ROOT/scripts/apt.sh"
+    apt_install debootstrap
   fi
   rm -rf "$rootfs"
   mkdir -p "$CACHE"
@@ -174,6 +187,67 @@ build_e2e-client() {
   timed "$CLIENT_IMAGE" build "$CLIENT_IMAGE" "$ROOT/deploy/docker/e2e-client.Dockerfile" "$context"
 }
 
+# --- the full multi-stage Dockerfile -----------------------------------------------------------
+
+# imagepipe/debian:bookworm-build: the base and the CAs of /usr/local/share/ca-certificates.
+build_build_base() {
+  local context="$CACHE/context/build-base" crt
+  rm -rf "$context"
+  mkdir -p "$context/ca"
+  for crt in /usr/local/share/ca-certificates/*.crt; do
+    [[ -f "$crt" ]] && cp "$crt" "$context/ca/"
+  done
+  touch -d @0 "$context/ca" "$context"/ca/* 2>/dev/null || true
+  timed "$BUILD_BASE_IMAGE ($(find "$context/ca" -name '*.crt' | wc -l) added CAs)" \
+    build "$BUILD_BASE_IMAGE" "$ROOT/deploy/docker/build-base.Dockerfile" "$context"
+}
+
+# imagepipe/rust:<version>-bookworm, the name printed on stdout.
+build_rust() {
+  local sysroot version tag context="$CACHE/context/rust"
+  build_build_base
+  sysroot="$(rustc --print sysroot)"
+  version="$(rustc --version | awk '{print $2}')"
+  tag="imagepipe/rust:$version-bookworm"
+  mkdir -p "$context/toolchain/bin"
+  for bin in cargo rustc rustdoc; do stage_file "$sysroot/bin/$bin" "$context/toolchain/bin/$bin"; done
+  mkdir -p "$context/toolchain/lib"
+  rsync_like "$sysroot/lib" "$context/toolchain/lib"
+  timed "$tag" docker build --build-arg "BASE_IMAGE=$BUILD_BASE_IMAGE" -t "$tag" \
+    -f "$ROOT/deploy/docker/rust.Dockerfile" "$context" >&2
+  echo "$tag"
+}
+
+# Runs `docker build` with BuildKit: buildx when the CLI has it, else a CLI that still carries
+# BuildKit itself (Docker < 23, DOCKER_BUILDKIT=1).
+buildkit_build() {
+  if docker buildx version >/dev/null 2>&1; then
+    docker buildx build --load "$@"
+    return
+  fi
+  local cli major
+  for cli in $(type -ap docker); do
+    major="$("$cli" version --format '{{.Client.Version}}' 2>/dev/null | cut -d. -f1)"
+    if [[ "$major" =~ ^[0-9]+$ ]] && ((major < 23)); then
+      DOCKER_BUILDKIT=1 "$cli" build --progress=plain "$@"
+      return
+    fi
+  done
+  echo "images.sh: BuildKit needed for the full Dockerfile: install docker-buildx, or a docker CLI < 23" >&2
+  return 1
+}
+
+build_full() {
+  local rust_image
+  rust_image="$(build_rust)"
+  log "$FULL_IMAGE: deploy/docker/Dockerfile (RUST_IMAGE=$rust_image)"
+  timed "$FULL_IMAGE" buildkit_build \
+    --build-arg "RUST_IMAGE=$rust_image" \
+    --build-arg "MODEL_IMAGE=$BUILD_BASE_IMAGE" \
+    --build-arg "RUNTIME_IMAGE=$BASE_IMAGE" \
+    -t "$FULL_IMAGE" -f "$ROOT/deploy/docker/Dockerfile" "$ROOT" >&2
+}
+
 # --- imagepipe from the host's release build --------------------------------------------------
 
 # The `--bin` and `--features` of the full Dockerfile's cargo build, so both images hold the same.
@@ -246,9 +320,9 @@ main() {
   for target in "$@"; do
     case "$target" in
       --print-env) print=1 ;;
-      base | nats | redis | tansu | prometheus | imagepipe | e2e-client) targets+=("$target") ;;
+      base | nats | redis | tansu | prometheus | imagepipe | e2e-client | rust | full) targets+=("$target") ;;
       -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; return 0 ;;
-      *) echo "images.sh: unknown image $target (base nats redis tansu prometheus imagepipe e2e-client)" >&2; return 2 ;;
+      *) echo "images.sh: unknown image $target (base nats redis tansu prometheus imagepipe e2e-client rust full)" >&2; return 2 ;;
     esac
   done
   ((${#targets[@]})) || targets=("${all[@]}")
@@ -256,7 +330,7 @@ main() {
   local start=$SECONDS
   build_base
   for target in "${targets[@]}"; do
-    [[ "$target" == base ]] || "build_$target"
+    [[ "$target" == base ]] || "build_$target" >/dev/null
   done
   log "images ready in $((SECONDS - start)) s"
   if ((print)); then print_env; fi

@@ -26,7 +26,8 @@ ensure_kafka_build_deps() {
   command -v c++ >/dev/null 2>&1 || missing+=(g++)
   if ((${#missing[@]})); then
     echo "==> installing ${missing[*]} (Debian), to build librdkafka"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+    apt_install "${missing[@]}"
   fi
 }
 

@@ -42,7 +42,8 @@ ensure_nats() {
   fi
   if [[ ! -x /usr/sbin/nats-server ]]; then
     echo "==> installing nats-server (Debian)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
+    source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+    apt_install nats-server
   fi
   echo "==> starting nats-server $(/usr/sbin/nats-server --version | awk '{print $2}') with JetStream on 127.0.0.1:4222"
   mkdir -p /var/lib/nats-server

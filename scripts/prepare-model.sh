@@ -40,9 +40,8 @@ requirements="numpy==2.4.6 onnx==1.23.2 onnxruntime==1.31.1 pillow==13.0.0"
 
 if [[ ! -f /usr/share/wordnet/data.noun ]]; then
   echo "prepare-model: installing Debian's wordnet-base" >&2
-  if [[ $(id -u) -eq 0 ]]; then sudo=(); else sudo=(sudo); fi
-  "${sudo[@]}" apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq wordnet-base >&2
+  source scripts/apt.sh
+  apt_install wordnet-base
 fi
 
 mkdir -p "$cache"

@@ -10,7 +10,8 @@ ensure_redis() {
   if redis_up; then return 0; fi
   if ! command -v redis-server >/dev/null 2>&1; then
     echo "==> installing redis-server"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+    apt_install redis-server
   fi
   echo "==> starting redis-server on 127.0.0.1:6379"
   mkdir -p /var/lib/redis /var/log/redis

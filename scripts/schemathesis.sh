@@ -35,7 +35,8 @@ schemathesis_binary() {
   echo "==> installing schemathesis $SCHEMATHESIS_VERSION (PyPI) into $SCHEMATHESIS_VENV" >&2
   if ! python3 -m venv "$SCHEMATHESIS_VENV" >&2; then
     echo "==> installing python3-venv (Debian)" >&2
-    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >&2
+    source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+    apt_install python3-venv
     python3 -m venv --clear "$SCHEMATHESIS_VENV" >&2
   fi
   "$SCHEMATHESIS_VENV/bin/pip" install -q --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION" >&2

@@ -45,7 +45,8 @@ PROMETHEUS_DEB_VERSION="2.42.0+ds-5+deb12u1"
 ensure_python() {
   if ! command -v python3 >/dev/null 2>&1; then
     echo "==> installing python3 and python3-venv (Debian)" >&2
-    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >&2
+    source scripts/apt.sh
+    apt_install python3 python3-venv
   fi
 }
 
@@ -57,7 +58,8 @@ ensure_venv() {
   echo "==> installing the validators (PyPI) into $VENV" >&2
   if ! python3 -m venv --clear "$VENV" >&2 2>/dev/null; then
     echo "==> installing python3-venv (Debian)" >&2
-    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >&2
+    source scripts/apt.sh
+    apt_install python3-venv
     python3 -m venv --clear "$VENV" >&2
   fi
   "$VENV/bin/pip" install -q --disable-pip-version-check "${REQUIREMENTS[@]}" >&2
