@@ -456,11 +456,24 @@ pub struct EventParams {
     pub event_type: Option<String>,
 }
 
+/// Longest `Last-Event-ID` taken (event ids are UUIDs; this leaves room for other ids).
+const MAX_LAST_EVENT_ID: usize = 128;
+
 async fn events(
     State(state): State<ApiState>,
+    headers: HeaderMap,
     query: Result<Query<EventParams>, QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let Query(params) = query?;
+    let last_event_id = match headers.get("last-event-id").map(|value| value.to_str()) {
+        None => None,
+        Some(Ok(id)) if id.len() <= MAX_LAST_EVENT_ID => Some(id.trim()).filter(|id| !id.is_empty()),
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "`Last-Event-ID` must be visible ASCII, at most {MAX_LAST_EVENT_ID} characters"
+            )));
+        }
+    };
     let selector = match params.event_type.as_deref().filter(|s| !s.is_empty()) {
         Some(s) => Selector::parse(s).map_err(|e| ApiError::invalid(format!("`type`: {e}")))?,
         None => Selector::all(),
@@ -480,7 +493,7 @@ async fn events(
     }
     let watch = state
         .hub
-        .watch()
+        .watch_after(last_event_id)
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too_many_clients", e.to_string()))?;
     let stream = futures::stream::unfold((watch, selector, task_id), |(mut watch, selector, task_id)| async move {
@@ -496,6 +509,12 @@ async fn events(
                 }
                 Watched::Lagged(missed) => {
                     let sse = SseEvent::default().event("lagged").data(format!("{{\"missed\":{missed}}}"));
+                    return Some((Ok(sse), (watch, selector, task_id)));
+                }
+                Watched::Gap => {
+                    let sse = SseEvent::default()
+                        .event("reset")
+                        .data(r#"{"reason":"the events after Last-Event-ID are no longer held: reload"}"#);
                     return Some((Ok(sse), (watch, selector, task_id)));
                 }
             }

@@ -7,11 +7,18 @@
 //! most `http.max_sse_clients` clients watch at once, and every stream ends when the hub is
 //! closed on shutdown (so a watching client never holds a stopping coordinator up).
 //!
+//! A client that reconnects with `Last-Event-ID` resumes: the hub keeps the last events it
+//! handed out (as many as a client may buffer) while it is fed without a break, and a new watch
+//! after one of them starts with the ones that followed it. When that id is not among them (too
+//! old, never seen here, or the feed stopped since), the watch starts with [`Watched::Gap`] so
+//! the client knows to reload what it shows instead of trusting the stream to be complete.
+//!
 //! Events enter the hub without `payload.callbackUrl` ([`Fanout`] strips it, for every client at
 //! once): a callback URL may carry a credential in its query, and watching the stream is not
 //! owning the task. `GET /v1/tasks/{id}` still shows it to the API client.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -51,6 +58,12 @@ pub struct EventHub {
     /// Whether events reach the hub: true unless a feeder that subscribes on demand says it
     /// is not subscribed yet.
     fed: Arc<watch::Sender<bool>>,
+    /// The latest events, oldest first, handed out since the feed last (re)started: what a
+    /// resuming client is replayed. Sending happens under this lock, so a new watch's replay and
+    /// its live receiver neither overlap nor leave a hole.
+    recent: Arc<Mutex<VecDeque<Arc<HubEvent>>>>,
+    /// How many events `recent` keeps.
+    replay: usize,
 }
 
 /// Every watching slot is taken (`http.max_sse_clients`).
@@ -68,10 +81,15 @@ pub enum Watched {
     Event(Arc<HubEvent>),
     /// The client fell behind and missed this many events.
     Lagged(u64),
+    /// The client resumed after an event the hub no longer holds: events since then may be
+    /// missing from the stream.
+    Gap,
 }
 
 /// One client's view of the hub; its slot is freed when it is dropped.
 pub struct Watch {
+    /// What comes before `rx`: the replay of a resumed watch, or its gap.
+    first: VecDeque<Watched>,
     rx: broadcast::Receiver<Arc<HubEvent>>,
     closed: Shutdown,
     _slot: OwnedSemaphorePermit,
@@ -90,6 +108,9 @@ impl Drop for Watching {
 impl Watch {
     /// The next event, or `None` once the hub is closed.
     pub async fn next(&mut self) -> Option<Watched> {
+        if let Some(first) = self.first.pop_front() {
+            return Some(first);
+        }
         tokio::select! {
             biased;
             () = self.closed.wait() => None,
@@ -103,35 +124,51 @@ impl Watch {
 }
 
 impl EventHub {
-    /// A hub buffering up to `capacity` events per slow client before it lags, for at most
-    /// `max_clients` clients at once.
+    /// A hub buffering up to `capacity` events per slow client before it lags, and keeping as
+    /// many for resuming clients, for at most `max_clients` clients at once.
     pub fn new(capacity: usize, max_clients: usize) -> Self {
+        let capacity = capacity.max(1);
         Self {
-            tx: broadcast::channel(capacity.max(1)).0,
+            tx: broadcast::channel(capacity).0,
             clients: Arc::new(Semaphore::new(max_clients)),
             max_clients,
             closed: Shutdown::new(),
             watchers: Arc::new(watch::channel(0).0),
             fed: Arc::new(watch::channel(true).0),
+            recent: Arc::new(Mutex::new(VecDeque::with_capacity(capacity))),
+            replay: capacity,
         }
     }
 
     /// Every event from now on, while a slot is free. Waits (up to [`FEED_WAIT`]) until the
     /// hub's subscription is in place when a feeder is only now subscribing for this client.
     pub async fn watch(&self) -> Result<Watch, TooManyClients> {
+        self.watch_after(None).await
+    }
+
+    /// Like [`EventHub::watch`], resuming after the event `last_event_id` when given (a
+    /// reconnecting client's `Last-Event-ID`): the events the hub handed out since then come
+    /// first, or [`Watched::Gap`] when the hub does not hold that event.
+    pub async fn watch_after(&self, last_event_id: Option<&str>) -> Result<Watch, TooManyClients> {
         let slot = self.clients.clone().try_acquire_owned().map_err(|_| TooManyClients { max: self.max_clients })?;
         self.watchers.send_modify(|n| *n += 1);
-        let watch = Watch {
-            rx: self.tx.subscribe(),
-            closed: self.closed.clone(),
-            _slot: slot,
-            _watching: Watching(self.watchers.clone()),
+        let watching = Watching(self.watchers.clone());
+        let (first, rx) = {
+            let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+            let first = match last_event_id {
+                None => VecDeque::new(),
+                Some(id) => match recent.iter().rposition(|event| event.event_id == id) {
+                    Some(at) => recent.iter().skip(at + 1).cloned().map(Watched::Event).collect(),
+                    None => VecDeque::from([Watched::Gap]),
+                },
+            };
+            (first, self.tx.subscribe())
         };
         let mut fed = self.fed.subscribe();
         if tokio::time::timeout(FEED_WAIT, fed.wait_for(|fed| *fed)).await.is_err() {
             tracing::warn!("the event subscription is not in place yet; the stream starts without it");
         }
-        Ok(watch)
+        Ok(Watch { first, rx, closed: self.closed.clone(), _slot: slot, _watching: watching })
     }
 
     /// How many clients watch, as it changes (for a feeder that subscribes on demand).
@@ -142,6 +179,10 @@ impl EventHub {
     /// Tells new clients whether events reach the hub now (a feeder that subscribes on demand
     /// sets it false until its subscription is in place).
     pub fn set_fed(&self, fed: bool) {
+        if !fed {
+            // Events may pass unseen until the feed is back: what is kept no longer runs up to now.
+            self.recent.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        }
         self.fed.send_replace(fed);
     }
 
@@ -152,8 +193,14 @@ impl EventHub {
 
     /// Hands `event` to every client.
     pub fn send(&self, event: HubEvent) {
+        let event = Arc::new(event);
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        if recent.len() == self.replay {
+            recent.pop_front();
+        }
+        recent.push_back(event.clone());
         // no receivers is fine: nobody is watching
-        let _ = self.tx.send(Arc::new(event));
+        let _ = self.tx.send(event);
     }
 }
 
@@ -208,4 +255,61 @@ fn without_callback_url(published: &[u8]) -> Result<String, serde_json::Error> {
         payload.remove(CALLBACK_URL);
     }
     serde_json::to_string(&envelope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: usize) -> HubEvent {
+        HubEvent { event_id: format!("e{id}"), event_type: "task.created".into(), task_id: None, json: "{}".into() }
+    }
+
+    async fn ids(watch: &mut Watch, n: usize) -> Vec<String> {
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            match watch.next().await.unwrap() {
+                Watched::Event(event) => ids.push(event.event_id.clone()),
+                other => ids.push(format!("{other:?}")),
+            }
+        }
+        ids
+    }
+
+    #[tokio::test]
+    async fn a_resumed_watch_gets_what_followed_then_the_live_events_once() {
+        let hub = EventHub::new(8, 4);
+        (1..=3).for_each(|i| hub.send(event(i)));
+        let mut watch = hub.watch_after(Some("e1")).await.unwrap();
+        hub.send(event(4));
+        assert_eq!(ids(&mut watch, 3).await, ["e2", "e3", "e4"]);
+        let mut latest = hub.watch_after(Some("e4")).await.unwrap();
+        hub.send(event(5));
+        assert_eq!(ids(&mut latest, 1).await, ["e5"]);
+    }
+
+    #[tokio::test]
+    async fn a_watch_after_an_event_no_longer_held_starts_with_a_gap() {
+        let hub = EventHub::new(4, 4);
+        (1..=6).for_each(|i| hub.send(event(i)));
+        assert_eq!(hub.recent.lock().unwrap().len(), 4, "bounded");
+        let mut evicted = hub.watch_after(Some("e2")).await.unwrap();
+        assert_eq!(ids(&mut evicted, 1).await, ["Gap"]);
+        let mut held = hub.watch_after(Some("e3")).await.unwrap();
+        assert_eq!(ids(&mut held, 3).await, ["e4", "e5", "e6"]);
+    }
+
+    #[tokio::test]
+    async fn a_break_in_the_feed_forgets_what_was_held() {
+        let hub = EventHub::new(8, 4);
+        (1..=2).for_each(|i| hub.send(event(i)));
+        hub.set_fed(false);
+        hub.set_fed(true);
+        hub.send(event(3));
+        let mut watch = hub.watch_after(Some("e1")).await.unwrap();
+        assert_eq!(ids(&mut watch, 1).await, ["Gap"], "e2 was held, but events may have passed unseen since");
+        let mut fresh = hub.watch().await.unwrap();
+        hub.send(event(4));
+        assert_eq!(ids(&mut fresh, 1).await, ["e4"]);
+    }
 }

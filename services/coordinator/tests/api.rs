@@ -426,6 +426,56 @@ async fn events_stream_as_sse_filtered_by_task_and_type() {
     assert!(!text.contains("e1") && !text.contains("e2"), "{text}");
 }
 
+/// Reads `stream` until it holds `events` SSE events (blank-line separated), or panics after 5 s.
+async fn read_events(
+    stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    events: usize,
+) -> String {
+    let mut text = String::new();
+    while text.matches("\n\n").count() < events {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.unwrap().unwrap().unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    text
+}
+
+#[tokio::test]
+async fn a_client_reconnecting_with_last_event_id_resumes_or_is_told_to_reload() {
+    let s = serve(10, None).await;
+    let event = |id: &str| HubEvent {
+        event_id: id.into(),
+        event_type: "task.created".into(),
+        task_id: Some("tsk_r".into()),
+        json: format!(r#"{{"eventId":"{id}"}}"#),
+    };
+    for id in ["e1", "e2", "e3"] {
+        s.hub.send(event(id));
+    }
+    let open = |last: &str| s.client.get(format!("{}/v1/events", s.base)).header("Last-Event-ID", last).send();
+
+    let resumed = open("e1").await.unwrap();
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let mut stream = resumed.bytes_stream();
+    let replayed = read_events(&mut stream, 2).await;
+    assert!(replayed.find("id: e2").unwrap() < replayed.find("id: e3").unwrap(), "{replayed}");
+    assert!(!replayed.contains("id: e1"), "{replayed}");
+    s.hub.send(event("e4"));
+    let live = read_events(&mut stream, 1).await;
+    assert!(live.contains("id: e4") && !live.contains("id: e3"), "then live, nothing twice: {live}");
+    drop(stream);
+
+    let unknown = open("e0-never-seen").await.unwrap();
+    let mut stream = unknown.bytes_stream();
+    let first = read_events(&mut stream, 1).await;
+    assert!(first.starts_with("event: reset"), "{first}");
+    drop(stream);
+
+    let too_long = open(&"x".repeat(129)).await.unwrap();
+    assert_eq!(too_long.status(), StatusCode::BAD_REQUEST);
+    let body: Value = too_long.json().await.unwrap();
+    assert!(body["message"].as_str().unwrap().contains("Last-Event-ID"), "{body}");
+}
+
 #[tokio::test]
 async fn blobs_are_uploaded_and_read_back_through_the_coordinator() {
     let s = serve(10, None).await;

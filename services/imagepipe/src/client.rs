@@ -281,11 +281,12 @@ impl ApiClient {
     }
 
     /// `GET /v1/events`: the event stream, optionally of one task and of the event types
-    /// `selector` matches.
+    /// `selector` matches, resuming after event `last_event_id` when given (`Last-Event-ID`).
     pub async fn events(
         &self,
         task_id: Option<&str>,
         selector: Option<&str>,
+        last_event_id: Option<&str>,
     ) -> Result<impl Stream<Item = Result<SseEvent, ClientError>> + use<>, ClientError> {
         let path = "/v1/events";
         let mut query = Vec::new();
@@ -295,7 +296,10 @@ impl ApiClient {
         if let Some(selector) = selector {
             query.push(("type", selector.to_owned()));
         }
-        let request = self.request(Method::GET, path).query(&query).header("accept", "text/event-stream");
+        let mut request = self.request(Method::GET, path).query(&query).header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
         let response = self.send(Method::GET, path, request).await?;
         let base = self.base.clone();
         let mut parser = SseParser::new();

@@ -705,3 +705,50 @@ async fn dlq_replay_by_filter_counts_first_and_replays_with_yes() {
     assert!(err.contains("400") && err.contains("no task queue"), "{err}");
     pipeline.stop().await.unwrap();
 }
+
+/// `imagepipe watch` reopens a stream that broke with `Last-Event-ID` and prints every event once:
+/// a stand-in event stream on 127.0.0.1 sends one event and closes, then the next on the second
+/// connection, recording what each request resumed after.
+#[tokio::test]
+async fn watch_reopens_a_broken_stream_after_its_last_event() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = format!("http://{}", listener.local_addr().unwrap());
+    let envelope = |id: &str, event_type: &str| {
+        format!(r#"{{"eventId":"{id}","eventType":"{event_type}","taskId":"tsk_w","timestamp":1,"source":"test"}}"#)
+    };
+    let bodies = [envelope("e1", "task.created"), envelope("e2", "task.completed")];
+    let served = bodies.clone();
+    let server = tokio::spawn(async move {
+        let mut resumed_after = Vec::new();
+        for body in served {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut chunk = [0u8; 1024];
+                let n = socket.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "the request ended early");
+                request.extend_from_slice(&chunk[..n]);
+            }
+            let request = String::from_utf8(request).unwrap();
+            resumed_after.push(
+                request
+                    .lines()
+                    .find_map(|line| line.to_ascii_lowercase().strip_prefix("last-event-id: ").map(str::to_owned)),
+            );
+            let id = if body.contains("e1") { "e1" } else { "e2" };
+            let event_type = if id == "e1" { "task.created" } else { "task.completed" };
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\nevent: {event_type}\nid: {id}\ndata: {body}\n\n"
+            );
+            socket.write_all(response.as_bytes()).await.unwrap();
+            socket.shutdown().await.unwrap();
+        }
+        resumed_after
+    });
+    let out = imagepipe(args(&["watch", "--json", "--count", "2", "--api", &api])).await;
+    let printed = ok(&out);
+    assert_eq!(printed.lines().collect::<Vec<_>>(), bodies, "each event once, in order");
+    assert!(text(&out.stderr).contains("reconnecting"), "{}", text(&out.stderr));
+    assert_eq!(server.await.unwrap(), [None, Some("e1".to_owned())]);
+}

@@ -182,9 +182,21 @@ pub fn document() -> Value {
             "get": {
                 "operationId": "watchEvents",
                 "summary": "Server-Sent Events of the event topics (each `data` is an event envelope)",
+                "description": "Each event's SSE `id` is its `eventId` and its SSE `event` its `eventType`. A client that \
+                    reconnects with `Last-Event-ID` (browsers' EventSource does) gets the events that followed that one \
+                    first, when this coordinator still holds them (the last 1,024 while it was fed without a break); \
+                    otherwise the stream starts with an event `reset`, after which the client should reload what it \
+                    shows. An event `lagged` (`{\"missed\": n}`) says a slow client missed n events.",
                 "parameters": [
                     query("taskId", "Only events of this task", json!({ "type": "string", "pattern": ID_PATTERN })),
-                    query("type", "Event type selector, e.g. `task.completed || task.failed` or `image.*`", json!({ "type": "string" }))
+                    query("type", "Event type selector, e.g. `task.completed || task.failed` or `image.*`", json!({ "type": "string" })),
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "required": false,
+                        "description": "Resume after this event (the `id` of the last event received)",
+                        "schema": { "type": "string", "maxLength": 128 }
+                    }
                 ],
                 "responses": {
                     "200": { "description": "An event stream", "content": { "text/event-stream": { "schema": { "type": "string" } } } },

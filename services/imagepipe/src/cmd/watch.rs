@@ -1,5 +1,7 @@
 //! `imagepipe watch [--task ID] [--type T,...]`: tails events until interrupted, or, for one
-//! task, until it has finished.
+//! task, until it has finished. A stream that breaks (the coordinator restarted, a proxy cut
+//! it) is reopened with a jittered backoff and `Last-Event-ID`, so no event is printed twice and
+//! a gap the server cannot fill is reported (`reset`), not passed over.
 
 use std::process::ExitCode;
 
@@ -7,9 +9,11 @@ use anyhow::Context;
 use clap::Args;
 use futures::StreamExt;
 use imagepipe::ApiClient;
+use imagepipe::client::ClientError;
 use imagepipe_bus::Selector;
 use imagepipe_contracts::EventType;
 use imagepipe_coordinator::api::TaskView;
+use imagepipe_runtime::backoff::ExponentialBackoff;
 use reqwest::StatusCode;
 
 use super::show::{outcome, time};
@@ -42,7 +46,7 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
     // Following one task, every event of it comes and the types are chosen here, so the end of
     // the task is seen whatever `--type` says.
     let server_selector = if args.task_id.is_some() { None } else { selector.as_deref() };
-    let mut events = Box::pin(client.events(args.task_id.as_deref(), server_selector).await?);
+    let mut events = Box::pin(client.events(args.task_id.as_deref(), server_selector, None).await?);
     let wanted = match &selector {
         Some(s) => Selector::parse(s)?,
         None => Selector::all(),
@@ -58,13 +62,37 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let mut seen = 0;
+    let mut last_event_id: Option<String> = None;
+    let mut reconnects = ExponentialBackoff::broker_reconnect().attempts();
     while args.count.is_none_or(|n| seen < n) {
-        let Some(event) = events.next().await else {
-            anyhow::bail!("the API at {} closed the event stream", client.base());
+        let event = match events.next().await {
+            Some(Ok(event)) => event,
+            broken @ (None | Some(Err(ClientError::Unreachable { .. }))) => {
+                let why = broken.and_then(Result::err).map_or_else(|| "it closed".to_owned(), |e| e.to_string());
+                loop {
+                    let delay = reconnects.next_delay();
+                    eprintln!("imagepipe watch: the event stream broke ({why}); reconnecting in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                    match client.events(args.task_id.as_deref(), server_selector, last_event_id.as_deref()).await {
+                        Ok(reopened) => {
+                            events = Box::pin(reopened);
+                            break;
+                        }
+                        Err(e @ ClientError::Unreachable { .. }) => eprintln!("imagepipe watch: {e}"),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                continue;
+            }
+            Some(Err(e)) => return Err(e.into()),
         };
-        let event = event?;
-        if event.event == "lagged" {
-            eprintln!("imagepipe watch: too slow, missed events: {}", event.data);
+        reconnects.reset();
+        if event.id.is_some() {
+            last_event_id.clone_from(&event.id);
+        }
+        if event.event == "lagged" || event.event == "reset" {
+            let what = if event.event == "lagged" { "too slow, missed events" } else { "events may be missing" };
+            eprintln!("imagepipe watch: {what}: {}", event.data);
             if let Some(id) = &args.task_id
                 && finished(&client, id, args.json).await?
             {

@@ -125,6 +125,10 @@
     if (live.startsWith("task:")) url += "?taskId=" + encodeURIComponent(live.slice(5));
     const source = new EventSource(url);
     const types = (document.body.dataset.eventTypes || "").split(",").filter(Boolean);
+    // Once an event came with an id, the browser reconnects with Last-Event-ID and the server
+    // replays what followed it (or sends `reset`); before that, a reconnect may have missed
+    // events: refresh what is shown.
+    let resumable = false;
     const onEvent = (event) => {
       dirty = true;
       try {
@@ -133,14 +137,14 @@
           dirtyTasks.add(data.taskId);
           if (event.type === "task.submitted") submitted.add(data.taskId);
         }
-      } catch (_) { /* lagged and the like: refresh everything */ }
+      } catch (_) { /* lagged and reset: refresh everything */ }
+      if (event.lastEventId) resumable = true;
     };
-    for (const type of types.concat(["lagged"])) source.addEventListener(type, onEvent);
+    for (const type of types.concat(["lagged", "reset"])) source.addEventListener(type, onEvent);
     let opened = false;
     source.onopen = () => {
       if (state) state.textContent = "live";
-      // Events published while the stream was down are not replayed: refresh what is shown.
-      if (opened) dirty = true;
+      if (opened && !resumable) dirty = true;
       opened = true;
     };
     source.onerror = () => { if (state) state.textContent = "reconnecting…"; };
