@@ -64,9 +64,9 @@ for service in "${services[@]}"; do scale+=(--scale "$service=2"); done
 work="$(mktemp -d "${TMPDIR:-/tmp}/$project.XXXXXX")"
 chmod 0777 "$work" # the client runs as nobody and writes its event logs here
 rendered="$work/docker-compose.yml"
-python3 "$ROOT/scripts/compose_render.py" -f "$ROOT/docker-compose.yml" -o "$rendered" --ephemeral-ports "${profiles[@]}"
-if docker compose version >/dev/null 2>&1; then compose_cmd=(docker compose); else compose_cmd=(docker-compose); fi
-compose() { "${compose_cmd[@]}" -f "$rendered" --project-directory "$ROOT" -p "$project" "${profiles[@]}" "$@"; }
+# shellcheck source=scripts/compose-lib.sh
+source "$ROOT/scripts/compose-lib.sh"
+compose_render
 network="${project}_default"
 
 # The e2e client on the compose network; the event logs go to $work (/out).
@@ -106,26 +106,6 @@ redis_info() {
       grep -E '^(aof_enabled|aof_last_write_status|aof_last_bgrewrite_status):' | tr '\n' ' ')"
 }
 
-wait_healthy() {
-  local deadline=$((SECONDS + $1)) id state pending
-  while true; do
-    pending=()
-    for id in $(compose ps -q); do
-      state="$(docker inspect -f '{{.Name}} {{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")"
-      case "$state" in
-        *" running healthy" | *" running none") ;;
-        *" exited "* | *" created "*) [[ "${2:-}" == allow-stopped ]] || pending+=("$state") ;;
-        *) pending+=("$state") ;;
-      esac
-    done
-    ((${#pending[@]} == 0)) && return 0
-    if ((SECONDS > deadline)); then
-      echo "not healthy after $1 s: ${pending[*]}" >&2
-      return 1
-    fi
-    sleep 3
-  done
-}
 
 log "up ($project: 3 NATS servers, R3 streams, 2 replicas of each of ${#services[@]} services)"
 up_started=$SECONDS

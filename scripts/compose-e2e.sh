@@ -16,7 +16,8 @@
 # 4. The thumbnails and previews of both tasks are files on the blob volume.
 # 5. docker-compose down -v, also on failure or interrupt (the logs are printed first on failure).
 #
-# Uses `docker compose` (v2) when the engine's CLI has it, `docker-compose` (v1) otherwise.
+# Uses `docker compose` (v2) when the CLI has it, `docker-compose` (v1) otherwise; IMAGEPIPE_COMPOSE=v1|v2
+# insists on one (scripts/compose-lib.sh).
 # IMAGEPIPE_E2E_SKIP_IMAGES=1 skips step 1 (the images must exist).
 # IMAGEPIPE_E2E_IMAGE=<image> runs that imagepipe image instead of the host-built one (e.g.
 # imagepipe/imagepipe:full from `scripts/images.sh full`, the full multi-stage Dockerfile).
@@ -57,9 +58,9 @@ export IMAGEPIPE_NET__ALLOW_CIDRS=10.0.0.0/8,172.16.0.0/12,192.168.0.0/16
 unset IMAGEPIPE_HTTP__AUTH_TOKEN OTEL_EXPORTER_OTLP_ENDPOINT
 
 rendered="$(mktemp --suffix=.yml "${TMPDIR:-/tmp}/$project.XXXXXX")"
-python3 "$ROOT/scripts/compose_render.py" -f "$ROOT/docker-compose.yml" -o "$rendered" --ephemeral-ports "${profiles[@]}"
-if docker compose version >/dev/null 2>&1; then compose_cmd=(docker compose); else compose_cmd=(docker-compose); fi
-compose() { "${compose_cmd[@]}" -f "$rendered" --project-directory "$ROOT" -p "$project" "${profiles[@]}" "$@"; }
+# shellcheck source=scripts/compose-lib.sh
+source "$ROOT/scripts/compose-lib.sh"
+compose_render
 
 ok=0
 cleanup() {
@@ -81,26 +82,6 @@ trap 'exit 130' INT TERM
 log "up ($project, bus $mode, ${compose_cmd[*]})"
 compose up -d --no-build >&2
 
-# Every container with a health check healthy (the others running), within $1 seconds.
-wait_healthy() {
-  local deadline=$((SECONDS + $1)) id state pending
-  while true; do
-    pending=()
-    for id in $(compose ps -q); do
-      state="$(docker inspect -f '{{.Name}} {{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")"
-      case "$state" in
-        *" running healthy" | *" running none") ;;
-        *) pending+=("$state") ;;
-      esac
-    done
-    ((${#pending[@]} == 0)) && return 0
-    if ((SECONDS > deadline)); then
-      echo "not healthy after $1 s: ${pending[*]}" >&2
-      return 1
-    fi
-    sleep 2
-  done
-}
 up_started=$SECONDS
 wait_healthy 240
 healthy=$SECONDS

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Renders docker-compose.yml into a file that Compose v1 (docker-compose 1.29) also runs.
 
-    scripts/compose_render.py [--profile P]... [--ephemeral-ports] [-f FILE] [-o OUT]
+    scripts/compose_render.py [--profile P]... [--ephemeral-ports] [--for v1|v2] [-f FILE] [-o OUT]
 
 docker-compose.yml is written for Compose v2; v1 refuses two of its keys:
 
@@ -10,6 +10,9 @@ docker-compose.yml is written for Compose v2; v1 refuses two of its keys:
 - `depends_on.<service>.required` (v2.20+: a dependency of a profile that is not enabled is
   skipped): a dependency with `required: false` is kept, without the key, when its service runs
   with the enabled profiles (--profile, and COMPOSE_PROFILES), and dropped otherwise, as v2 does.
+
+--for v2 keeps both keys (the file stays as a user runs it with Compose v2; with
+--ephemeral-ports, only the ports change). Default: v1.
 
 --ephemeral-ports publishes every port on an ephemeral host port of the same address
 (`127.0.0.1:8080:8080` becomes `127.0.0.1::8080`; `docker-compose port SERVICE 8080` tells which),
@@ -33,12 +36,13 @@ def enabled(service, profiles):
     return not wanted or any(p in profiles for p in wanted)
 
 
-def render(compose, profiles, ephemeral_ports):
-    compose.pop("name", None)
+def render(compose, profiles, ephemeral_ports, for_v1=True):
+    if for_v1:
+        compose.pop("name", None)
     services = compose.get("services") or {}
     for service in services.values():
         depends = service.get("depends_on")
-        if isinstance(depends, dict):
+        if for_v1 and isinstance(depends, dict):
             for dependency in list(depends):
                 options = depends[dependency] or {}
                 required = options.pop("required", True)
@@ -72,12 +76,13 @@ def main():
     parser.add_argument("-o", "--output", default="-")
     parser.add_argument("--profile", action="append", default=[])
     parser.add_argument("--ephemeral-ports", action="store_true")
+    parser.add_argument("--for", dest="target", choices=["v1", "v2"], default="v1")
     args = parser.parse_args()
     profiles = set(args.profile)
     profiles.update(p for p in os.environ.get("COMPOSE_PROFILES", "").split(",") if p)
     with open(args.file, encoding="utf-8") as f:
         compose = yaml.safe_load(f)
-    text = yaml.safe_dump(render(compose, profiles, args.ephemeral_ports), sort_keys=False, width=1000)
+    text = yaml.safe_dump(render(compose, profiles, args.ephemeral_ports, for_v1=args.target == "v1"), sort_keys=False, width=1000)
     if args.output == "-":
         sys.stdout.write(text)
     else:

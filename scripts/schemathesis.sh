@@ -48,9 +48,13 @@ spare_port() {
 }
 
 SCHEMATHESIS="$(schemathesis_binary)"
-# The workspace's binaries as the test command builds them: the test profile and features of
-# `cargo nextest run --workspace --all-features`, so after it this builds nothing.
-cargo build -q --profile test --workspace --all-features --bins
+# The workspace's binaries as `cargo nextest run --workspace --all-features` builds them (it
+# runs this same `cargo test --no-run`), so after it this builds nothing. A `cargo build --bins`
+# would resolve features without the dev-dependencies and rebuild half the workspace (minutes).
+cargo test -q --no-run --workspace --all-features
+for name in coordinator tag-indexer-worker analytics-worker; do
+  [[ -x "$BIN_DIR/imagepipe-$name" ]] || { echo "schemathesis.sh: no $BIN_DIR/imagepipe-$name after the build" >&2; exit 1; }
+done
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/imagepipe-schemathesis.XXXXXX")"
 PIDS=()
