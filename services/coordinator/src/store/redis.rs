@@ -416,21 +416,35 @@ impl RedisStore {
         batch: usize,
     ) -> Result<Vec<(String, u64)>, StoreError> {
         let min = cursor.map_or("-inf".to_owned(), |(at, _)| at.to_string());
-        let rows: Vec<(String, u64)> = redis::cmd("ZRANGEBYSCORE")
-            .arg(key)
-            .arg(min)
-            .arg("+inf")
-            .arg("WITHSCORES")
-            .arg("LIMIT")
-            .arg(offset)
-            .arg(batch)
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(redis_err("listing"))?;
+        let rows = self.scored_range("ZRANGEBYSCORE", key, (&min, "+inf"), offset, batch, "listing").await?;
         Ok(rows
             .into_iter()
             .filter(|(id, at)| cursor.is_none_or(|(c_at, c_id)| *at > c_at || id.as_str() > c_id))
             .collect())
+    }
+
+    /// `command` (`ZRANGEBYSCORE`, or `ZREVRANGEBYSCORE` with `from` the higher bound) of sorted
+    /// set `key`: members with their scores, `count` of them after skipping `offset`.
+    async fn scored_range(
+        &self,
+        command: &str,
+        key: &str,
+        (from, to): (&str, &str),
+        offset: usize,
+        count: usize,
+        operation: &'static str,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        redis::cmd(command)
+            .arg(key)
+            .arg(from)
+            .arg(to)
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(offset)
+            .arg(count)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err(operation))
     }
 }
 
@@ -535,21 +549,11 @@ impl TaskStore for RedisStore {
         let mut batch = (query.limit + 1).clamp(16, 512);
         let mut offset = 0;
         'scan: loop {
-            let (command, from, to) = match query.order {
-                ListOrder::Oldest => ("ZRANGEBYSCORE", &min, &max),
-                ListOrder::Newest => ("ZREVRANGEBYSCORE", &max, &min),
+            let (command, bounds) = match query.order {
+                ListOrder::Oldest => ("ZRANGEBYSCORE", (min.as_str(), max.as_str())),
+                ListOrder::Newest => ("ZREVRANGEBYSCORE", (max.as_str(), min.as_str())),
             };
-            let rows: Vec<(String, u64)> = redis::cmd(command)
-                .arg(&key)
-                .arg(from)
-                .arg(to)
-                .arg("WITHSCORES")
-                .arg("LIMIT")
-                .arg(offset)
-                .arg(batch)
-                .query_async(&mut self.conn.clone())
-                .await
-                .map_err(redis_err("listing tasks"))?;
+            let rows = self.scored_range(command, &key, bounds, offset, batch, "listing tasks").await?;
             let fetched = rows.len();
             offset += fetched;
             let rows: Vec<(String, u64)> =
