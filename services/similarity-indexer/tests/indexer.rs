@@ -45,7 +45,10 @@ fn extracted(task_id: &str, at: u64, phash: u64) -> Event<ImageMetadataExtracted
         "phash": format!("{phash:016x}"), "blurhash": "LEHV6nWB2yk8", "thumbnailKey": format!("sha256:{task_id}")
     }))
     .unwrap();
-    let payload = ImageMetadataExtracted { blob_key: "sha256:00".into(), metadata, labels: Default::default() };
+    // Every event of a task carries the task's labels, so the order the indexer handles them in
+    // does not change the labels it keeps (without them here, an analysis handled first lost them).
+    let labels = [("run".to_owned(), "sim".to_owned())].into();
+    let payload = ImageMetadataExtracted { blob_key: "sha256:00".into(), metadata, labels };
     Event::for_task(task_id, 1, TraceId::random(), at, "metadata-worker", payload)
 }
 
