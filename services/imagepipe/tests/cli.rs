@@ -717,11 +717,12 @@ async fn watch_reopens_a_broken_stream_after_its_last_event() {
     let envelope = |id: &str, event_type: &str| {
         format!(r#"{{"eventId":"{id}","eventType":"{event_type}","taskId":"tsk_w","timestamp":1,"source":"test"}}"#)
     };
-    let bodies = [envelope("e1", "task.created"), envelope("e2", "task.completed")];
+    let events = [("e1", "task.created"), ("e2", "task.completed")];
+    let bodies = events.map(|(id, event_type)| envelope(id, event_type));
     let served = bodies.clone();
     let server = tokio::spawn(async move {
         let mut resumed_after = Vec::new();
-        for body in served {
+        for ((id, event_type), body) in events.into_iter().zip(served) {
             let (mut socket, _) = listener.accept().await.unwrap();
             let mut request = Vec::new();
             while !request.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -736,8 +737,6 @@ async fn watch_reopens_a_broken_stream_after_its_last_event() {
                     .lines()
                     .find_map(|line| line.to_ascii_lowercase().strip_prefix("last-event-id: ").map(str::to_owned)),
             );
-            let id = if body.contains("e1") { "e1" } else { "e2" };
-            let event_type = if id == "e1" { "task.created" } else { "task.completed" };
             let response = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\nevent: {event_type}\nid: {id}\ndata: {body}\n\n"
             );
