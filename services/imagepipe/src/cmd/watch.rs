@@ -3,6 +3,7 @@
 //! it) is reopened with a jittered backoff and `Last-Event-ID`, so no event is printed twice and
 //! a gap the server cannot fill is reported (`reset`), not passed over.
 
+use std::pin::Pin;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -10,10 +11,11 @@ use clap::Args;
 use futures::StreamExt;
 use imagepipe::ApiClient;
 use imagepipe::client::ClientError;
+use imagepipe::sse::SseEvent;
 use imagepipe_bus::Selector;
 use imagepipe_contracts::EventType;
 use imagepipe_coordinator::api::TaskView;
-use imagepipe_runtime::backoff::ExponentialBackoff;
+use imagepipe_runtime::backoff::{Attempts, ExponentialBackoff};
 use reqwest::StatusCode;
 
 use super::show::{outcome, time};
@@ -46,7 +48,7 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
     // Following one task, every event of it comes and the types are chosen here, so the end of
     // the task is seen whatever `--type` says.
     let server_selector = if args.task_id.is_some() { None } else { selector.as_deref() };
-    let mut events = Box::pin(client.events(args.task_id.as_deref(), server_selector, None).await?);
+    let mut events: EventStream = Box::pin(client.events(args.task_id.as_deref(), server_selector, None).await?);
     let wanted = match &selector {
         Some(s) => Selector::parse(s)?,
         None => Selector::all(),
@@ -69,19 +71,9 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
             Some(Ok(event)) => event,
             broken @ (None | Some(Err(ClientError::Unreachable { .. }))) => {
                 let why = broken.and_then(Result::err).map_or_else(|| "it closed".to_owned(), |e| e.to_string());
-                loop {
-                    let delay = reconnects.next_delay();
-                    eprintln!("imagepipe watch: the event stream broke ({why}); reconnecting in {delay:?}");
-                    tokio::time::sleep(delay).await;
-                    match client.events(args.task_id.as_deref(), server_selector, last_event_id.as_deref()).await {
-                        Ok(reopened) => {
-                            events = Box::pin(reopened);
-                            break;
-                        }
-                        Err(e @ ClientError::Unreachable { .. }) => eprintln!("imagepipe watch: {e}"),
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                eprintln!("imagepipe watch: the event stream broke ({why})");
+                let query = EventQuery { client: &client, task_id: args.task_id.as_deref(), selector: server_selector };
+                events = query.reopen(last_event_id.as_deref(), &mut reconnects).await?;
                 continue;
             }
             Some(Err(e)) => return Err(e.into()),
@@ -116,6 +108,33 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The event stream as the client reads it.
+type EventStream = Pin<Box<dyn futures::Stream<Item = Result<SseEvent, ClientError>>>>;
+
+/// What `imagepipe watch` asked the API for.
+struct EventQuery<'a> {
+    client: &'a ApiClient,
+    task_id: Option<&'a str>,
+    selector: Option<&'a str>,
+}
+
+impl EventQuery<'_> {
+    /// The stream opened again after `last_event_id`, retried with `reconnects`' delays while
+    /// the API cannot be reached.
+    async fn reopen(&self, last_event_id: Option<&str>, reconnects: &mut Attempts) -> Result<EventStream, ClientError> {
+        loop {
+            let delay = reconnects.next_delay();
+            eprintln!("imagepipe watch: reconnecting in {delay:?}");
+            tokio::time::sleep(delay).await;
+            match self.client.events(self.task_id, self.selector, last_event_id).await {
+                Ok(reopened) => return Ok(Box::pin(reopened)),
+                Err(e @ ClientError::Unreachable { .. }) => eprintln!("imagepipe watch: {e}"),
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
 
 /// The `--type` list as one selector (`a || b`), after checking that each entry is well formed
