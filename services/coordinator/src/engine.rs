@@ -17,8 +17,9 @@ use tracing::{Instrument, Span};
 use crate::control::QueueControls;
 use crate::machine::{self, Context, Decision, Ignored, IllegalTransition, Input, Policy, Verdict};
 use crate::metrics as m;
+use crate::queue_wait::QueueWaits;
 use crate::store::{Applied, Created, DeadLetter, ListQuery, Settled, StoreError, TaskStore};
-use crate::task::{Destination, OutboxEntry, Task, TaskState};
+use crate::task::{Destination, OutboxEntry, Task, TaskState, TimerKind};
 
 /// How many times a transition is decided again after losing its compare-and-set.
 const MAX_CONFLICTS: usize = 16;
@@ -166,6 +167,8 @@ pub struct Engine {
     recent: Arc<Recent>,
     /// The operator controls: which stages are paused (their deadlines start over).
     controls: QueueControls,
+    /// What the stage queues hold (a deadline whose command may still wait is postponed).
+    waits: Arc<QueueWaits>,
 }
 
 /// Tasks as this process last wrote them (unfinished ones, at most four times the in-flight
@@ -219,6 +222,7 @@ impl Engine {
         gauge!(m::IN_FLIGHT_CAP).set(config.max_in_flight as f64);
         Self {
             store,
+            waits: Arc::new(QueueWaits::new(bus.clone())),
             bus,
             clock,
             config: Arc::new(config),
@@ -631,7 +635,8 @@ impl Engine {
 
     /// [`machine::decide`] under this engine's policy, with a fresh jitter seed.
     fn verdict(&self, task: &Task, input: &Input, now: u64) -> Result<Verdict, IllegalTransition> {
-        let ctx = Context { now, seed: rand::random(), paused: self.controls.paused_steps() };
+        let ctx =
+            Context { now, seed: rand::random(), paused: self.controls.paused_steps(), held: self.waits.snapshot() };
         machine::decide(task, input, &ctx, &self.config.policy)
     }
 
@@ -904,11 +909,14 @@ impl Engine {
         let id = task.id.as_str();
         self.relay(id).await?;
         if let Some(timer) = task.timer.filter(|t| t.due_at <= now) {
+            if timer.kind == TimerKind::Deadline {
+                self.waits.refresh(timer.step, now).await;
+            }
             match self.handle(id, Input::Timer(timer)).await {
                 Ok(Handled::Applied(_)) => {
                     let kind = match timer.kind {
-                        crate::task::TimerKind::Deadline => "deadline",
-                        crate::task::TimerKind::Retry => "retry",
+                        TimerKind::Deadline => "deadline",
+                        TimerKind::Retry => "retry",
                     };
                     counter!(m::TIMERS_FIRED, "kind" => kind).increment(1);
                 }

@@ -7,6 +7,8 @@
 //!   starts queued tasks under the in-flight cap.
 //! - [`control`]: the operator controls (paused stages, live concurrency, cancelling running
 //!   steps) the API writes and the machine reads.
+//! - [`queue_wait`]: what the stage queues still hold, so a command waiting behind a backlog
+//!   is not charged its step deadline.
 //! - [`consumers`]: handlers of `tasks.submit`, `tasks.results` and the dead-letter queues.
 //! - [`reprocess`]: reprocessing jobs (`POST /v1/reprocess`).
 //! - [`retention`]: deletes finished tasks and old dead letters.
@@ -25,6 +27,7 @@ pub mod gauges;
 pub mod loops;
 pub mod machine;
 pub mod metrics;
+pub mod queue_wait;
 pub mod reprocess;
 pub mod retention;
 pub mod store;

@@ -84,8 +84,8 @@ impl Policy {
     }
 }
 
-/// What the machine needs from outside: the time, a seed for the backoff jitter, and which
-/// stage queues operators have paused.
+/// What the machine needs from outside: the time, a seed for the backoff jitter, which stage
+/// queues operators have paused, and what the stage queues still hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Context {
     /// Now, Unix ms.
@@ -94,6 +94,57 @@ pub struct Context {
     pub seed: u64,
     /// The steps whose queues are paused: their deadlines start over instead of firing.
     pub paused: PausedSteps,
+    /// What each step's queue held at the last look: a deadline whose command may still wait
+    /// there is postponed instead of firing.
+    pub held: HeldSteps,
+}
+
+/// How much younger than an attempt's deadline window a held message may be and still count
+/// as possibly the attempt's command: the relay sends a command a moment after the transition
+/// wrote it, and the broker dates it by its own clock.
+pub const HELD_SLACK: Duration = Duration::from_secs(5);
+
+/// What a stage queue still holds (waiting or being handled), as far as its broker can tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Held {
+    /// Nothing, or the broker could not be asked.
+    #[default]
+    Nothing,
+    /// Messages, the oldest enqueued at this time (Unix ms).
+    Since(u64),
+    /// Messages the broker cannot date (Kafka counts a group's lag, not its age).
+    Undated,
+}
+
+/// What each step's queue (every priority lane of it) still holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeldSteps([Held; 3]);
+
+impl HeldSteps {
+    /// The same, with `step`'s queue holding `held`.
+    pub fn with(mut self, step: Step, held: Held) -> Self {
+        self.0[step_index(step)] = held;
+        self
+    }
+
+    /// What `step`'s queue holds.
+    pub fn get(&self, step: Step) -> Held {
+        self.0[step_index(step)]
+    }
+
+    /// Why a command of `step` sent at `sent_at` (Unix ms) or earlier may still wait in its
+    /// queue: the queue holds a message as old as that, or one it cannot date; `None` when
+    /// everything it holds came later.
+    fn may_hold(&self, step: Step, sent_at: u64) -> Option<String> {
+        match self.get(step) {
+            Held::Nothing => None,
+            Held::Since(since) if since > sent_at.saturating_add(millis(HELD_SLACK)) => None,
+            Held::Since(since) => Some(format!(
+                "the {step} queue still holds a message enqueued at {since}, as old as the attempt's command"
+            )),
+            Held::Undated => Some(format!("the {step} queue still holds messages its broker cannot date")),
+        }
+    }
 }
 
 /// Which steps' queues are paused, and when each was last resumed.
@@ -444,6 +495,13 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
             if timer.due_at > ctx.now {
                 return Ok(Verdict::Ignore(Ignored::TimerNotDue));
             }
+            // Every command of the attempt went out a whole deadline ago or earlier.
+            let still_queued = matches!(timer.kind, TimerKind::Deadline)
+                .then(|| {
+                    let sent_by = ctx.now.saturating_sub(millis(policy.step(timer.step).deadline));
+                    ctx.held.may_hold(timer.step, sent_by)
+                })
+                .flatten();
             let mut t = Transition::new(task, ctx.now);
             match timer.kind {
                 // A task that waited in a paused queue gets its whole deadline from the resume.
@@ -469,6 +527,19 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
                         Some(timer.step),
                         Some(timer.attempt),
                         Some(why),
+                    )
+                }
+                // A backlog is not a silent step: a command still waiting in its queue is not
+                // charged its deadline (what a dead worker held, the broker redelivers).
+                TimerKind::Deadline if still_queued.is_some() => {
+                    let due_at = ctx.now.saturating_add(millis(policy.step(timer.step).deadline));
+                    t.task.timer = Some(Timer { due_at, ..*timer });
+                    t.finish(
+                        Some(task.state),
+                        HistoryEvent::DeadlinePostponed,
+                        Some(timer.step),
+                        Some(timer.attempt),
+                        still_queued,
                     )
                 }
                 TimerKind::Deadline => {

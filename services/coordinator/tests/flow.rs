@@ -209,6 +209,39 @@ async fn deadlines_and_retries_run_on_the_clock() {
     assert_eq!(command.attempt, 2);
 }
 
+#[tokio::test]
+async fn a_command_still_in_its_queue_is_not_charged_its_deadline() {
+    use imagepipe_runtime::clock::{Clock, SystemClock};
+    let dir = tempfile::tempdir().unwrap();
+    let bus = memory_bus();
+    // The memory bus dates its messages by the wall clock: the engine's clock starts from it.
+    let clock = ManualClock::at_unix_ms(SystemClock.unix_ms());
+    let engine = engine(embedded(dir.path()), &bus, &clock, 10);
+    let downloads = bus.queues.consume(queues::DOWNLOAD, consumer_config()).await.unwrap();
+    let submit = SubmitTask { task_id: Some("tsk_backlog".into()), ..SubmitTask::url("https://example.com/a.jpg") };
+    engine.submit(&submit, Origin::Http, || unreachable!()).await.unwrap();
+    assert_eq!(engine.start_queued().await.unwrap(), 1);
+
+    // No worker took the command: a whole deadline later it still waits in the queue.
+    clock.advance(Duration::from_secs(300));
+    engine.sweep().await.unwrap();
+    let task = engine.store().get("tsk_backlog").await.unwrap().unwrap();
+    assert_eq!(task.steps.download.attempts, 1);
+    assert!(task.steps.download.last_error.is_none(), "no attempt was charged: {task:?}");
+    let history = engine.store().history("tsk_backlog").await.unwrap();
+    let last = history.last().unwrap();
+    assert_eq!(last.event, HistoryEvent::DeadlinePostponed, "{history:?}");
+    assert!(last.detail.as_deref().unwrap().contains("download queue still holds"), "{last:?}");
+
+    // A worker took it and went silent: the next deadline counts.
+    assert_eq!(drain(downloads.as_ref()).await.len(), 1);
+    clock.advance(Duration::from_secs(300));
+    engine.sweep().await.unwrap();
+    let task = engine.store().get("tsk_backlog").await.unwrap().unwrap();
+    assert_eq!(task.steps.download.last_error.unwrap().code, "deadline_exceeded");
+    assert_eq!(task.timer.map(|t| (t.kind, t.attempt)), Some((TimerKind::Retry, 2)));
+}
+
 fn clock_ms(clock: &ManualClock) -> u64 {
     use imagepipe_runtime::clock::Clock;
     clock.unix_ms()

@@ -782,6 +782,75 @@ fn a_paused_queue_of_another_step_does_not_hold_a_deadline() {
     assert!(!PausedSteps::default().contains(Step::Download));
 }
 
+// --- deadlines of commands still queued ----------------------------------------------------
+
+#[test]
+fn a_deadline_whose_command_may_still_wait_in_its_queue_starts_over_uncharged() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let task = apply(&task, ok(Step::Download, 1), 1_000).task;
+    let deadline = task.timer.unwrap();
+    assert_eq!(deadline.due_at, 61_000, "the command went out at 1 s");
+
+    // The metadata queue still holds a message from 0.9 s: the command may wait behind it.
+    let backlog = Context { held: HeldSteps::default().with(Step::Metadata, Held::Since(900)), ..ctx(61_000) };
+    let Ok(Verdict::Apply(d)) = decide(&task, &Input::Timer(deadline), &backlog, &policy()) else {
+        panic!("the deadline applies")
+    };
+    assert_eq!(d.history.event, HistoryEvent::DeadlinePostponed);
+    assert!(d.history.detail.as_deref().unwrap().contains("still holds a message enqueued at 900"), "{:?}", d.history);
+    assert!(d.outbox.is_empty(), "no retry, no re-send");
+    assert_eq!(d.task.steps.metadata.attempts, 1);
+    assert!(d.task.steps.metadata.last_error.is_none(), "no attempt was charged");
+    let postponed = d.task.timer.unwrap();
+    assert_eq!((postponed.kind, postponed.attempt, postponed.due_at), (TimerKind::Deadline, 1, 121_000));
+
+    // A whole deadline later the queue holds only messages sent since (past the slack): the
+    // command was taken, and the silence counts.
+    let since = 61_000 + millis(HELD_SLACK) + 1;
+    let drained = Context { held: HeldSteps::default().with(Step::Metadata, Held::Since(since)), ..ctx(121_000) };
+    let Ok(Verdict::Apply(d)) = decide(&d.task, &Input::Timer(postponed), &drained, &policy()) else {
+        panic!("the deadline applies")
+    };
+    assert_eq!(d.history.event, HistoryEvent::RetryScheduled);
+    assert_eq!(d.task.steps.metadata.last_error.as_ref().unwrap().code, "deadline_exceeded");
+}
+
+#[test]
+fn a_message_the_broker_dated_within_the_slack_still_counts_as_the_command() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let deadline = task.timer.unwrap();
+    let within = Context {
+        held: HeldSteps::default().with(Step::Download, Held::Since(millis(HELD_SLACK))),
+        ..ctx(deadline.due_at)
+    };
+    let Ok(Verdict::Apply(d)) = decide(&task, &Input::Timer(deadline), &within, &policy()) else {
+        panic!("the deadline applies")
+    };
+    assert_eq!(d.history.event, HistoryEvent::DeadlinePostponed);
+}
+
+#[test]
+fn an_undated_backlog_holds_the_deadline_and_another_step_s_backlog_does_not() {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    let deadline = task.timer.unwrap();
+    let undated = Context { held: HeldSteps::default().with(Step::Download, Held::Undated), ..ctx(60_000) };
+    let Ok(Verdict::Apply(d)) = decide(&task, &Input::Timer(deadline), &undated, &policy()) else {
+        panic!("the deadline applies")
+    };
+    assert_eq!(d.history.event, HistoryEvent::DeadlinePostponed);
+    assert!(d.history.detail.as_deref().unwrap().contains("cannot date"), "{:?}", d.history);
+
+    let others = Context {
+        held: HeldSteps::default().with(Step::Metadata, Held::Since(0)).with(Step::Analyze, Held::Undated),
+        ..ctx(60_000)
+    };
+    let Ok(Verdict::Apply(d)) = decide(&task, &Input::Timer(deadline), &others, &policy()) else {
+        panic!("the deadline applies")
+    };
+    assert_eq!(d.history.event, HistoryEvent::RetryScheduled);
+    assert_eq!(HeldSteps::default().get(Step::Download), Held::Nothing);
+}
+
 // --- reprocessing ---------------------------------------------------------------------------
 
 #[test]
@@ -1060,9 +1129,11 @@ proptest! {
         // Over the whole run: every command sent (a broker drops a repeated id) and every event.
         let mut command_ids = std::collections::HashSet::new();
         let mut event_ids = std::collections::HashSet::new();
-        let mut step = |task: &mut Task, input: Input, now: u64, paused: PausedSteps| {
+        // In a quarter of the runs the metadata queue keeps a backlog: its deadlines never fire.
+        let held = if seed % 4 == 0 { HeldSteps::default().with(Step::Metadata, Held::Undated) } else { HeldSteps::default() };
+        let mut step = |task: &mut Task, input: Input, now: u64, paused: PausedSteps, held: HeldSteps| {
             let before = task.clone();
-            let decided = decide(task, &input, &Context { now, seed, paused }, &policy);
+            let decided = decide(task, &input, &Context { now, seed, paused, held }, &policy);
             if let Some(why) = expected_illegal(&before, &input) {
                 assert!(decided.is_err(), "{input:?} on a {} task ({why}) was not refused: {decided:?}", before.state);
                 return;
@@ -1164,10 +1235,10 @@ proptest! {
                     continue;
                 }
             };
-            step(&mut task, input, now, PausedSteps::of(paused_queues.iter().copied()));
+            step(&mut task, input, now, PausedSteps::of(paused_queues.iter().copied()), held);
         }
-        // Liveness: once operators resume the task and its queues, timers alone (no worker
-        // answering) bring every task to an end.
+        // Liveness: once operators resume the task and its queues and the queues drain, timers
+        // alone (no worker answering) bring every task to an end.
         for _ in 0..32 {
             if task.state.is_terminal() {
                 break;
@@ -1180,7 +1251,7 @@ proptest! {
                 None if task.state == TaskState::Paused => Input::Resume,
                 None => Input::Start,
             };
-            step(&mut task, input, now, PausedSteps::default());
+            step(&mut task, input, now, PausedSteps::default(), HeldSteps::default());
         }
         prop_assert!(task.state.is_terminal(), "task stuck in {}", task.state);
         prop_assert_eq!(terminal_events, 1);
