@@ -171,6 +171,7 @@ impl Cluster {
                 return Err(ClusterError::MissingBinary(path));
             }
         }
+        remember_panics();
         let dir = tempfile::Builder::new().prefix("imagepipe-e2e-").tempdir().map_err(ClusterError::Files)?;
         std::fs::create_dir_all(dir.path().join("blobs")).map_err(ClusterError::Files)?;
         let mut processes = BTreeMap::new();
@@ -364,8 +365,27 @@ impl Drop for Cluster {
             let keep = self.dir.path().to_owned();
             eprintln!("logs kept in {}", keep.display());
             std::mem::forget(std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir")));
+            if let Some(failure) = FAILURE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+                eprintln!("the failure again, after the logs (a shortened test output keeps its end): {failure}");
+            }
         }
     }
+}
+
+/// The last panic of this test process: the test's failure, repeated after the logs the
+/// cluster prints, which push it out of a test output cut to its start and end.
+static FAILURE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Records every panic in [`FAILURE`] before the usual report (once per process).
+fn remember_panics() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            *FAILURE.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(info.to_string());
+            report(info);
+        }));
+    });
 }
 
 /// Where the service binaries are: `IMAGEPIPE_E2E_BIN_DIR`, else the profile directory this
