@@ -94,8 +94,8 @@ pub struct Context {
     pub seed: u64,
     /// The steps whose queues are paused: their deadlines start over instead of firing.
     pub paused: PausedSteps,
-    /// What each step's queue held at the last look: a deadline whose command may still wait
-    /// there is postponed instead of firing.
+    /// What each step's queue and the results queue held at the last look: a deadline whose
+    /// command (or result) may still wait there is postponed instead of firing.
     pub held: HeldSteps,
 }
 
@@ -116,7 +116,19 @@ pub enum Held {
     Undated,
 }
 
-/// What each step's queue (every priority lane of it) still holds.
+impl Held {
+    /// What two queues hold together: the older, an undated backlog counting as the oldest.
+    pub fn and(self, other: Held) -> Held {
+        match (self, other) {
+            (Held::Undated, _) | (_, Held::Undated) => Held::Undated,
+            (Held::Since(a), Held::Since(b)) => Held::Since(a.min(b)),
+            (Held::Nothing, held) | (held, Held::Nothing) => held,
+        }
+    }
+}
+
+/// What each step's queue and the results queue (every priority lane of them) still hold,
+/// together: the oldest message of either.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HeldSteps([Held; 3]);
 
@@ -132,17 +144,20 @@ impl HeldSteps {
         self.0[step_index(step)]
     }
 
-    /// Why a command of `step` sent at `sent_at` (Unix ms) or earlier may still wait in its
-    /// queue: the queue holds a message as old as that, or one it cannot date; `None` when
-    /// everything it holds came later.
+    /// Why a command of `step` sent at `sent_at` (Unix ms) or earlier, or its result, may still
+    /// wait: the step's queue or the results queue holds a message as old as that, or one the
+    /// broker cannot date; `None` when everything they hold came later.
     fn may_hold(&self, step: Step, sent_at: u64) -> Option<String> {
         match self.get(step) {
             Held::Nothing => None,
             Held::Since(since) if since > sent_at.saturating_add(millis(HELD_SLACK)) => None,
             Held::Since(since) => Some(format!(
-                "the {step} queue still holds a message enqueued at {since}, as old as the attempt's command"
+                "a message enqueued at {since}, as old as the attempt's command, still waits in the {step} queue or \
+                 the results queue"
             )),
-            Held::Undated => Some(format!("the {step} queue still holds messages its broker cannot date")),
+            Held::Undated => {
+                Some(format!("the {step} queue or the results queue holds messages its broker cannot date"))
+            }
         }
     }
 }
@@ -495,60 +510,26 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
             if timer.due_at > ctx.now {
                 return Ok(Verdict::Ignore(Ignored::TimerNotDue));
             }
-            // Every command of the attempt went out a whole deadline ago or earlier.
-            let still_queued = matches!(timer.kind, TimerKind::Deadline)
-                .then(|| {
-                    let sent_by = ctx.now.saturating_sub(millis(policy.step(timer.step).deadline));
-                    ctx.held.may_hold(timer.step, sent_by)
-                })
-                .flatten();
             let mut t = Transition::new(task, ctx.now);
             match timer.kind {
-                // A task that waited in a paused queue gets its whole deadline from the resume.
-                TimerKind::Deadline
-                    if ctx.paused.contains(timer.step)
-                        || ctx
-                            .paused
-                            .resumed_at(timer.step)
-                            .saturating_add(millis(policy.step(timer.step).deadline))
-                            > ctx.now =>
-                {
-                    let deadline = millis(policy.step(timer.step).deadline);
-                    let (due_at, why) = if ctx.paused.contains(timer.step) {
-                        (ctx.now.saturating_add(deadline), format!("the {} queue is paused", timer.step))
-                    } else {
-                        let resumed = ctx.paused.resumed_at(timer.step);
-                        (resumed.saturating_add(deadline), format!("the {} queue was resumed at {resumed}", timer.step))
-                    };
-                    t.task.timer = Some(Timer { due_at, ..*timer });
-                    t.finish(
-                        Some(task.state),
-                        HistoryEvent::DeadlinePostponed,
-                        Some(timer.step),
-                        Some(timer.attempt),
-                        Some(why),
-                    )
-                }
-                // A backlog is not a silent step: a command still waiting in its queue is not
-                // charged its deadline (what a dead worker held, the broker redelivers).
-                TimerKind::Deadline if still_queued.is_some() => {
-                    let due_at = ctx.now.saturating_add(millis(policy.step(timer.step).deadline));
-                    t.task.timer = Some(Timer { due_at, ..*timer });
-                    t.finish(
-                        Some(task.state),
-                        HistoryEvent::DeadlinePostponed,
-                        Some(timer.step),
-                        Some(timer.attempt),
-                        still_queued,
-                    )
-                }
                 TimerKind::Deadline => {
                     let deadline = policy.step(timer.step).deadline;
-                    let error = StepError::new(
-                        "deadline_exceeded",
-                        format!("no result for {} attempt {} within {deadline:?}", timer.step, timer.attempt),
-                    );
-                    t.failed_attempt(timer.step, timer.attempt, error, None, ctx, policy)
+                    if let Some((due_at, why)) = postponement(timer, ctx, millis(deadline)) {
+                        t.task.timer = Some(Timer { due_at, ..*timer });
+                        t.finish(
+                            Some(task.state),
+                            HistoryEvent::DeadlinePostponed,
+                            Some(timer.step),
+                            Some(timer.attempt),
+                            Some(why),
+                        )
+                    } else {
+                        let error = StepError::new(
+                            "deadline_exceeded",
+                            format!("no result for {} attempt {} within {deadline:?}", timer.step, timer.attempt),
+                        );
+                        t.failed_attempt(timer.step, timer.attempt, error, None, ctx, policy)
+                    }
                 }
                 TimerKind::Retry if task.cancel_requested.is_some() => t.cancel(),
                 TimerKind::Retry => {
@@ -565,6 +546,24 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
         }
     };
     Ok(Verdict::Apply(Box::new(outcome)))
+}
+
+/// When and why due deadline `timer` (of `deadline` ms) starts over uncharged instead of firing:
+/// its step's queue is paused (a whole deadline from now), was resumed less than a deadline ago
+/// (a whole deadline from the resume), or still holds a message as old as the attempt's command
+/// (a backlog is not a silent step; what a dead worker held, the broker redelivers).
+fn postponement(timer: &Timer, ctx: &Context, deadline: u64) -> Option<(u64, String)> {
+    let step = timer.step;
+    if ctx.paused.contains(step) {
+        return Some((ctx.now.saturating_add(deadline), format!("the {step} queue is paused")));
+    }
+    let resumed = ctx.paused.resumed_at(step);
+    if resumed.saturating_add(deadline) > ctx.now {
+        return Some((resumed.saturating_add(deadline), format!("the {step} queue was resumed at {resumed}")));
+    }
+    // Every command of the attempt went out a whole deadline ago or earlier.
+    let why = ctx.held.may_hold(step, ctx.now.saturating_sub(deadline))?;
+    Some((ctx.now.saturating_add(deadline), why))
 }
 
 fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy: &Policy) -> Result<Verdict, String> {

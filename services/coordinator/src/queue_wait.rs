@@ -1,11 +1,12 @@
-//! [`QueueWaits`]: what each stage queue still holds, looked up when a step deadline comes due,
-//! so the state machine can tell a command still waiting behind a backlog (not charged its
-//! deadline) from one a worker took and went silent on.
+//! [`QueueWaits`]: what each stage queue and the results queue still hold, looked up when a
+//! step deadline comes due, so the state machine can tell a command (or its result) still
+//! waiting behind a backlog, not charged its deadline, from one a worker took and went silent on.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use imagepipe_bus::{Bus, BusError};
+use imagepipe_contracts::names::queues;
 use imagepipe_contracts::{Priority, Step};
 use imagepipe_runtime::clock::millis;
 use imagepipe_runtime::error_chain;
@@ -29,13 +30,14 @@ impl QueueWaits {
         Self { bus, looked: Mutex::new([(0, Held::Nothing); 3]) }
     }
 
-    /// What each step's queue held at the last look (for the machine's [`Context`](crate::Context)).
+    /// What each step's queue and the results queue held at the last look (for the machine's
+    /// [`Context`](crate::Context)).
     pub fn snapshot(&self) -> HeldSteps {
         let looked = *self.looked.lock().unwrap_or_else(PoisonError::into_inner);
         Step::ALL.into_iter().zip(looked).fold(HeldSteps::default(), |held, (step, (_, h))| held.with(step, h))
     }
 
-    /// Looks at `step`'s queue again unless the last look is under [`FRESH_FOR`] old at `now`
+    /// Looks at `step`'s queue and the results queue again unless the last look is under [`FRESH_FOR`] old at `now`
     /// (Unix ms). A broker that cannot be asked counts as holding nothing: the deadline then
     /// fires as it would without this check.
     pub async fn refresh(&self, step: Step, now: u64) {
@@ -44,9 +46,10 @@ impl QueueWaits {
         if last != 0 && now.saturating_sub(last) < millis(FRESH_FOR) {
             return;
         }
-        let held = match held(&self.bus, step.queue()).await {
-            Ok(held) => held,
-            Err(error) => {
+        let (command, result) = tokio::join!(held(&self.bus, step.queue()), held(&self.bus, queues::RESULTS));
+        let held = match (command, result) {
+            (Ok(command), Ok(result)) => command.and(result),
+            (Err(error), _) | (_, Err(error)) => {
                 tracing::debug!(queue = step.queue(), error = %error_chain(&error), "asking what the queue holds");
                 Held::Nothing
             }

@@ -231,7 +231,10 @@ async fn a_command_still_in_its_queue_is_not_charged_its_deadline() {
     let history = engine.store().history("tsk_backlog").await.unwrap();
     let last = history.last().unwrap();
     assert_eq!(last.event, HistoryEvent::DeadlinePostponed, "{history:?}");
-    assert!(last.detail.as_deref().unwrap().contains("download queue still holds"), "{last:?}");
+    assert!(
+        last.detail.as_deref().unwrap().contains("still waits in the download queue or the results queue"),
+        "{last:?}"
+    );
 
     // A worker took it and went silent: the next deadline counts.
     assert_eq!(drain(downloads.as_ref()).await.len(), 1);

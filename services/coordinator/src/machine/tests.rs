@@ -797,7 +797,7 @@ fn a_deadline_whose_command_may_still_wait_in_its_queue_starts_over_uncharged() 
         panic!("the deadline applies")
     };
     assert_eq!(d.history.event, HistoryEvent::DeadlinePostponed);
-    assert!(d.history.detail.as_deref().unwrap().contains("still holds a message enqueued at 900"), "{:?}", d.history);
+    assert!(d.history.detail.as_deref().unwrap().contains("a message enqueued at 900"), "{:?}", d.history);
     assert!(d.outbox.is_empty(), "no retry, no re-send");
     assert_eq!(d.task.steps.metadata.attempts, 1);
     assert!(d.task.steps.metadata.last_error.is_none(), "no attempt was charged");
@@ -849,6 +849,15 @@ fn an_undated_backlog_holds_the_deadline_and_another_step_s_backlog_does_not() {
     };
     assert_eq!(d.history.event, HistoryEvent::RetryScheduled);
     assert_eq!(HeldSteps::default().get(Step::Download), Held::Nothing);
+}
+
+#[test]
+fn a_step_queue_and_the_results_queue_hold_the_older_of_their_messages() {
+    assert_eq!(Held::Since(5).and(Held::Since(3)), Held::Since(3));
+    assert_eq!(Held::Nothing.and(Held::Since(1)), Held::Since(1));
+    assert_eq!(Held::Since(1).and(Held::Nothing), Held::Since(1));
+    assert_eq!(Held::Since(1).and(Held::Undated), Held::Undated);
+    assert_eq!(Held::Nothing.and(Held::Nothing), Held::Nothing);
 }
 
 // --- reprocessing ---------------------------------------------------------------------------
