@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use imagepipe_runtime::batches::until_short;
 use imagepipe_runtime::clock::{Clock, millis};
 use imagepipe_runtime::config::{CoordinatorConfig, DlqConfig};
 use imagepipe_runtime::shutdown::Shutdown;
@@ -73,16 +74,14 @@ impl Expirer {
     /// Deletes every finished task and dead letter past its retention now.
     pub async fn pass(&self) -> Result<Expired, StoreError> {
         let now = self.clock.unix_ms();
-        let mut expired = Expired::default();
-        loop {
-            let n = self.store.expire_finished(cutoff(now, self.retention.tasks), BATCH).await?;
+        let before = cutoff(now, self.retention.tasks);
+        let tasks = until_short(BATCH, |max| async move {
+            let n = self.store.expire_finished(before, max).await?;
             counter!(m::TASKS_EXPIRED).increment(n as u64);
-            expired.tasks += n;
-            if n < BATCH {
-                break;
-            }
-        }
-        expired.dead_letters = self.trim_dead_letters().await?;
+            Ok::<_, StoreError>(n)
+        })
+        .await?;
+        let expired = Expired { tasks, dead_letters: self.trim_dead_letters().await? };
         if expired != Expired::default() {
             tracing::info!(tasks = expired.tasks, dead_letters = expired.dead_letters, "expired");
         }
@@ -93,15 +92,12 @@ impl Expirer {
     /// archiver calls it after each dead letter, so the count stays within its bound.
     pub async fn trim_dead_letters(&self) -> Result<usize, StoreError> {
         let before = cutoff(self.clock.unix_ms(), self.retention.dlq_max_age);
-        let mut trimmed = 0;
-        loop {
-            let n = self.store.trim_dead_letters(before, self.retention.dlq_max_entries, BATCH).await?;
+        until_short(BATCH, |max| async move {
+            let n = self.store.trim_dead_letters(before, self.retention.dlq_max_entries, max).await?;
             counter!(m::DEAD_LETTERS_TRIMMED).increment(n as u64);
-            trimmed += n;
-            if n < BATCH {
-                return Ok(trimmed);
-            }
-        }
+            Ok::<_, StoreError>(n)
+        })
+        .await
     }
 
     /// Runs a [`pass`](Self::pass) every `interval` until `shutdown`.

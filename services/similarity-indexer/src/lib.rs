@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use imagepipe_ai_worker::Classifier;
 use imagepipe_bus::{Bus, BusError, Selector, Subscription};
+use imagepipe_runtime::batches::until_short;
 use imagepipe_runtime::clock::{Clock, SystemClock, millis};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
@@ -164,14 +165,7 @@ pub async fn run(
 /// removals the change log no longer needs; returns how many entries.
 pub async fn expire(store: &dyn SimilarityStore, now: u64, retention: Duration) -> Result<usize, StoreError> {
     let before = now.saturating_sub(millis(retention));
-    let mut dropped = 0;
-    loop {
-        let n = store.expire(before, now, EXPIRY_BATCH).await?;
-        dropped += n;
-        if n < EXPIRY_BATCH {
-            return Ok(dropped);
-        }
-    }
+    until_short(EXPIRY_BATCH, |max| store.expire(before, now, max)).await
 }
 
 /// Runs [`expire`] every [`EXPIRY_INTERVAL`] until `shutdown`.

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use imagepipe_bus::{Bus, BusError, Selector, Subscription};
+use imagepipe_runtime::batches::until_short;
 use imagepipe_runtime::clock::{Clock, SystemClock, millis};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
@@ -119,14 +120,7 @@ pub async fn run(bus: Bus, settings: &Settings, index: Arc<dyn TagIndex>, shutdo
 /// ms); returns how many tasks.
 pub async fn expire(index: &dyn TagIndex, now: u64, retention: Duration) -> Result<usize, IndexError> {
     let before = now.saturating_sub(millis(retention));
-    let mut dropped = 0;
-    loop {
-        let n = index.expire(before, EXPIRY_BATCH).await?;
-        dropped += n;
-        if n < EXPIRY_BATCH {
-            return Ok(dropped);
-        }
-    }
+    until_short(EXPIRY_BATCH, |max| index.expire(before, max)).await
 }
 
 /// Runs [`expire`] every [`EXPIRY_INTERVAL`] until `shutdown`.

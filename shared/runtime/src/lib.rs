@@ -1,12 +1,13 @@
 //! What every imagepipe service runs on: one configuration schema ([`config`]), logs and
 //! traces ([`telemetry`]), Prometheus metrics ([`metrics`]) and the health server ([`http`]),
-//! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), connecting with retries at
+//! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), batched clean-ups ([`batches`]), connecting with retries at
 //! start ([`connect`]), operator control state ([`control`]), time ([`clock`]), memory
 //! budgets for decoding ([`budget`]), the embedded store's files ([`embedded`]), subscriber
 //! dedup ([`dedup`]), the worker loop ([`worker`]) and the start-up that ties them together
 //! ([`service`]).
 
 pub mod backoff;
+pub mod batches;
 pub mod budget;
 pub mod clock;
 pub mod config;
