@@ -57,6 +57,9 @@ export IMAGEPIPE_BUS__NATS__URL=nats://nats-1:4222,nats://nats-2:4222,nats://nat
 export IMAGEPIPE_BUS__NATS__REPLICAS=3
 # Shorter than the network scenario's 30 s cut: the cut-off worker's messages go to the other.
 export IMAGEPIPE_WORKER__ACK_WAIT=10s
+# A task whose state write the Redis restart lost waits for its step deadline (5 min by
+# default); a command still waiting in its queue is not charged one, so 30 s is safe under load.
+export IMAGEPIPE_COORDINATOR__STEP_DEADLINE=30s
 unset IMAGEPIPE_HTTP__AUTH_TOKEN OTEL_EXPORTER_OTLP_ENDPOINT IMAGEPIPE_NET__ALLOW_CIDRS
 services=(coordinator download-worker metadata-worker ai-worker notification-worker tag-indexer-worker
   similarity-indexer analytics-worker)
