@@ -151,15 +151,17 @@ pub async fn every_task_completes_once_through_kill_9(backend: Backend, count: u
         assert!(completions <= 1, "{id} completed {completions} times");
     }
     let not_completed: Vec<&String> = ids.iter().filter(|id| !completed.contains_key(*id)).collect();
-    if let Some(first) = not_completed.first() {
-        let task = cluster.get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{first}")).await;
+    if !not_completed.is_empty() {
         let mut why = std::collections::BTreeMap::<String, usize>::new();
+        let mut first = None;
         for id in &not_completed {
             let task = cluster.get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await;
             let failure = task.as_ref().map(|t| &t["failure"]);
             let reason = failure.map_or("unreadable".into(), |f| format!("{} {}", f["step"], f["error"]["code"]));
             *why.entry(reason).or_default() += 1;
+            first.get_or_insert(task);
         }
+        let task = first.flatten();
         panic!(
             "{} of {count} tasks did not complete through kill -9 (step and error code: {why:?}); the first: \
              {task:?}; all: {not_completed:?}",

@@ -17,43 +17,53 @@ use crate::machine::{Held, HeldSteps};
 /// it instead of asking the broker once each.
 pub const FRESH_FOR: Duration = Duration::from_secs(1);
 
-/// The last look at each stage queue (see the module docs).
+/// The queues looked at: the three stage queues in [`Step::ALL`] order, then the results queue.
+const QUEUES: [&str; 4] = [queues::DOWNLOAD, queues::METADATA, queues::AI, queues::RESULTS];
+const RESULTS: usize = 3;
+
+/// The last look at each stage queue and the results queue (see the module docs).
 pub struct QueueWaits {
     bus: Bus,
-    /// Per step: when it was looked at (Unix ms) and what it held.
-    looked: Mutex<[(u64, Held); 3]>,
+    /// Per queue of [`QUEUES`]: when it was looked at (Unix ms) and what it held.
+    looked: Mutex<[(u64, Held); 4]>,
 }
 
 impl QueueWaits {
     /// Looks at the queues of `bus`.
     pub fn new(bus: Bus) -> Self {
-        Self { bus, looked: Mutex::new([(0, Held::Nothing); 3]) }
+        Self { bus, looked: Mutex::new([(0, Held::Nothing); 4]) }
     }
 
     /// What each step's queue and the results queue held at the last look (for the machine's
     /// [`Context`](crate::Context)).
     pub fn snapshot(&self) -> HeldSteps {
         let looked = *self.looked.lock().unwrap_or_else(PoisonError::into_inner);
-        Step::ALL.into_iter().zip(looked).fold(HeldSteps::default(), |held, (step, (_, h))| held.with(step, h))
+        let results = looked[RESULTS].1;
+        Step::ALL
+            .into_iter()
+            .zip(looked)
+            .fold(HeldSteps::default(), |held, (step, (_, h))| held.with(step, h.and(results)))
     }
 
-    /// Looks at `step`'s queue and the results queue again unless the last look is under [`FRESH_FOR`] old at `now`
-    /// (Unix ms). A broker that cannot be asked counts as holding nothing: the deadline then
-    /// fires as it would without this check.
+    /// Looks again at `step`'s queue and at the results queue, each unless its last look is
+    /// under [`FRESH_FOR`] old at `now` (Unix ms). A broker that cannot be asked counts as
+    /// holding nothing: the deadline then fires as it would without this check.
     pub async fn refresh(&self, step: Step, now: u64) {
-        let index = Step::ALL.iter().position(|s| *s == step).unwrap_or_default();
+        let stage = QUEUES.iter().position(|q| *q == step.queue()).unwrap_or_default();
+        tokio::join!(self.look(stage, now), self.look(RESULTS, now));
+    }
+
+    /// Looks at queue `QUEUES[index]` unless the last look is fresh.
+    async fn look(&self, index: usize, now: u64) {
         let last = self.looked.lock().unwrap_or_else(PoisonError::into_inner)[index].0;
         if last != 0 && now.saturating_sub(last) < millis(FRESH_FOR) {
             return;
         }
-        let (command, result) = tokio::join!(held(&self.bus, step.queue()), held(&self.bus, queues::RESULTS));
-        let held = match (command, result) {
-            (Ok(command), Ok(result)) => command.and(result),
-            (Err(error), _) | (_, Err(error)) => {
-                tracing::debug!(queue = step.queue(), error = %error_chain(&error), "asking what the queue holds");
-                Held::Nothing
-            }
-        };
+        let queue = QUEUES[index];
+        let held = held(&self.bus, queue).await.unwrap_or_else(|error| {
+            tracing::debug!(queue, error = %error_chain(&error), "asking what the queue holds");
+            Held::Nothing
+        });
         self.looked.lock().unwrap_or_else(PoisonError::into_inner)[index] = (now, held);
     }
 }

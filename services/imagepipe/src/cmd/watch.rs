@@ -48,7 +48,8 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
     // Following one task, every event of it comes and the types are chosen here, so the end of
     // the task is seen whatever `--type` says.
     let server_selector = if args.task_id.is_some() { None } else { selector.as_deref() };
-    let mut events: EventStream = Box::pin(client.events(args.task_id.as_deref(), server_selector, None).await?);
+    let query = EventQuery { client: &client, task_id: args.task_id.as_deref(), selector: server_selector };
+    let mut events = query.open(None).await?;
     let wanted = match &selector {
         Some(s) => Selector::parse(s)?,
         None => Selector::all(),
@@ -72,7 +73,6 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
             broken @ (None | Some(Err(ClientError::Unreachable { .. }))) => {
                 let why = broken.and_then(Result::err).map_or_else(|| "it closed".to_owned(), |e| e.to_string());
                 eprintln!("imagepipe watch: the event stream broke ({why})");
-                let query = EventQuery { client: &client, task_id: args.task_id.as_deref(), selector: server_selector };
                 events = query.reopen(last_event_id.as_deref(), &mut reconnects).await?;
                 continue;
             }
@@ -121,6 +121,11 @@ struct EventQuery<'a> {
 }
 
 impl EventQuery<'_> {
+    /// The stream, after event `last_event_id` when given.
+    async fn open(&self, last_event_id: Option<&str>) -> Result<EventStream, ClientError> {
+        Ok(Box::pin(self.client.events(self.task_id, self.selector, last_event_id).await?))
+    }
+
     /// The stream opened again after `last_event_id`, retried with `reconnects`' delays while
     /// the API cannot be reached.
     async fn reopen(&self, last_event_id: Option<&str>, reconnects: &mut Attempts) -> Result<EventStream, ClientError> {
@@ -128,8 +133,8 @@ impl EventQuery<'_> {
             let delay = reconnects.next_delay();
             eprintln!("imagepipe watch: reconnecting in {delay:?}");
             tokio::time::sleep(delay).await;
-            match self.client.events(self.task_id, self.selector, last_event_id).await {
-                Ok(reopened) => return Ok(Box::pin(reopened)),
+            match self.open(last_event_id).await {
+                Ok(reopened) => return Ok(reopened),
                 Err(e @ ClientError::Unreachable { .. }) => eprintln!("imagepipe watch: {e}"),
                 Err(e) => return Err(e),
             }
