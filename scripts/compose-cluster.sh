@@ -25,6 +25,8 @@
 # terminal and completed (none lost), none completed twice (one transition to completed in its
 # history, one task.completed event id). Always `down -v` at the end.
 # Default: every scenario, in that order. IMAGEPIPE_E2E_SKIP_IMAGES=1 skips scripts/images.sh.
+# Under CI, scripts/test.sh refuses IMAGEPIPE_E2E_SKIP_IMAGES and IMAGEPIPE_CLUSTER_REDIS_STOP
+# (scripts/ci-guard.sh).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,8 +49,12 @@ started=$SECONDS
 if [[ "${IMAGEPIPE_E2E_SKIP_IMAGES:-}" != 1 ]]; then
   "$ROOT/scripts/images.sh" base nats redis e2e-client imagepipe
 fi
-# shellcheck disable=SC2046 # KEY=value words
-export $("$ROOT/scripts/images.sh" --print-env base 2>/dev/null)
+# The images' names (KEY=value words); a failure stops here, since without them Compose would
+# run its default public images.
+image_env="$("$ROOT/scripts/images.sh" --print-env base 2>/dev/null)" || image_env=""
+[[ "$image_env" == *IMAGEPIPE_IMAGE=* ]] || { echo "scripts/images.sh --print-env base named no images" >&2; exit 1; }
+# shellcheck disable=SC2086 # KEY=value words
+export $image_env
 
 project="imagepipe-cluster-$$"
 profiles=(--profile cluster)

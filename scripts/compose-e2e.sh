@@ -21,6 +21,7 @@
 # IMAGEPIPE_E2E_SKIP_IMAGES=1 skips step 1 (the images must exist).
 # IMAGEPIPE_E2E_IMAGE=<image> runs that imagepipe image instead of the host-built one (e.g.
 # imagepipe/imagepipe:full from `scripts/images.sh full`, the full multi-stage Dockerfile).
+# Under CI, scripts/test.sh refuses both (scripts/ci-guard.sh).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,8 +41,12 @@ if [[ "${IMAGEPIPE_E2E_SKIP_IMAGES:-}" != 1 ]]; then
     "$ROOT/scripts/images.sh" base nats redis tansu e2e-client imagepipe
   fi
 fi
-# shellcheck disable=SC2046 # KEY=value words
-export $("$ROOT/scripts/images.sh" --print-env base 2>/dev/null)
+# The images' names (KEY=value words); a failure stops here, since without them Compose would
+# run its default public images.
+image_env="$("$ROOT/scripts/images.sh" --print-env base 2>/dev/null)" || image_env=""
+[[ "$image_env" == *IMAGEPIPE_IMAGE=* ]] || { echo "scripts/images.sh --print-env base named no images" >&2; exit 1; }
+# shellcheck disable=SC2086 # KEY=value words
+export $image_env
 if [[ -n "${IMAGEPIPE_E2E_IMAGE:-}" ]]; then export IMAGEPIPE_IMAGE="$IMAGEPIPE_E2E_IMAGE"; fi
 images_done=$SECONDS
 
@@ -109,10 +114,20 @@ result="$(docker run --rm --network "$network" \
 echo "$result"
 submitted=$SECONDS
 
-# Every derivative of both tasks is a file of the blob volume (<dir>/<hex[0:2]>/<hex>).
-mapfile -t keys < <(python3 -c 'import json, sys
-for t in json.loads(sys.argv[1])["tasks"].values():
-    for k in t["keys"]: print(k.split(":", 1)[1])' "$result")
+# Every derivative of both tasks is a file of the blob volume (<dir>/<hex[0:2]>/<hex>). A result
+# Python cannot read, or without the two tasks or their derivatives, fails here: an empty list
+# would check nothing.
+hexes="$(python3 -c 'import json, sys
+tasks = json.loads(sys.argv[1])["tasks"]
+if len(tasks) != 2 or not all(t["keys"] for t in tasks.values()):
+    sys.exit(f"the smoke result does not list the derivatives of two tasks: {sys.argv[1]}")
+for t in tasks.values():
+    for k in t["keys"]: print(k.split(":", 1)[1])' "$result")"
+mapfile -t keys <<<"$hexes"
+if [[ -z "$hexes" ]] || ((${#keys[@]} < 2)); then
+  echo "no derivative keys in the smoke result: $result" >&2
+  exit 1
+fi
 docker run --rm -v "${project}_blobs:/b:ro" imagepipe/debian:bookworm bash -c '
   for hex in "$@"; do
     f="/b/${hex:0:2}/$hex"

@@ -6,8 +6,20 @@
 # runs every test of the workspace with every backend compiled in, schemathesis against the
 # coordinator's OpenAPI document (scripts/schemathesis.sh), and the pipeline in containers
 # (compose end to end on NATS and Kafka, the cluster under failures). `.ci/run` calls exactly this.
+#
+# Under CI (.ci/run sets CI=true) it takes no arguments and refuses every variable that would skip,
+# shrink or swap a check (scripts/ci-guard.sh); `scripts/test.sh --check-env` only checks that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+source scripts/ci-guard.sh
+if [[ "${1:-}" == --check-env ]]; then
+  shift
+  ci_guard "$@"
+  exit 0
+fi
+ci_guard "$@"
+scripts/ci-guard-test.sh
 
 source scripts/redis.sh
 ensure_redis
@@ -63,7 +75,8 @@ if docker info >/dev/null 2>&1; then
   IMAGEPIPE_COMPOSE=v1 scripts/compose-e2e.sh kafka
   # 250 tasks per scenario: the debug binaries move ~4 tasks/s through 21 containers on two
   # cores, so the documented 1,000 (scripts/compose-cluster.sh's default) would take ~30 min here.
-  # IMAGEPIPE_TEST_CLUSTER_TASKS sets another count; IMAGEPIPE_TEST_CLUSTER=0 skips the scenarios.
+  # Outside CI, IMAGEPIPE_TEST_CLUSTER_TASKS sets another count and IMAGEPIPE_TEST_CLUSTER=0 skips
+  # the scenarios.
   if [[ "${IMAGEPIPE_TEST_CLUSTER:-1}" != 0 ]]; then
     echo "==> the cluster profile under failures (scripts/compose-cluster.sh)"
     scripts/compose-cluster.sh --tasks "${IMAGEPIPE_TEST_CLUSTER_TASKS:-250}"
