@@ -152,7 +152,7 @@ impl Handler for ResultHandler {
 }
 
 /// A consumer that fetches nothing while the coordinator is at its in-flight cap, so
-/// submissions wait in their queue (DESIGN.md, "Backpressure").
+/// submissions wait in their queue (docs/design.md, "Backpressure").
 ///
 /// The `high` submit lane's ([`CappedConsumer::high`]) is gated on [`Engine::high_cap`]: a high
 /// submission is taken and started at once, never behind the backlog of the lanes below (and

@@ -1,4 +1,4 @@
-//! The imagepipe task coordinator: the only writer of task state (DESIGN.md, "Task state machine").
+//! The imagepipe task coordinator: the only writer of task state (docs/design.md, "Task state machine").
 //!
 //! - [`machine`]: the state machine, a pure function from a task and an input to a decision.
 //! - [`task`]: the task record, its history entries and outbox entries.
@@ -12,6 +12,7 @@
 //! - [`consumers`]: handlers of `tasks.submit`, `tasks.results` and the dead-letter queues.
 //! - [`reprocess`]: reprocessing jobs (`POST /v1/reprocess`).
 //! - [`retention`]: deletes finished tasks and old dead letters.
+//! - [`describe`]: how a task is shown to people (its source, why it failed).
 //! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`loops`]: the loops; [`gauges`]:
 //!   queue depth, consumer lag and dead-letter gauges;
 //!   [`app`]: assembly from the runtime `Settings`.
@@ -21,6 +22,7 @@ pub mod app;
 pub mod consumers;
 pub mod control;
 pub mod dashboard;
+pub mod describe;
 pub mod engine;
 pub mod events;
 pub mod gauges;

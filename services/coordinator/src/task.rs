@@ -8,7 +8,7 @@ use imagepipe_contracts::{ImageSource, Labels, Priority, Step, StepError, TraceI
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Where a task is in the pipeline (DESIGN.md, "Task state machine").
+/// Where a task is in the pipeline (docs/design.md, "Task state machine").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {

@@ -1,4 +1,4 @@
-//! The blob store (DESIGN.md, "claim check"): the download worker writes an image's bytes once,
+//! The blob store (docs/design.md, "claim check"): the download worker writes an image's bytes once,
 //! under a content-addressed key `sha256:<hex>`, and every later message carries only the key.
 //!
 //! [`BlobStore`] is the seam; [`LocalBlobStore`] keeps blobs in a directory (one host, or a volume
@@ -11,6 +11,8 @@ mod key;
 mod local;
 mod object;
 pub mod sniff;
+
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -46,8 +48,19 @@ pub enum BlobError {
     },
 }
 
+/// A stored blob as [`BlobStore::list`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBlob {
+    /// Its key.
+    pub key: BlobKey,
+    /// When it was last written: a [`BlobStore::put`] of bytes already stored counts, so a
+    /// re-uploaded blob is as new as its latest upload.
+    pub modified: SystemTime,
+}
+
 /// Where images and thumbnails live. Writes are content-addressed and idempotent: putting the
-/// same bytes twice returns the same key and stores them once.
+/// same bytes twice returns the same key and stores them once (and renews its
+/// [`modified`](BlobStore::modified) time, which the coordinator's orphan sweep goes by).
 #[async_trait]
 pub trait BlobStore: Send + Sync {
     /// Stores `bytes` durably and returns their key.
@@ -58,4 +71,9 @@ pub trait BlobStore: Send + Sync {
     async fn exists(&self, key: &BlobKey) -> Result<bool, BlobError>;
     /// Removes the blob under `key`; removing a missing blob is not an error.
     async fn delete(&self, key: &BlobKey) -> Result<(), BlobError>;
+    /// When the blob under `key` was last written; `None` when there is none.
+    async fn modified(&self, key: &BlobKey) -> Result<Option<SystemTime>, BlobError>;
+    /// Up to `max` stored blobs whose keys come after `after` (from the first without it), in
+    /// key order: a listing goes on from the last key of its previous page.
+    async fn list(&self, after: Option<&BlobKey>, max: usize) -> Result<Vec<StoredBlob>, BlobError>;
 }

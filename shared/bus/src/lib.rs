@@ -1,4 +1,4 @@
-//! Task queues and event topics (DESIGN.md, "Queues and topics").
+//! Task queues and event topics (docs/design.md, "Queues and topics").
 //!
 //! Two seams, one per messaging pattern, shaped by what NATS JetStream and Kafka both offer:
 //!

@@ -19,7 +19,7 @@ pub const MAX_LABEL_VALUE_LEN: usize = 1024;
 /// Most bytes of all label keys and values together.
 pub const MAX_LABELS_TOTAL_LEN: usize = 8 * 1024;
 
-/// The submit command: plain JSON, the same on NATS, Kafka and HTTP (DESIGN.md, "Interfaces").
+/// The submit command: plain JSON, the same on NATS, Kafka and HTTP (docs/design.md, "Interfaces").
 ///
 /// Exactly one of `url` and `blob` names the image; [`SubmitTask::validate`] checks that and
 /// every other rule, so a malformed submit can be dead-lettered with a precise reason.

@@ -1,4 +1,4 @@
-//! The event envelope (DESIGN.md, "The event envelope") and the event types.
+//! The event envelope (docs/design.md, "The event envelope") and the event types.
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,7 +12,7 @@ use crate::trace::TraceId;
 
 /// Every lifecycle event, as it travels on an event topic.
 ///
-/// Serializes to exactly the JSON of DESIGN.md (camelCase). `P` is the typed payload
+/// Serializes to exactly the JSON of docs/design.md (camelCase). `P` is the typed payload
 /// (see [`crate::payload`]); `serde_json::Value` reads any event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -1,4 +1,4 @@
-//! Logical names of queues, topics and headers (DESIGN.md, "Queues and topics").
+//! Logical names of queues, topics and headers (docs/design.md, "Queues and topics").
 //!
 //! Names here carry no prefix: a bus backend prepends its configured `bus.prefix`
 //! (default `imagepipe`), so [`queues::DOWNLOAD`] becomes `imagepipe.tasks.download`.

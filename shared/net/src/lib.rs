@@ -1,5 +1,5 @@
 //! Outbound HTTP for imagepipe's download and webhook clients, guarded against SSRF
-//! (DESIGN.md, "Security defaults").
+//! (docs/design.md, "Security defaults").
 //!
 //! - [`policy`]: one pure function deciding whether an IP address may be reached, with an
 //!   allowlist of CIDRs (`net.allow_cidrs`) for tests and private deployments.

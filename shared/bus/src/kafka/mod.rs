@@ -1,6 +1,6 @@
 //! Kafka backend (feature `kafka`), on librdkafka through `rdkafka`.
 //!
-//! Topics (DESIGN.md, "Queues and topics"), created at start when missing with
+//! Topics (docs/design.md, "Queues and topics"), created at start when missing with
 //! `bus.kafka.partitions` and `replication_factor`: one per task queue
 //! (`<prefix>.tasks.download`), one per event family (`<prefix>.events.image`,
 //! `<prefix>.events.task`), one per dead-letter queue (`<prefix>.dlq.tasks.download`,

@@ -1,6 +1,6 @@
 //! NATS JetStream backend (feature `nats`).
 //!
-//! Three streams per `bus.prefix`, created or updated at start (DESIGN.md, "Queues and
+//! Three streams per `bus.prefix`, created or updated at start (docs/design.md, "Queues and
 //! topics"): a work-queue stream for `<prefix>.tasks.>`, a limits stream for
 //! `<prefix>.events.>` kept for `events_max_age`, and a limits stream for the dead letters
 //! `<prefix>.dlq.>`. Every queue and subscriber group is a durable pull consumer with explicit
