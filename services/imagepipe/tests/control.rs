@@ -217,8 +217,15 @@ async fn a_paused_task_stops_at_the_step_boundary_and_resumes(bus: BusKind) {
     assert_eq!(run.api("POST", "/v1/queues/metadata/resume", "").await.status, 200);
     let paused = run.until(&id, "paused", |t| t.state == TaskState::Paused).await;
     assert!(paused.outputs.metadata.is_some() && paused.outputs.analysis.is_none(), "{paused:?}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(run.task(&id).await.state, TaskState::Paused, "a paused task stays paused");
+    // A task submitted now runs the step the paused one stopped before and completes: had the
+    // pause let the paused task go on, it would have gone on meanwhile.
+    let other = run.submit("tpass", 1, Priority::Normal).await;
+    let other = run.pipeline.wait_for(&other, WAIT).await.unwrap().remove(0);
+    assert_eq!(other.state, TaskState::Completed, "{other:?}");
+    let still = run.task(&id).await;
+    assert_eq!(still.state, TaskState::Paused, "a paused task stays paused: {still:?}");
+    let history = run.history(&id).await;
+    assert_eq!(history.last(), Some(&HistoryEvent::Paused), "nothing happened after the pause: {history:?}");
     assert_eq!(run.api("POST", &format!("/v1/tasks/{id}/resume"), "").await.status, 202);
     let done = run.pipeline.wait_for(std::slice::from_ref(&id), WAIT).await.unwrap().remove(0);
     assert_eq!(done.state, TaskState::Completed, "{done:?}");
@@ -395,4 +402,63 @@ async fn cancelling_a_running_step_stops_it_within_a_second_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_running_step_stops_it_within_a_second_nats() {
     cancelling_a_running_step_stops_it_within_a_second(BusKind::Nats).await;
+}
+
+/// The metadata queue as `GET /v1/queues` shows it.
+async fn metadata_queue(run: &Running) -> serde_json::Value {
+    let queues = run.api("GET", "/v1/queues", "").await;
+    let view: serde_json::Value = serde_json::from_str(&queues.body).unwrap();
+    view["queues"].as_array().unwrap().iter().find(|q| q["name"] == "metadata").unwrap().clone()
+}
+
+/// A queue pause is in force when its call returns, and a task whose command waits in the
+/// paused queue is cancelled at once; the command, delivered after the resume, changes nothing.
+async fn a_task_waiting_in_a_paused_queue_is_cancelled_at_once(bus: BusKind) {
+    let Some(run) = Running::start(bus, |_| {}).await else { return };
+    let paused = run.api("POST", "/v1/queues/metadata/pause", "").await;
+    assert_eq!(paused.status, 200, "{paused:?}");
+    let view: serde_json::Value = serde_json::from_str(&paused.body).unwrap();
+    assert_eq!((&view["paused"], &view["pausing"]), (&true.into(), &false.into()), "in force on return: {view}");
+
+    let id = run.submit("twait", 1, Priority::Normal).await.remove(0);
+    run.until(&id, "reached metadata", |t| t.state == TaskState::ExtractingMetadata).await;
+    let queue = metadata_queue(&run).await;
+    assert_eq!((&queue["depth"], &queue["inFlight"]), (&1.into(), &0.into()), "the command waits: {queue}");
+    let answer = run.api("POST", &format!("/v1/tasks/{id}/cancel"), r#"{"reason":"test"}"#).await;
+    assert_eq!(answer.status, 202, "{answer:?}");
+    let task: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(task["state"], "cancelled", "no step runs: nothing to wait for: {task}");
+
+    assert_eq!(run.api("POST", "/v1/queues/metadata/resume", "").await.status, 200);
+    let other = run.submit("tafter", 1, Priority::Normal).await;
+    let other = run.pipeline.wait_for(&other, WAIT).await.unwrap().remove(0);
+    assert_eq!(other.state, TaskState::Completed, "{other:?}");
+    // The cancelled task's command went before the later task's: once nothing waits or runs
+    // there, its worker has reported on it.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let queue = metadata_queue(&run).await;
+        if queue["depth"] == 0 && queue["inFlight"] == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the metadata queue never drained: {queue}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let task = run.task(&id).await;
+    assert_eq!(task.state, TaskState::Cancelled, "{task:?}");
+    assert!(task.outputs.metadata.is_none(), "{task:?}");
+    let history = run.history(&id).await;
+    assert_eq!(history.last(), Some(&HistoryEvent::Cancelled), "{history:?}");
+    assert!(!history.contains(&HistoryEvent::CancelRequested), "{history:?}");
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_waiting_in_a_paused_queue_is_cancelled_at_once_memory() {
+    a_task_waiting_in_a_paused_queue_is_cancelled_at_once(BusKind::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_waiting_in_a_paused_queue_is_cancelled_at_once_nats() {
+    a_task_waiting_in_a_paused_queue_is_cancelled_at_once(BusKind::Nats).await;
 }

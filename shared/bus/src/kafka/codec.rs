@@ -110,7 +110,20 @@ mod tests {
 
     #[test]
     fn ids_map_to_a_stable_partition() {
-        assert_eq!(partition_of_id("dup", 6), partition_of_id("dup", 6));
+        // The published FNV-1a 32-bit test vectors ("" 0x811c9dc5, "a" 0xe40c292c, "foobar"
+        // 0xbf9cf968), modulo the partition count; i32::MAX partitions show nearly the whole hash.
+        // A publisher of another version must pick the same partition, so these must not change.
+        for (id, partitions, expected) in [
+            ("", 6, 1),
+            ("a", 6, 4),
+            ("foobar", 6, 4),
+            ("foobar", 1000, 720),
+            ("", i32::MAX, 18_652_614),
+            ("a", i32::MAX, 1_678_518_573),
+            ("foobar", i32::MAX, 1_067_252_073),
+        ] {
+            assert_eq!(partition_of_id(id, partitions), expected, "{id:?} of {partitions} partitions");
+        }
         assert!((0..6).contains(&partition_of_id("anything", 6)));
         assert_eq!(partition_of_id("x", 1), 0);
         let spread: std::collections::BTreeSet<i32> =
