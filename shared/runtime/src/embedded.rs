@@ -72,6 +72,27 @@ pub fn group_file(store_path: &Path, group: &str) -> Result<PathBuf, EmbeddedErr
     Ok(store_path.join(format!("{group}.redb")))
 }
 
+/// The database files under `store_path` another process has open (redb lets one process open a
+/// file): checked before a start that would fail on them half-way, and by `imagepipe doctor`.
+/// Files this process has open, files that do not open for another reason (the real open
+/// reports those) and a missing directory count as free.
+pub fn held_by_another_process(store_path: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(store_path) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "redb") && path.is_file())
+        .collect();
+    files.sort();
+    let open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+    files
+        .into_iter()
+        .filter(|path| {
+            let ours = path.canonicalize().ok().and_then(|p| open.get(&p).and_then(Weak::upgrade)).is_some();
+            !ours && matches!(Database::open(path), Err(redb::DatabaseError::DatabaseAlreadyOpen))
+        })
+        .collect()
+}
+
 /// One redb database file, shared by every part of the process that opened it; clones share it.
 #[derive(Clone)]
 pub struct EmbeddedDb {

@@ -36,7 +36,7 @@ fn is_config_variable(rest: &str, sections: &[String]) -> bool {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConfigArgs {
     /// TOML config file; `IMAGEPIPE_<SECTION>__<KEY>` environment variables override it.
-    #[arg(long = "config", value_name = "FILE", env = CONFIG_PATH_ENV)]
+    #[arg(long = "config", value_name = "FILE", env = CONFIG_PATH_ENV, global = true)]
     pub config: Option<PathBuf>,
 }
 

@@ -65,7 +65,9 @@ impl std::fmt::Debug for Readiness {
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     /// Binding the listening socket failed.
-    #[error("binding the HTTP server to {addr}")]
+    #[error(
+        "binding the HTTP server to {addr} (http.bind and http.port, IMAGEPIPE_HTTP__BIND and IMAGEPIPE_HTTP__PORT)"
+    )]
     Bind {
         /// The address.
         addr: SocketAddr,
