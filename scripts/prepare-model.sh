@@ -36,7 +36,7 @@ venv="$cache/venv-prepare"
 # Pinned tools of the preparation (not of the service): numpy for the weights and the reference
 # forward pass, onnx to write the graph, onnxruntime to check it (and its shared library, which
 # the worker loads; the ort crate speaks its C API), Pillow to read the photos.
-requirements="numpy==2.4.6 onnx==1.23.2 onnxruntime==1.31.1 pillow==13.0.0"
+requirements="numpy==2.4.6 onnx==1.23.2 onnxruntime==1.22.1 pillow==13.0.0"
 
 if [[ ! -f /usr/share/wordnet/data.noun ]]; then
   echo "prepare-model: installing Debian's wordnet-base" >&2

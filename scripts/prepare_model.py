@@ -151,7 +151,7 @@ FEATURES_MIN_COSINE = 0.9999
 FEATURES_OUTPUT = "features"
 FEATURES_DIM = 1280
 # The onnxruntime the preparation installs (prepare-model.sh pins it) and ships for the worker.
-ONNXRUNTIME_VERSION = "1.31.1"
+ONNXRUNTIME_VERSION = "1.22.1"
 ONNXRUNTIME_LIBRARY = f"libonnxruntime.so.{ONNXRUNTIME_VERSION}"
 VERIFICATION_DIR = "verification"
 

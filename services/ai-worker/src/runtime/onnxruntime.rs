@@ -1,8 +1,10 @@
 //! onnxruntime through the `ort` crate. Nothing of onnxruntime is linked or downloaded at build
 //! time: its shared library (`libonnxruntime.so.<version>`, which `scripts/prepare-model.sh`
 //! copies from the pinned onnxruntime wheel into the model directory) is loaded at run time, once
-//! per process. `ort` speaks onnxruntime's C API version 22 ([`ort::MINOR_VERSION`]), which every
-//! library from 1.22 on serves (the prepared one is 1.31).
+//! per process. `ort` speaks onnxruntime's C API version 22 ([`ort::MINOR_VERSION`]); the prepared
+//! library is a 1.22 release, the one `ort` expects (another minor version makes `ort` warn at
+//! every start). onnxruntime's own log lines go through `tracing` (target `ort`) at the level the
+//! filter shows for it: `warn` unless `RUST_LOG` or `log.filter` names `ort`.
 //!
 //! Every session runs one inference at a time on its caller's thread (one intra-op thread, no
 //! inter-op pool, sequential execution, every graph optimisation): the worker runs `ai.threads`
@@ -13,6 +15,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use ort::logging::LogLevel;
 use ort::session::Session;
 use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights};
 use ort::value::{TensorRef, ValueType};
@@ -126,7 +129,9 @@ fn load_library(library: &Path) -> Result<String, ModelError> {
 /// is caught and returned as the reason (the default panic hook has printed it to stderr too).
 fn init(library: &Path) -> Result<String, String> {
     let committed = catch_unwind(AssertUnwindSafe(|| {
-        ort::init_from(library.display().to_string()).with_name("imagepipe-ai-worker").commit().map(|_| ort::info())
+        ort::init_from(library.display().to_string()).with_name("imagepipe-ai-worker").commit()?;
+        ort::environment::get_environment()?.set_log_level(log_level());
+        Ok::<_, ort::Error>(ort::info())
     }));
     match committed {
         Ok(Ok(info)) => Ok(version_of(info)),
@@ -136,6 +141,18 @@ fn init(library: &Path) -> Result<String, String> {
             .cloned()
             .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| "loading it panicked".into())),
+    }
+}
+
+/// The most detailed level of onnxruntime's lines the `tracing` filter shows (it creates its
+/// environment logging everything, and formats every line it logs).
+fn log_level() -> LogLevel {
+    if tracing::enabled!(target: "ort::logging", tracing::Level::TRACE) {
+        LogLevel::Verbose
+    } else if tracing::enabled!(target: "ort::logging", tracing::Level::INFO) {
+        LogLevel::Info
+    } else {
+        LogLevel::Warning
     }
 }
 

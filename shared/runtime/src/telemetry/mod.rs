@@ -114,13 +114,30 @@ pub fn init(service: &str, log: &LogConfig, telemetry: &TelemetryConfig) -> Resu
     Ok(telemetry)
 }
 
-/// The filter: `rust_log` when set and non-blank, else `configured`.
+/// Libraries whose INFO lines are their own chatter, not the service's: ONNX Runtime (through
+/// `ort`) logs every graph optimisation of every session it creates. Each logs at `warn` unless
+/// the filter names its target (`RUST_LOG=info,ort=info` shows them).
+pub const QUIET_TARGETS: &[&str] = &["ort"];
+
+/// The filter: `rust_log` when set and non-blank, else `configured`; each of [`QUIET_TARGETS`]
+/// the filter does not name at `warn`.
 pub fn env_filter(rust_log: Option<String>, configured: &str) -> Result<EnvFilter, TelemetryError> {
     let (filter, origin) = match rust_log {
         Some(value) if !value.trim().is_empty() => (value, RUST_LOG),
         _ => (configured.to_owned(), "log.filter"),
     };
-    EnvFilter::try_new(&filter).map_err(|source| TelemetryError::Filter { filter, origin, source })
+    let mut parsed = EnvFilter::try_new(&filter).map_err(|source| TelemetryError::Filter {
+        filter: filter.clone(),
+        origin,
+        source,
+    })?;
+    for target in QUIET_TARGETS {
+        let named = filter.split(',').any(|d| d.trim().split(['=', '[', ':']).next() == Some(*target));
+        if !named {
+            parsed = parsed.add_directive(format!("{target}=warn").parse().expect("a valid directive"));
+        }
+    }
+    Ok(parsed)
 }
 
 /// The `service.name` of the spans: `telemetry.service_name` when configured, else
@@ -198,6 +215,25 @@ mod tests {
         assert!(env_filter(Some(" ".into()), "warn").unwrap().to_string().contains("warn"));
         let err = env_filter(Some("info,[[[".into()), "info").unwrap_err();
         assert!(err.to_string().contains("RUST_LOG"), "{err}");
+    }
+
+    /// Whether `filter` lets an INFO line of `target` through.
+    fn shows_info(filter: EnvFilter, target: &'static str) -> bool {
+        let subscriber = Registry::default().with(filter);
+        tracing::subscriber::with_default(subscriber, || match target {
+            "ort::logging" => tracing::enabled!(target: "ort::logging", tracing::Level::INFO),
+            _ => tracing::enabled!(target: "imagepipe_runtime::service", tracing::Level::INFO),
+        })
+    }
+
+    #[test]
+    fn onnx_runtimes_info_lines_are_left_out_unless_the_filter_names_them() {
+        let default = || env_filter(None, &LogConfig::default().filter).unwrap();
+        assert!(!shows_info(default(), "ort::logging"), "ONNX Runtime's chatter is off by default");
+        assert!(shows_info(default(), "imagepipe_runtime::service"), "the service's own lines are not");
+        assert!(!shows_info(env_filter(Some("info".into()), "warn").unwrap(), "ort::logging"));
+        assert!(shows_info(env_filter(Some("info,ort=info".into()), "warn").unwrap(), "ort::logging"));
+        assert!(shows_info(env_filter(None, "ort[x]=debug,info").unwrap(), "ort::logging"));
     }
 
     #[test]
