@@ -3,20 +3,22 @@
 # requests from the document for every operation and fails on a server error (5xx) or on an
 # answer the document does not describe (status, content type, headers, body schema).
 #
-# What runs: the coordinator, the tag indexer and the analytics worker as three processes (the
-# in-process bus, embedded stores, a temporary directory, a token, spare loopback ports), the
-# coordinator forwarding /v1/search and /v1/stats to the other two, as in compose. Not
-# `imagepipe run`: its download worker would fetch the URLs schemathesis puts in submits, and
-# nothing here may reach beyond loopback; here submitted tasks wait in a queue nobody reads.
-# The similarity routes answer 404 not_configured (no similarity indexer), as documented.
-# Left out: GET /v1/events, a Server-Sent Events stream that stays open while the server runs;
-# GET /v1/tasks/{id}/similar, since no similarity indexer exists yet and schemathesis rightly
-# expects the similar images of a task it has just created there (its other routes stay in).
+# What runs: the coordinator, the tag indexer, the analytics worker and the similarity indexer (with
+# the model of scripts/prepare-model.sh, which POST /v1/search/similar runs) as four processes (the
+# in-process bus, embedded stores, one blob directory, a temporary directory, a token, spare
+# loopback ports), the coordinator forwarding /v1/search, /v1/stats and the similarity routes to
+# the other three, as in compose; before schemathesis, a tag search, the stats, the duplicates
+# and a similarity search of a sample photo must answer 200 through the coordinator (not 404
+# not_configured). Not `imagepipe run`: its download worker would fetch the URLs schemathesis puts
+# in submits, and nothing here may reach beyond loopback; here submitted tasks wait in a queue
+# nobody reads (so GET /v1/tasks/{id}/similar answers 404, no embedding, or 400).
+# Left out: GET /v1/events, a Server-Sent Events stream that stays open while the server runs.
 #
 # Usage: scripts/schemathesis.sh [extra schemathesis run options]
 #   IMAGEPIPE_SCHEMATHESIS_EXAMPLES  examples per operation (default 25)
 #   IMAGEPIPE_SCHEMATHESIS_SEED      the seed (default fixed, so a CI run is reproducible; empty:
 #                                    a new one each run)
+# Under CI, scripts/test.sh refuses both (scripts/ci-guard.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,7 +54,7 @@ SCHEMATHESIS="$(schemathesis_binary)"
 # runs this same `cargo test --no-run`), so after it this builds nothing. A `cargo build --bins`
 # would resolve features without the dev-dependencies and rebuild half the workspace (minutes).
 cargo test -q --no-run --workspace --all-features
-for name in coordinator tag-indexer-worker analytics-worker; do
+for name in coordinator tag-indexer-worker analytics-worker similarity-indexer; do
   [[ -x "$BIN_DIR/imagepipe-$name" ]] || { echo "schemathesis.sh: no $BIN_DIR/imagepipe-$name after the build" >&2; exit 1; }
 done
 
@@ -81,6 +83,8 @@ TOKEN="schemathesis-$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 COORDINATOR_PORT="$(spare_port)"
 SEARCH_PORT="$(spare_port)"
 STATS_PORT="$(spare_port)"
+SIMILARITY_PORT="$(spare_port)"
+MODEL_DIR="$(scripts/prepare-model.sh --print-dir)"
 
 # start NAME PORT [VAR=VALUE...]: one service binary with the shared environment.
 start() {
@@ -112,12 +116,36 @@ wait_ready() {
 
 start tag-indexer-worker "$SEARCH_PORT"
 start analytics-worker "$STATS_PORT"
+start similarity-indexer "$SIMILARITY_PORT" IMAGEPIPE_AI__MODEL_DIR="$MODEL_DIR"
 start coordinator "$COORDINATOR_PORT" \
   IMAGEPIPE_COORDINATOR__SEARCH_URL="http://127.0.0.1:$SEARCH_PORT" \
-  IMAGEPIPE_COORDINATOR__STATS_URL="http://127.0.0.1:$STATS_PORT"
+  IMAGEPIPE_COORDINATOR__STATS_URL="http://127.0.0.1:$STATS_PORT" \
+  IMAGEPIPE_COORDINATOR__SIMILARITY_URL="http://127.0.0.1:$SIMILARITY_PORT"
 wait_ready tag-indexer-worker "$SEARCH_PORT"
 wait_ready analytics-worker "$STATS_PORT"
+wait_ready similarity-indexer "$SIMILARITY_PORT"
 wait_ready coordinator "$COORDINATOR_PORT"
+
+# The forwarded routes answer for real through the coordinator: a 404 not_configured passes
+# schemathesis (the document describes it) and would leave their services untested. A sample
+# photo searched by similarity runs the model.
+for call in "GET /v1/search?tags=cat" "GET /v1/stats" "GET /v1/duplicates" \
+  "POST /v1/search/similar services/imagepipe/samples/chelsea.jpg"; do
+  read -r method path body <<<"$call"
+  python3 -c 'import sys, urllib.request
+method, url, token, body = sys.argv[1:5]
+data = open(body, "rb").read() if body else None
+headers = {"Authorization": "Bearer " + token}
+if data: headers["Content-Type"] = "image/jpeg"
+request = urllib.request.Request(url, data=data, method=method, headers=headers)
+try:
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        if answer.status != 200: raise Exception(f"status {answer.status}")
+except Exception as e:
+    sys.exit(f"{method} {url} through the coordinator: {e}")' "$method" "http://127.0.0.1:$COORDINATOR_PORT$path" "$TOKEN" "${body:-}" \
+    || { show_logs; exit 1; }
+done
+echo "==> search, stats and similarity answer through the coordinator"
 
 echo "==> schemathesis $SCHEMATHESIS_VERSION against http://127.0.0.1:$COORDINATOR_PORT/v1/openapi.json ($EXAMPLES examples per operation, seed ${SEED:-random})"
 seed=()
@@ -129,7 +157,6 @@ status=0
     --header "Authorization: Bearer $TOKEN" \
     --checks all --exclude-checks positive_data_acceptance \
     --exclude-path /v1/events \
-    --exclude-operation-id getSimilarTasks \
     --max-examples "$EXAMPLES" \
     "${seed[@]}" \
     --request-timeout 10 \

@@ -299,7 +299,10 @@ pub fn document() -> Value {
                     "description": "Most results (1-100, default 10)",
                     "schema": { "type": "integer", "minimum": 1, "maximum": 100 }
                 }],
-                "responses": { "200": { "description": "The task's embedding version and the most similar tasks, closest first (taskId, cosine, phashDistance, thumbnailKey)", "content": { "application/json": { "schema": { "type": "object" } } } } }
+                "responses": {
+                    "200": { "description": "The task's embedding version and the most similar tasks, closest first (taskId, cosine, phashDistance, thumbnailKey)", "content": { "application/json": { "schema": { "type": "object" } } } },
+                    "400": error("A bad limit")
+                }
             }
         },
         "/v1/search/similar": {
@@ -332,7 +335,10 @@ pub fn document() -> Value {
                     "description": "Most groups (1-1000, default 100), largest first",
                     "schema": { "type": "integer", "minimum": 1, "maximum": 1000 }
                 }],
-                "responses": { "200": { "description": "Near-duplicate groups", "content": { "application/json": { "schema": { "type": "object" } } } } }
+                "responses": {
+                    "200": { "description": "Near-duplicate groups", "content": { "application/json": { "schema": { "type": "object" } } } },
+                    "400": error("A threshold outside similarity.pair_floor..1, or a bad limit")
+                }
             }
         },
         "/v1/similarity/rebuild": {
