@@ -13,7 +13,7 @@ use imagepipe_e2e::fixtures::sample_path;
 use imagepipe_e2e::scenarios::cluster_config;
 use serde_json::Value;
 
-const TOKEN: &str = "front-door-t0ken";
+const TOKEN: &str = "front-door-t0ken-0123456789abcdef0123456789";
 
 /// The CLI as a user runs it: `--api` the coordinator, the token from `IMAGEPIPE_TOKEN`.
 struct Cli {

@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use imagepipe_contracts::EventType;
-use imagepipe_runtime::http::ApiError;
+use imagepipe_runtime::http::{ApiError, Scope, require};
 use serde::{Deserialize, Serialize};
 
 use crate::histogram::{BUCKETS_MS, Histogram};
@@ -278,7 +278,7 @@ impl From<Stats> for StatsResponse {
 
 /// The stats route over `store`.
 pub fn routes(store: Arc<dyn StatsStore>) -> Router {
-    Router::new().route("/v1/stats", get(stats)).with_state(store)
+    Router::new().route("/v1/stats", require(Scope::Read, get(stats))).with_state(store)
 }
 
 async fn stats(State(store): State<Arc<dyn StatsStore>>) -> Result<Json<StatsResponse>, ApiError> {

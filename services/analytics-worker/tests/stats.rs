@@ -15,7 +15,7 @@ use imagepipe_analytics_worker::{
 };
 use imagepipe_bus::{Bus, BusConfig, ConsumerConfig, Message};
 use imagepipe_contracts::names::{self, headers};
-use imagepipe_contracts::payload::{ImageDownloaded, TaskCreated, TaskFailed};
+use imagepipe_contracts::payload::{ImageDownloaded, QueueChanged, QueuePaused, TaskCreated, TaskFailed};
 use imagepipe_contracts::step::DownloadOutput;
 use imagepipe_contracts::{Event, EventType, ImageSource, Step, StepError, TraceId};
 use imagepipe_runtime::clock::{Clock, ManualClock};
@@ -32,7 +32,7 @@ fn update(event_type: EventType, task_id: &str, timestamp: u64) -> Update {
     Update {
         event_id: format!("{event_type}-{task_id}-{timestamp}"),
         event_type,
-        task_id: task_id.to_owned(),
+        task_id: Some(task_id.to_owned()),
         timestamp,
         stage: Stage::of(event_type),
         outcome: TaskOutcome::of(event_type),
@@ -111,6 +111,15 @@ async fn suite(store: &dyn StatsStore) {
         }
         assert_eq!(histogram.buckets, buckets, "{span:?}");
     }
+
+    // Queue events belong to no task: they count, and measure nothing.
+    for (i, event_type) in [QueuePaused, QueueResumed, QueuePaused].into_iter().enumerate() {
+        let queue_event = Update { event_id: format!("queue-{i}"), task_id: None, ..update(event_type, "-", 3_000) };
+        assert_eq!(store.record(&queue_event).await.unwrap(), [], "{event_type}");
+    }
+    let after = store.snapshot().await.unwrap();
+    assert_eq!((count(&after.events, "queue.paused"), count(&after.events, "queue.resumed")), (2, 1));
+    assert_eq!(after.latencies, stats.latencies);
 }
 
 /// The last hour on a store whose clock is `clock` (standing at [`T0`], 40 s into a minute `M`):
@@ -438,6 +447,14 @@ fn downloaded(task_id: &str, at: u64, format: &str, size: u64) -> Vec<u8> {
     Event::for_task(task_id, 1, TraceId::random(), at, "download-worker", payload).to_json()
 }
 
+/// A `queue.paused` event, which carries no task id.
+fn queue_paused(at: u64) -> Vec<u8> {
+    let payload = QueuePaused(QueueChanged { queue: names::queues::METADATA.to_owned(), reason: None });
+    let mut event = Event::for_task("-", 0, TraceId::random(), at, "coordinator", payload);
+    event.task_id = None;
+    event.to_json()
+}
+
 fn failed(task_id: &str, at: u64) -> Vec<u8> {
     let error = StepError::new("http_404", "not found");
     let payload =
@@ -501,11 +518,13 @@ async fn the_standalone_worker_answers_stats_only_with_the_token() {
     settings.store.path = dir.path().to_owned();
     settings.http.bind = std::net::Ipv4Addr::LOCALHOST.into();
     settings.http.port = 0;
-    settings.http.auth_token = Some("stats-t0ken".to_owned().into());
+    settings.http.auth_token = Some("stats-t0ken-0123456789abcdef0123456789".to_owned().into());
     let service = Service::start_with("analytics-worker", settings, Shutdown::new()).await.unwrap();
     let addr = service.http_addr();
     let checks = async {
-        let answer = testing::get_until(addr, "/v1/stats", Some("stats-t0ken"), |a| a.status != 404).await;
+        let answer =
+            testing::get_until(addr, "/v1/stats", Some("stats-t0ken-0123456789abcdef0123456789"), |a| a.status != 404)
+                .await;
         assert_eq!(answer.status, 200, "the stats route is served: {answer:?}");
         let anonymous = testing::get(addr, "/v1/stats").await;
         assert_eq!(anonymous.status, 401, "{anonymous:?}");
@@ -547,13 +566,17 @@ async fn events_are_counted_once_and_served_as_stats() {
     publish("image.downloaded", "tsk_b", downloaded("tsk_b", 5_020, "jpeg", 100)).await;
     publish("task.failed", "tsk_b", failed("tsk_b", 6_000)).await;
     publish("image.downloaded", "tsk_c", b"{\"eventType\": \"image.downloaded\"}".to_vec()).await;
+    publish("queue.paused", names::queues::METADATA, queue_paused(7_000)).await;
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let stats = loop {
         let (status, body) = get(addr, "/v1/stats").await;
         assert_eq!(status, 200, "{body}");
         let stats: StatsResponse = serde_json::from_str(&body).unwrap();
-        if stats.tasks["failed"] == 1 && stats.events["image.downloaded"] == 2 && stats.latencies["download"].count == 2
+        if stats.tasks["failed"] == 1
+            && stats.events["image.downloaded"] == 2
+            && stats.latencies["download"].count == 2
+            && stats.events["queue.paused"] == 1
         {
             break stats;
         }

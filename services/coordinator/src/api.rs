@@ -27,7 +27,8 @@ use imagepipe_blob::BlobStore;
 use imagepipe_bus::Selector;
 use imagepipe_contracts::command::is_valid_id;
 use imagepipe_contracts::{EventType, Step, StepError, SubmitTask, decode};
-use imagepipe_runtime::http::{ApiError, BodyLimit, WholeBody};
+use imagepipe_runtime::http::Scope::{Admin, Operate, Read, Submit};
+use imagepipe_runtime::http::{ApiError, BodyLimit, UploadSlots, WholeBody, require};
 use imagepipe_runtime::telemetry::continue_http_trace;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -53,36 +54,53 @@ pub const JSON_BODY_BYTES: u64 = 64 * 1024;
 pub struct ApiState {
     engine: Engine,
     hub: EventHub,
+    jobs: reprocess::Jobs,
 }
 
 /// The coordinator's API routes (`/v1/...`): tasks, events, dead letters, blobs and the OpenAPI
-/// document; JSON bodies up to [`JSON_BODY_BYTES`], uploads up to `max_upload_bytes`. The
-/// service's HTTP edge puts them behind the `http.auth_token` check.
-pub fn router(engine: Engine, hub: EventHub, blobs: Arc<dyn BlobStore>, max_upload_bytes: u64) -> Router {
-    let state = ApiState { engine, hub };
+/// document; JSON bodies up to [`JSON_BODY_BYTES`], uploads up to `max_upload_bytes`, as many
+/// at once as `upload_slots` let in. The
+/// service's HTTP edge puts them behind the token check; each route declares the scope it needs
+/// (reads `read`, submitting `submit`, controls `operate`, purging `admin`).
+pub fn router(
+    engine: Engine,
+    hub: EventHub,
+    blobs: Arc<dyn BlobStore>,
+    max_upload_bytes: u64,
+    upload_slots: UploadSlots,
+    jobs: reprocess::Jobs,
+) -> Router {
+    let state = ApiState { engine, hub, jobs };
     let batch = batch::router(state.clone());
     let routes = Router::new()
-        .route("/v1/tasks", post(submit).get(list))
-        .route("/v1/tasks/{id}", get(get_task))
-        .route("/v1/tasks/{id}/history", get(history))
-        .route("/v1/tasks/{id}/cancel", post(cancel))
-        .route("/v1/tasks/{id}/pause", post(pause))
-        .route("/v1/tasks/{id}/resume", post(resume))
-        .route("/v1/tasks/{id}/retry", post(retry))
-        .route("/v1/reprocess", post(start_reprocess))
-        .route("/v1/reprocess/{id}", get(reprocess_job))
-        .route("/v1/queues", get(queue_control::list))
-        .route("/v1/queues/{queue}/pause", post(queue_control::pause))
-        .route("/v1/queues/{queue}/resume", post(queue_control::resume))
-        .route("/v1/queues/{queue}/concurrency", axum::routing::put(queue_control::concurrency))
-        .route("/v1/events", get(events))
-        .route("/v1/dlq", get(dead_letters))
-        .route("/v1/dlq/{id}", axum::routing::delete(purge_dead_letter))
-        .route("/v1/dlq/{id}/replay", post(dlq_replay::replay_one))
-        .route("/v1/dlq/replay", post(dlq_replay::replay_matching))
-        .route("/v1/openapi.json", get(openapi_document))
+        .route("/v1/tasks", require(Submit, post(submit)).merge(require(Read, get(list))))
+        .route("/v1/tasks/{id}", require(Read, get(get_task)))
+        .route("/v1/tasks/{id}/history", require(Read, get(history)))
+        .route("/v1/tasks/{id}/cancel", require(Operate, post(cancel)))
+        .route("/v1/tasks/{id}/pause", require(Operate, post(pause)))
+        .route("/v1/tasks/{id}/resume", require(Operate, post(resume)))
+        .route("/v1/tasks/{id}/retry", require(Operate, post(retry)))
+        .route("/v1/reprocess", require(Operate, post(start_reprocess)))
+        .route(
+            "/v1/reprocess/{id}",
+            require(Read, get(reprocess_job)).merge(require(Operate, axum::routing::delete(cancel_reprocess))),
+        )
+        .route("/v1/queues", require(Read, get(queue_control::list)))
+        .route("/v1/queues/{queue}/pause", require(Operate, post(queue_control::pause)))
+        .route("/v1/queues/{queue}/resume", require(Operate, post(queue_control::resume)))
+        .route("/v1/queues/{queue}/concurrency", require(Operate, axum::routing::put(queue_control::concurrency)))
+        .route("/v1/events", require(Read, get(events)))
+        .route("/v1/dlq", require(Read, get(dead_letters)))
+        .route("/v1/dlq/{id}", require(Admin, axum::routing::delete(purge_dead_letter)))
+        .route("/v1/dlq/{id}/replay", require(Operate, post(dlq_replay::replay_one)))
+        .route("/v1/dlq/replay", require(Operate, post(dlq_replay::replay_matching)))
+        .route("/v1/openapi.json", require(Read, get(openapi_document)))
         .with_state(state);
-    BodyLimit::new(JSON_BODY_BYTES).apply(routes).merge(batch).merge(blobs::router(blobs, max_upload_bytes))
+    BodyLimit::new(JSON_BODY_BYTES).apply(routes).merge(batch).merge(blobs::router(
+        blobs,
+        max_upload_bytes,
+        upload_slots,
+    ))
 }
 
 impl From<StoreError> for ApiError {
@@ -345,8 +363,10 @@ async fn cancel(
     let id = task_id(path)?;
     let reason = reason(&body)?;
     let task = control_task(&state, &id, Input::Cancel { reason }).await?;
-    if task.cancel_requested.is_some() && !task.state.is_terminal() {
-        // A step is running: its worker stops it within a refresh of the control state.
+    if task.cancel_requested.is_some() && task.steps.total_attempts() > 0 {
+        // A step may run, or its command still wait in a paused queue (the task is then
+        // cancelled at once): the worker that has it, or takes it, stops it within a refresh
+        // of the control state.
         let now = state.engine.clock().unix_ms();
         state.engine.controls().store().request_cancel(&id, now).await.map_err(ApiError::unavailable)?;
     }
@@ -396,17 +416,65 @@ async fn retry(
             task.state
         )));
     };
+    // The cancellation of its last run's step must not stop the new generation's.
+    state.engine.controls().store().clear_cancel(&id).await.map_err(ApiError::unavailable)?;
     let task = control_task(&state, &id, Input::Reprocess { from, priority: None }).await?;
     Ok((StatusCode::ACCEPTED, Json(task.into())))
 }
 
-async fn start_reprocess(
-    State(state): State<ApiState>,
-    WholeBody(body): WholeBody,
-) -> Result<(StatusCode, Json<ReprocessJob>), ApiError> {
+/// Answer of `POST /v1/reprocess`: the job, and whether this request started it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StartedJob {
+    /// The job (follow it at `Location`).
+    #[serde(flatten)]
+    pub job: ReprocessJob,
+    /// False when a job of an identical request was running already: this is that job.
+    pub created: bool,
+}
+
+impl From<reprocess::JobError> for ApiError {
+    fn from(e: reprocess::JobError) -> Self {
+        use reprocess::JobError;
+        match e {
+            JobError::TooMany { .. } => Self::new(StatusCode::TOO_MANY_REQUESTS, "too_many_jobs", e.to_string()),
+            JobError::Unknown(_) => Self::not_found(e.to_string()),
+            JobError::NotRunning { .. } => Self::conflict(e.to_string()),
+            JobError::Store(_) => Self::unavailable(e),
+        }
+    }
+}
+
+/// `POST /v1/reprocess`: `202` and a new job, `200` and the running job of an identical
+/// request, `429` at `coordinator.max_reprocess_jobs`.
+async fn start_reprocess(State(state): State<ApiState>, WholeBody(body): WholeBody) -> Result<Response, ApiError> {
     let request: ReprocessRequest = decode_object(&body)?;
-    let job = reprocess::start(state.engine.clone(), request).await.map_err(ApiError::unavailable)?;
-    tracing::info!(job = %job.id, from = ?job.request.from, "reprocessing started");
+    let (job, created) = state.jobs.start(state.engine.clone(), request).await?;
+    if created {
+        tracing::info!(job = %job.id, from = ?job.request.from, "reprocessing started");
+    }
+    let status = if created { StatusCode::ACCEPTED } else { StatusCode::OK };
+    let location = format!("/v1/reprocess/{}", job.id);
+    Ok((status, [(header::LOCATION, location)], Json(StartedJob { job, created })).into_response())
+}
+
+fn job_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(id) = path?;
+    if !is_valid_id(&id) {
+        return Err(ApiError::invalid(format!("job id {id:?} must be 1 to 128 characters of [A-Za-z0-9_.-]")));
+    }
+    Ok(id)
+}
+
+/// `DELETE /v1/reprocess/{id}`: cancels a running job; `202` and the job (`cancelled` once it
+/// stopped, still `running` while another replica stops it), `409` for one that ended.
+async fn cancel_reprocess(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<(StatusCode, Json<ReprocessJob>), ApiError> {
+    let id = job_id(path)?;
+    let job = state.jobs.cancel(&state.engine, &id).await?;
+    tracing::info!(job = %job.id, status = ?job.status, "reprocessing cancelled");
     Ok((StatusCode::ACCEPTED, Json(job)))
 }
 
@@ -414,10 +482,7 @@ async fn reprocess_job(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<ReprocessJob>, ApiError> {
-    let Path(id) = path?;
-    if !is_valid_id(&id) {
-        return Err(ApiError::invalid(format!("job id {id:?} must be 1 to 128 characters of [A-Za-z0-9_.-]")));
-    }
+    let id = job_id(path)?;
     let job = reprocess::get(state.engine.controls().store().as_ref(), &id).await.map_err(ApiError::unavailable)?;
     job.map(Json).ok_or_else(|| ApiError::not_found(format!("no reprocessing job {id} (records are kept for 7 days)")))
 }

@@ -40,7 +40,15 @@ async fn serve(max_in_flight: u64, token: Option<&str>) -> Server {
     let blobs = Arc::new(LocalBlobStore::new(dir.path().join("blobs")));
     // Served through the runtime's HTTP edge, as every service serves its routes.
     let routes = ApiRoutes::new(token.map(|t| t.to_owned().into()));
-    routes.add(api::router(engine.clone(), hub.clone(), blobs.clone(), 1024 * 1024));
+    let slots = imagepipe_runtime::http::UploadSlots::new(8, Duration::from_secs(2));
+    routes.add(api::router(
+        engine.clone(),
+        hub.clone(),
+        blobs.clone(),
+        1024 * 1024,
+        slots,
+        imagepipe_coordinator::reprocess::Jobs::new(4),
+    ));
     let metrics = imagepipe_runtime::metrics::install().unwrap();
     let server = HealthServer::new(Readiness::new(), metrics).api(routes);
     let bound = server.bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
@@ -296,7 +304,7 @@ async fn cancel_stops_a_queued_task_at_once_and_a_running_one_at_the_boundary() 
 
 #[tokio::test]
 async fn a_bearer_token_guards_every_v1_route() {
-    let s = serve(10, Some("s3cret")).await;
+    let s = serve(10, Some("s3cret-0123456789abcdef0123456789ab")).await;
     let response = s.client.get(format!("{}/v1/tasks", s.base)).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(response.headers()["www-authenticate"], "Bearer");
@@ -304,14 +312,26 @@ async fn a_bearer_token_guards_every_v1_route() {
     assert_eq!(body["error"], "unauthorized");
     let wrong = s.client.get(format!("{}/v1/tasks", s.base)).bearer_auth("nope").send().await.unwrap();
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
-    let right = s.client.get(format!("{}/v1/tasks", s.base)).bearer_auth("s3cret").send().await.unwrap();
+    let right = s
+        .client
+        .get(format!("{}/v1/tasks", s.base))
+        .bearer_auth("s3cret-0123456789abcdef0123456789ab")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(right.status(), StatusCode::OK);
 
     for (method, path) in [("GET", "/v1/openapi.json"), ("POST", "/v1/blobs"), ("GET", "/v1/no-such-route")] {
         let request = s.client.request(method.parse().unwrap(), format!("{}{path}", s.base));
         assert_eq!(request.send().await.unwrap().status(), StatusCode::UNAUTHORIZED, "{method} {path}");
     }
-    let response = s.client.get(format!("{}/v1/openapi.json", s.base)).bearer_auth("s3cret").send().await.unwrap();
+    let response = s
+        .client
+        .get(format!("{}/v1/openapi.json", s.base))
+        .bearer_auth("s3cret-0123456789abcdef0123456789ab")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let doc: Value = response.json().await.unwrap();
     assert_eq!(doc["openapi"], "3.1.0");
@@ -495,7 +515,8 @@ async fn blobs_are_uploaded_and_read_back_through_the_coordinator() {
     assert_eq!(read.status(), StatusCode::OK);
     assert_eq!(read.headers()["content-type"], "image/png");
     assert_eq!(read.headers()["x-content-type-options"], "nosniff");
-    assert!(read.headers()["cache-control"].to_str().unwrap().contains("immutable"), "content-addressed");
+    // Content-addressed, so immutable; behind the API's token, so for this client's cache only.
+    assert_eq!(read.headers()["cache-control"], "private, max-age=31536000, immutable");
     assert_eq!(read.bytes().await.unwrap().as_ref(), png.as_slice());
 
     // Derivatives are served as what they are, whatever extension a client expects.

@@ -18,7 +18,7 @@ use imagepipe_runtime::Shutdown;
 use imagepipe_runtime::http::{ApiRoutes, HealthServer, Readiness};
 use serde_json::{Value, json};
 
-const TOKEN: &str = "front-d00r";
+const TOKEN: &str = "front-d00r-0123456789abcdef0123456789";
 
 /// Serves `router` on a free loopback port; its base URL.
 async fn start(router: Router) -> String {

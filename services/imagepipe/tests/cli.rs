@@ -176,7 +176,7 @@ async fn the_cli_takes_the_api_and_its_token_from_the_environment() {
     let Some(model_dir) = common::model_dir() else { return };
     let work = tempfile::tempdir().unwrap();
     let mut settings = common::settings(&model_dir, &work);
-    settings.http.auth_token = Some("cli-t0ken".to_owned().into());
+    settings.http.auth_token = Some("cli-t0ken-0123456789abcdef0123456789".to_owned().into());
     let pipeline = Pipeline::start(settings).await.unwrap();
     let api = pipeline.api_url();
 
@@ -184,14 +184,19 @@ async fn the_cli_takes_the_api_and_its_token_from_the_environment() {
     assert_eq!(out.status.code(), Some(1), "no token: {}", text(&out.stdout));
     assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
 
-    let env = vec![("IMAGEPIPE_API", api.clone()), ("IMAGEPIPE_TOKEN", "cli-t0ken".to_owned())];
+    let env =
+        vec![("IMAGEPIPE_API", api.clone()), ("IMAGEPIPE_TOKEN", "cli-t0ken-0123456789abcdef0123456789".to_owned())];
     let out = imagepipe_with_env(args(&["stats", "--json"]), env).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(stats["tasks"].is_object(), "{stats}");
 
-    let out = imagepipe_with_env(args(&["--help"]), vec![("IMAGEPIPE_TOKEN", "cli-t0ken".to_owned())]).await;
-    assert!(!text(&out.stdout).contains("cli-t0ken"), "the token is not shown in --help");
+    let out = imagepipe_with_env(
+        args(&["--help"]),
+        vec![("IMAGEPIPE_TOKEN", "cli-t0ken-0123456789abcdef0123456789".to_owned())],
+    )
+    .await;
+    assert!(!text(&out.stdout).contains("cli-t0ken-0123456789abcdef0123456789"), "the token is not shown in --help");
     pipeline.stop().await.unwrap();
 }
 
@@ -252,13 +257,26 @@ async fn results_read_like_prose_in_submit_status_history_list_thumbnail_watch_a
         a.extend(args(extra));
         imagepipe(a)
     };
-    assert_eq!(listed(&list(&[]).await), [id.as_str(), cat.as_str()]);
+    // Newest first, as the dashboard; --oldest-first the other way.
+    assert_eq!(listed(&list(&[]).await), [cat.as_str(), id.as_str()]);
+    assert_eq!(listed(&list(&["--oldest-first"]).await), [id.as_str(), cat.as_str()]);
     assert_eq!(listed(&list(&["--label", "album=summer"]).await), [id.as_str()]);
     assert_eq!(listed(&list(&["--label", "file=chelsea.jpg", "--state", "completed"]).await), [cat.as_str()]);
     assert_eq!(listed(&list(&["--state", "failed"]).await), Vec::<String>::new());
-    assert_eq!(listed(&list(&["--since", "1h"]).await), [id.as_str(), cat.as_str()]);
+    assert_eq!(listed(&list(&["--since", "1h"]).await), [cat.as_str(), id.as_str()]);
     assert_eq!(listed(&list(&["--since", "2100-01-01T00:00:00Z"]).await), Vec::<String>::new());
-    assert_eq!(listed(&list(&["--limit", "1"]).await), [id.as_str()]);
+    // A listing cut by --limit says how to go on; the last page says nothing.
+    let first = list(&["--limit", "1"]).await;
+    assert_eq!(listed(&first), [cat.as_str()]);
+    let hint = text(&first.stderr);
+    let cursor = hint.split_whitespace().skip_while(|w| *w != "--cursor").nth(1);
+    let cursor = cursor.unwrap_or_else(|| panic!("no --cursor in {hint:?}")).to_owned();
+    let rest = list(&["--limit", "1", "--cursor", &cursor]).await;
+    assert_eq!(listed(&rest), [id.as_str()]);
+    assert_eq!(text(&rest.stderr), "", "nothing more after the last task");
+    assert_eq!(text(&list(&[]).await.stderr), "", "nothing more when everything was shown");
+    let help = ok(&imagepipe(args(&["list", "--help"])).await);
+    assert!(help.contains("paused"), "{help}");
     let empty = ok(&imagepipe(args(&["list", "--state", "cancelled", "--api", &api])).await);
     assert_eq!(empty.trim(), "no tasks");
     let err = usage_error(&imagepipe(args(&["list", "--since", "yesterday", "--api", &api])).await);
@@ -280,6 +298,21 @@ async fn results_read_like_prose_in_submit_status_history_list_thumbnail_watch_a
     assert!(said.contains(&format!("{id}-preview.jpg")), "{said}");
     let preview = std::fs::read(work.path().join(format!("{id}-preview.jpg"))).unwrap();
     assert!(preview.starts_with(&[0xff, 0xd8, 0xff]), "the preview is a JPEG");
+    // A file name saying another format than the derivative's is refused, naming both.
+    let png = work.path().join("preview.png");
+    let out =
+        imagepipe(args(&["thumbnail", &id, "--name", "preview", "-o", png.to_str().unwrap(), "--api", &api])).await;
+    let err = one_line_error(&out);
+    assert!(err.contains("is JPG (image/jpeg)") && err.contains("preview.jpg"), "{err}");
+    assert!(!png.exists(), "nothing written");
+    let said = ok(&imagepipe_in(work.path(), args(&["thumbnail", &id, "-o", "t.WEBP", "--api", &api])).await);
+    assert!(said.contains("t.WEBP (WEBP, "), "{said}");
+
+    // Resuming (or pausing) a finished task is an error, as cancelling one is.
+    for verb in ["resume", "pause", "cancel"] {
+        let err = one_line_error(&imagepipe(args(&[verb, &id, "--api", &api])).await);
+        assert!(err.contains("already finished") || err.contains("409"), "{verb}: {err}");
+    }
     let err = imagepipe(args(&["thumbnail", &id, "--name", "poster", "--api", &api])).await;
     assert!(
         !err.status.success() && text(&err.stderr).contains("no derivative named \"poster\""),
@@ -333,7 +366,44 @@ async fn results_read_like_prose_in_submit_status_history_list_thumbnail_watch_a
         assert!(Instant::now() < deadline, "search espresso,beverage never found {id}: {found}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // search, similar and duplicates: a header, and which image each task is.
+    let found = ok(&imagepipe(args(&["search", "espresso", "--api", &api])).await);
+    let mut lines = found.lines();
+    assert_eq!(lines.next().map(|l| l.split_whitespace().collect::<Vec<_>>()), Some(vec!["task", "score", "source"]));
+    let hit = found.lines().find(|l| l.starts_with(&id)).unwrap_or_else(|| panic!("{found}"));
+    assert!(hit.contains("coffee.jpg (uploaded, sha256:"), "{found}");
+    let similar = until(|| async {
+        let said = ok(&imagepipe(args(&["similar", &cat, "--api", &api])).await);
+        said.contains(&id).then_some(said)
+    })
+    .await;
+    assert!(similar.starts_with("task") && similar.lines().next().unwrap().ends_with("source"), "{similar}");
+    let row = similar.lines().find(|l| l.starts_with(&id)).unwrap();
+    assert!(row.contains("coffee.jpg (uploaded, sha256:"), "{similar}");
+    // Coffee went in more than once (the watch above): a group of near-duplicates.
+    let duplicates = until(|| async {
+        let said = ok(&imagepipe(args(&["duplicates", "--api", &api])).await);
+        said.lines().any(|l| l.contains(&id)).then_some(said)
+    })
+    .await;
+    let header = duplicates.lines().nth(1).map(|l| l.split_whitespace().collect::<Vec<_>>());
+    assert_eq!(header, Some(vec!["group", "task", "source"]), "{duplicates}");
+    let row = duplicates.lines().find(|l| l.contains(&id)).unwrap();
+    assert!(row.starts_with('1') && row.contains("coffee.jpg (uploaded"), "{duplicates}");
     pipeline.stop().await.unwrap();
+}
+
+/// The first `Some` of `attempt`, tried every 200 ms for up to 30 s.
+async fn until<T, F: std::future::Future<Output = Option<T>>>(attempt: impl Fn() -> F) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(found) = attempt().await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "not within 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -397,7 +467,7 @@ async fn a_failed_task_says_where_and_why_and_a_cancelled_one_ends_its_watch() {
     }
     let out = imagepipe(args(&["cancel", &slow, "--reason", "not needed", "--api", &api])).await;
     let said = ok(&out);
-    assert!(said.contains("cancelling: its running download step is told to stop"), "{said}");
+    assert!(said.contains("cancelling: its download step is told to stop (within a second if it runs"), "{said}");
     let out = imagepipe(args(&["watch", "--task", &slow, "--api", &api])).await;
     let watched = ok(&out);
     assert!(watched.lines().any(|l| l.contains("task.cancelled")), "{watched}");
@@ -451,8 +521,8 @@ async fn every_source_is_checked_before_any_is_submitted_and_a_bad_event_type_is
 
     for bad in ["bogus", "task.Completed", "task.completed,nope.*"] {
         let started = Instant::now();
-        let err = one_line_error(&imagepipe(args(&["watch", "--type", bad, "--api", &api])).await);
-        assert!(err.contains("--type"), "{err}");
+        let err = usage_error(&imagepipe(args(&["watch", "--type", bad, "--api", &api])).await);
+        assert!(err.contains("--type") && err.contains(&format!("{:?}", bad.split(',').last().unwrap())), "{err}");
         assert!(started.elapsed() < Duration::from_secs(10), "an error, not a wait");
     }
     pipeline.stop().await.unwrap();
@@ -750,4 +820,237 @@ async fn watch_reopens_a_broken_stream_after_its_last_event() {
     assert_eq!(printed.lines().collect::<Vec<_>>(), bodies, "each event once, in order");
     assert!(text(&out.stderr).contains("reconnecting"), "{}", text(&out.stderr));
     assert_eq!(server.await.unwrap(), [None, Some("e1".to_owned())]);
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `--config`, `--api` and `--token` go before or after the command they apply to, and are
+/// refused (exit 2, one line) by one they do not; argument mistakes are one clear line with
+/// exit 2: clap's tip kept and its usage block replaced by the command's `--help`, an `--api`
+/// without a scheme; `run --help` says where it listens and what it runs on.
+#[tokio::test]
+async fn global_options_go_anywhere_they_apply_and_argument_mistakes_exit_2_on_one_line() {
+    let api = format!("http://127.0.0.1:{}", closed_port());
+    for argv in [["--api", &api, "status", "tsk_x"], ["status", "tsk_x", "--api", &api]] {
+        let err = one_line_error(&imagepipe(args(&argv)).await);
+        assert!(err.contains("cannot reach the imagepipe API") && err.contains("IMAGEPIPE_API"), "{err}");
+    }
+    let config = tempfile::NamedTempFile::new().unwrap();
+    let config = config.path().to_str().unwrap();
+    let err = usage_error(&imagepipe(args(&["submit", &sample("coffee.jpg"), "--config", config])).await);
+    assert!(err.contains("--config does not apply to `imagepipe submit`") && err.contains("IMAGEPIPE_API"), "{err}");
+    let err = usage_error(&imagepipe(args(&["doctor", "--api", &api])).await);
+    assert!(err.contains("--api does not apply to `imagepipe doctor`"), "{err}");
+    let err = usage_error(&imagepipe(args(&["dlq", "list", "--config", config])).await);
+    assert!(err.contains("`imagepipe dlq list`"), "{err}");
+
+    let help = ok(&imagepipe(args(&["run", "--help"])).await);
+    for said in ["--config", "IMAGEPIPE_HTTP__PORT", "nats", "kafka", "store.path"] {
+        assert!(help.contains(said), "run --help names {said}: {help}");
+    }
+
+    for bad in ["127.0.0.1:18080", "localhost:8080", "ftp://host/"] {
+        let err = usage_error(&imagepipe(args(&["status", "tsk_x", "--api", bad])).await);
+        assert!(err.contains("is not an http:// or https:// URL"), "{err}");
+        let err = usage_error(&imagepipe_with_env(args(&["list"]), vec![("IMAGEPIPE_API", bad.to_owned())]).await);
+        assert!(err.contains("is not an http:// or https:// URL"), "{err}");
+    }
+    let err = usage_error(&imagepipe(args(&["submit", "x.jpg", "--wiat"])).await);
+    assert!(err.contains("unexpected argument '--wiat' found; tip: a similar argument exists: '--wait'"), "{err}");
+    assert!(err.trim_end().ends_with("(see `imagepipe submit --help`)") && !err.contains("Usage"), "{err}");
+    let err = usage_error(&imagepipe(args(&["watch", "--type", "task.done", "--api", &api])).await);
+    assert!(err.contains("\"task.done\" is no event type"), "{err}");
+
+    // An upload that cannot reach the API says so once.
+    let err = one_line_error(&imagepipe(args(&["submit", &sample("coffee.jpg"), "--api", &api])).await);
+    assert!(err.contains("uploading") && err.contains("cannot reach the imagepipe API"), "{err}");
+    assert_eq!(err.matches("error sending request").count(), 1, "the cause is said once: {err}");
+}
+
+/// An `--api` pointing at another web server: a line saying so, not its HTML page.
+#[tokio::test]
+async fn an_api_that_answers_with_a_web_page_is_named_not_printed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut chunk = [0u8; 1024];
+                match socket.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let ok = request.starts_with(b"GET /v1/stats");
+            let (status, body) = if ok {
+                ("200 OK", "<!doctype html><html><body><h1>Welcome to nginx!</h1></body></html>")
+            } else {
+                (
+                    "404 Not Found",
+                    "<html><head><title>404 Not Found</title></head><body><center>nginx</center></body></html>",
+                )
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(response.as_bytes()).await;
+            let _ = socket.shutdown().await;
+        }
+    });
+    for argv in [["status", "tsk_x"], ["stats", "--json"]] {
+        let mut argv = args(&argv);
+        argv.extend(args(&["--api", &api]));
+        let err = one_line_error(&imagepipe(argv).await);
+        assert!(err.contains("answered with a web page") && err.contains("IMAGEPIPE_API"), "{err}");
+        assert!(!err.contains('<') && !err.contains("nginx"), "{err}");
+    }
+    server.abort();
+}
+
+/// `imagepipe run` as a child process with its settings in a `--config` file given after the
+/// command (the API on a loopback port free a moment ago, store and blobs in `work`) and the variables `env`;
+/// stderr piped.
+fn spawn_run(model_dir: &Path, work: &Path, env: &[(&str, String)]) -> std::process::Child {
+    let config = work.join("imagepipe.toml");
+    let toml = format!(
+        "[http]\nbind = \"127.0.0.1\"\nport = {}\n[store]\npath = {:?}\n[blob]\ndir = {:?}\n[ai]\nmodel_dir = {:?}\nthreads = 1\n",
+        closed_port(),
+        work.join("store"),
+        work.join("blobs"),
+        model_dir
+    );
+    std::fs::write(&config, toml).unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_imagepipe"))
+        .args(["run", "--config", config.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .env_remove("IMAGEPIPE_API")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The lines `child` writes to stderr up to the one `last` accepts (or until it exits).
+async fn stderr_until(child: &mut std::process::Child, last: fn(&str) -> bool) -> Vec<String> {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().unwrap();
+    tokio::task::spawn_blocking(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.unwrap();
+            let done = last(&line);
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        lines
+    })
+    .await
+    .unwrap()
+}
+
+/// Sends SIGTERM to `child` and waits for it.
+fn stop(mut child: std::process::Child) -> std::process::ExitStatus {
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    child.wait().unwrap()
+}
+
+/// `imagepipe run` starts with a short summary (address, dashboard, store, bus, model), not with
+/// ONNX Runtime's own lines, and without a warning that the runtime and its binding disagree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_starts_with_a_summary_not_onnx_runtimes_log() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let mut child = spawn_run(&model_dir, work.path(), &[]);
+    let lines = stderr_until(&mut child, |l| l.trim_start().starts_with("model ")).await;
+    let status = stop(child);
+    let all = lines.join("\n");
+    assert!(status.success(), "{status:?}: {all}");
+    assert!(!all.contains("ort::") && !all.contains("GraphTransformer"), "ONNX Runtime's INFO lines: {all}");
+    let summary = lines.iter().position(|l| l.contains("every service running")).unwrap_or_else(|| panic!("{all}"));
+    assert_eq!(lines.len() - summary, 6, "the summary ends the start: {all}");
+    assert!(!all.contains("compatibility issues"), "the runtime and the binding agree: {all}");
+    let row = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l.trim_start().starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name}: {all}"))
+    };
+    let api = row("api").split_whitespace().nth(1).unwrap().to_owned();
+    assert!(api.starts_with("http://127.0.0.1:") && !api.ends_with(":0"), "{all}");
+    assert!(row("dashboard").contains(&format!("{api}/")), "{all}");
+    assert!(row("store").contains(&work.path().join("store").display().to_string()), "{all}");
+    assert!(row("bus").contains("memory"), "{all}");
+    assert!(row("model").contains("onnxruntime") && row("model").contains("efficientnet"), "{all}");
+}
+
+/// A second `imagepipe run` on the store of a running one stops at once, naming `store.path` and
+/// its variable (before loading the model or listening); a port in use names `http.port`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_store_or_port_stops_run_at_once_naming_the_setting() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let held = imagepipe_runtime::embedded::EmbeddedDb::open(&work.path().join("store/coordinator.redb")).unwrap();
+    let mut child = spawn_run(&model_dir, work.path(), &[]);
+    let lines = stderr_until(&mut child, |_| false).await;
+    let status = child.wait().unwrap();
+    let all = lines.join("\n");
+    assert_eq!(status.code(), Some(1), "{all}");
+    assert_eq!(lines.len(), 1, "one line: {all}");
+    assert!(all.contains("another process holds the store in") && all.contains("coordinator.redb"), "{all}");
+    assert!(all.contains("store.path (IMAGEPIPE_STORE__PATH)"), "{all}");
+    drop(held);
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let mut child = spawn_run(&model_dir, work.path(), &[("IMAGEPIPE_HTTP__PORT", port.clone())]);
+    let lines = stderr_until(&mut child, |_| false).await;
+    let status = child.wait().unwrap();
+    let last = lines.last().cloned().unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{lines:?}");
+    assert!(last.contains(&format!("127.0.0.1:{port}")) && last.contains("IMAGEPIPE_HTTP__PORT"), "{last}");
+    assert!(last.contains("http.port"), "{last}");
+}
+
+/// Ctrl-C during `submit --wait` stops the waiting, not the task: it says so and how to follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_submit_wait_says_the_tasks_keep_running() {
+    let Some(model_dir) = common::model_dir() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::start(common::settings(&model_dir, &work)).await.unwrap();
+    let api = pipeline.api_url();
+    let images = FixtureServer::start([("/slow.jpg", Route::Silent)]).await.unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_imagepipe"))
+        .args(["submit", &images.url("/slow.jpg"), "--wait", "--api", &api])
+        .env_remove("IMAGEPIPE_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Interrupted once the download is under way (the task is accepted and waited for).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while images.requests().iter().filter(|r| r.target == "/slow.jpg").count() == 0 {
+        assert!(Instant::now() < deadline, "the download never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    let (said, err) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(130), "{said}{err}");
+    let id = said.split_whitespace().next().unwrap_or_default().to_owned();
+    assert!(id.starts_with("tsk_"), "{said}");
+    assert!(err.contains("stopped waiting; 1 task(s) keep running"), "{err}");
+    assert!(err.contains(&format!("imagepipe watch --task {id}")), "{err}");
+    let view = ok(&imagepipe(args(&["status", &id, "--json", "--api", &api])).await);
+    assert!(!view.contains("\"cancelled\""), "the task was left running: {view}");
+    pipeline.stop().await.unwrap();
 }

@@ -9,6 +9,11 @@
 //! - A dead letter is replayed from the dead-letter page.
 //! - With `http.auth_token` set: the login form, a wrong token refused, and a state-changing
 //!   request on the session without its CSRF token refused.
+//! - Every result says which image it is: the task list's source column (an upload's file name,
+//!   a URL without its query) and, for a failed task, why; the tag search's grid (`?tags=`, and
+//!   the older `?tag=`) by file name; a task's similar images only at a cosine of 0.5 or more.
+//!   Counts read in the right number (`1 letter`, `1 delivery`), and the upload form's file
+//!   input is not cut.
 //!
 //! Every page is photographed into `$CARGO_TARGET_TMPDIR/dashboard/` (the README's screenshots
 //! come from there). Chromium resolves no name but loopback and fetches nothing in the
@@ -305,7 +310,7 @@ async fn the_dashboard_shows_and_steers_the_pipeline(bus: BusKind) {
     browser
         .goto(
             &run.url(&format!(
-                "/search?tag={}",
+                "/search?tags={}",
                 url::form_urlencoded::byte_serialize(tag.as_bytes()).collect::<String>()
             )),
         )
@@ -327,7 +332,7 @@ async fn the_dashboard_shows_and_steers_the_pipeline_nats() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_logs_in_with_the_token_and_refuses_requests_without_csrf() {
-    let token = "dashboard-test-token-7f3a";
+    let token = "dashboard-test-token-7f3a-0123456789ab";
     let Some(run) = start(BusKind::Memory, Some(token)).await else { return };
     let browser = Browser::start().await;
 
@@ -366,6 +371,166 @@ async fn the_dashboard_logs_in_with_the_token_and_refuses_requests_without_csrf(
     browser.find("form.login").await;
     let after = browser.client.execute("return fetch('/v1/queues').then(r => r.status)", vec![]).await.unwrap();
     assert_eq!(after, json!(401), "logged out");
+
+    browser.close().await;
+    run.stop().await;
+}
+
+/// Waits, within [`WAIT`], until `GET path` answers JSON for which `ready` holds; that JSON.
+async fn api_until(run: &Run, what: &str, path: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let answer = client.get(run.url(path)).send().await.unwrap();
+        let value: Value = answer.json().await.unwrap_or(Value::Null);
+        if ready(&value) {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never {what}: {path} answers {value}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether the upload form's file input is drawn whole: at least as wide as the browser's own
+/// width for it (its width with `width: auto`) at desk width, the form's whole width on a phone.
+const FILE_INPUT_WIDTHS: &str = "const input = document.querySelector('#upload-file'); \
+    const probe = input.cloneNode(); probe.removeAttribute('id'); \
+    probe.style.cssText = 'position:absolute; visibility:hidden; width:auto; min-width:0; max-width:none'; \
+    document.body.appendChild(probe); \
+    const natural = probe.getBoundingClientRect().width; probe.remove(); \
+    const box = input.getBoundingClientRect(); \
+    const form = input.closest('form').getBoundingClientRect(); \
+    return { width: box.width, natural, form: form.width, right: box.right, viewport: document.documentElement.clientWidth };";
+
+async fn assert_the_file_input_has_room(browser: &Browser, page: &str) {
+    browser.client.set_window_size(1280, 800).await.unwrap();
+    browser.goto(page).await;
+    browser.find("#upload-file").await;
+    let desk = browser.client.execute(FILE_INPUT_WIDTHS, vec![]).await.unwrap();
+    assert!(desk["width"].as_f64() >= desk["natural"].as_f64(), "{page}: the file input is cut at 1280 px: {desk}");
+    browser.client.set_window_size(390, 844).await.unwrap();
+    browser.goto(page).await;
+    browser.find("#upload-file").await;
+    let phone = browser.client.execute(FILE_INPUT_WIDTHS, vec![]).await.unwrap();
+    let (width, form) = (phone["width"].as_f64().unwrap(), phone["form"].as_f64().unwrap());
+    assert!(width >= form - 1.0, "{page}: on a phone the file input takes the form's width: {phone}");
+    assert!(phone["right"].as_f64() <= phone["viewport"].as_f64(), "{page}: the file input fits the phone: {phone}");
+    browser.client.set_window_size(1280, 800).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_names_every_image_says_why_a_task_failed_and_counts_in_words() {
+    let Some(run) = start(BusKind::Memory, None).await else { return };
+    let browser = Browser::start().await;
+
+    // The upload form's file input has room for "Choose File  No file chosen".
+    assert_the_file_input_has_room(&browser, &run.url("/")).await;
+    assert_the_file_input_has_room(&browser, &run.url("/tasks")).await;
+
+    // Two photos uploaded from the task list: each row names its file.
+    browser.goto(&run.url("/tasks")).await;
+    browser
+        .until(
+            "the live stream is connected",
+            "return document.querySelector('[data-live-state]').textContent === 'live'",
+        )
+        .await;
+    let cat = upload(&browser, &sample_file(run.work.path(), 0), "album=named").await;
+    browser.until("the cat is submitted", &format!("return !!document.querySelector('#task-{cat}')")).await;
+    let coffee = upload(&browser, &sample_file(run.work.path(), 1), "album=named").await;
+    assert_ne!(cat, coffee);
+    for id in [&cat, &coffee] {
+        let row = format!("#task-{id}[data-state=completed]");
+        browser.until("the row is completed", &format!("return !!document.querySelector('{row}')")).await;
+    }
+    let source = browser.find(&format!("#task-{cat} [data-source]")).await.text().await.unwrap();
+    assert!(source.starts_with("chelsea.jpg (uploaded, sha256:"), "the row names the file: {source:?}");
+    let reason = browser.find(&format!("#task-{cat} [data-reason]")).await.text().await.unwrap();
+    assert_eq!(reason, "", "a completed task has no failure reason");
+
+    // A URL task that fails: its row shows the URL without its query and why it failed.
+    let base = run.pipeline.api_url();
+    let secret_url = format!("{base}/missing/photo.jpg?sig=s3cret-signature#frag");
+    let accepted: Value = reqwest::Client::new()
+        .post(run.url("/v1/tasks"))
+        .json(&json!({ "url": secret_url }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let failed = accepted["taskId"].as_str().expect("a task id").to_owned();
+    api_until(&run, "the URL task fails", &format!("/v1/tasks/{failed}"), |t| t["state"] == "failed").await;
+    browser.goto(&run.url("/tasks?state=failed")).await;
+    let source = browser.find(&format!("#task-{failed} [data-source]")).await.text().await.unwrap();
+    assert_eq!(source, format!("{base}/missing/photo.jpg"), "the URL without query or fragment");
+    let reason = browser.find(&format!("#task-{failed} [data-reason]")).await.text().await.unwrap();
+    assert!(reason.starts_with("failed at download after 1 attempt: http_404"), "why it failed: {reason:?}");
+    let page = browser.client.source().await.unwrap();
+    assert!(!page.contains("s3cret"), "the query's secret is not shown");
+    browser.screenshot("tasks-failed").await;
+
+    // Search by tag, as the API and the CLI spell it (?tags=) and as older links do (?tag=):
+    // the grid names each image by its file.
+    let view = api_until(&run, "the cat is analysed", &format!("/v1/tasks/{cat}"), |t| t["state"] == "completed").await;
+    let tag = view["outputs"]["analysis"]["tags"][0]["label"].as_str().expect("a tag").to_owned();
+    let tag = url::form_urlencoded::byte_serialize(tag.as_bytes()).collect::<String>();
+    for query in ["tags", "tag"] {
+        browser.goto(&run.url(&format!("/search?{query}={tag}"))).await;
+        let name = browser.find(&format!("li[data-hit='{cat}'] [data-name]")).await.text().await.unwrap();
+        assert_eq!(name, "chelsea.jpg", "?{query}=: the result names its file");
+    }
+    let field = browser.find("#s-tag").await.attr("name").await.unwrap();
+    assert_eq!(field.as_deref(), Some("tags"), "the form sends ?tags=");
+
+    // Similar images: only those at a cosine of 0.5 or more are called similar.
+    let similar = api_until(&run, "the coffee is in the similarity index", &format!("/v1/tasks/{cat}/similar"), |v| {
+        v["results"].as_array().is_some_and(|r| r.iter().any(|hit| hit["taskId"] == coffee.as_str()))
+    })
+    .await;
+    let results = similar["results"].as_array().unwrap();
+    let expected: Vec<&str> = results
+        .iter()
+        .filter(|h| h["cosine"].as_f64().unwrap() >= 0.5)
+        .map(|h| h["taskId"].as_str().unwrap())
+        .collect();
+    let below = results.len() - expected.len();
+    assert!(below > 0, "a cat and an espresso are unrelated (cosine below 0.5): {similar}");
+    browser.goto(&run.url(&format!("/tasks/{cat}"))).await;
+    browser
+        .until(
+            "similar images were looked up",
+            "return document.querySelector('[data-similar]').dataset.loaded === 'true' && !document.querySelector('[data-similar]').textContent.includes('Looking')",
+        )
+        .await;
+    let listed = browser
+        .client
+        .execute(
+            "return [...document.querySelectorAll('[data-similar-task]')].map(li => li.dataset.similarTask)",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed, json!(expected), "the similar images are those at cosine 0.5 or more: {similar}");
+    let hidden = browser.find("[data-similar-hidden]").await.attr("data-similar-hidden").await.unwrap();
+    assert_eq!(hidden, Some(below.to_string()), "the others are counted");
+    let source = browser.find("[data-source]").await.text().await.unwrap();
+    assert!(source.starts_with("chelsea.jpg (uploaded, sha256:"), "the task's page names its file: {source:?}");
+
+    // One dead letter: counts in the singular.
+    run.pipeline.bus().queues.send("tasks.download", Message::new(&b"{not a command"[..])).await.unwrap();
+    let letters = api_until(&run, "the letter is archived", "/v1/dlq", |v| v["total"] == 1).await;
+    let deliveries = letters["entries"][0]["deliveryCount"].as_u64().expect("a delivery count");
+    browser.goto(&run.url("/dlq")).await;
+    let total = browser.find("p[data-dead-letters]").await.text().await.unwrap();
+    assert_eq!(total, "1 letter in the archive");
+    let head = browser.find("li[data-letter] .letter-head").await.text().await.unwrap();
+    let counted = if deliveries == 1 { "1 delivery ".to_owned() } else { format!("{deliveries} deliveries ") };
+    assert!(head.contains(&format!("· {counted}·")), "{head:?} counts {deliveries} deliveries in words");
+    browser.goto(&run.url("/")).await;
+    let overview = browser.find("a[data-dead-letters]").await.text().await.unwrap();
+    assert_eq!(overview, "1 dead letter");
 
     browser.close().await;
     run.stop().await;

@@ -225,7 +225,7 @@ async fn config_print_json_is_the_effective_settings_with_secrets_masked() {
     let dir = tempfile::tempdir().unwrap();
     let env = vec![
         ("IMAGEPIPE_STORE__REDIS__URL", "redis://app:redis-pw@cache:6379".to_owned()),
-        ("IMAGEPIPE_HTTP__AUTH_TOKEN", "api-token".to_owned()),
+        ("IMAGEPIPE_HTTP__AUTH_TOKEN", "api-token-0123456789abcdef0123456789".to_owned()),
         ("IMAGEPIPE_BUS__PREFIX", "prod".to_owned()),
     ];
     let out = imagepipe(dir.path(), &["config", "print", "--json"], env).await;
@@ -250,4 +250,30 @@ async fn an_unreachable_api_is_one_line_that_names_each_cause_once() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("cannot reach the imagepipe API"), "{stderr}");
     assert_eq!(stderr.matches("error sending request").count(), 1, "the cause is printed once: {stderr}");
+}
+
+/// `doctor --config FILE` (after the command, as the README writes it) reads that file; a store
+/// whose files another process holds (here: this test process) fails, naming `store.path`.
+#[tokio::test]
+async fn doctor_takes_config_after_the_command_and_fails_a_store_another_process_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let config = dir.path().join("imagepipe.toml");
+    std::fs::write(&config, format!("[store]\npath = {store:?}\n[net]\nallow_cidrs = [\"not-a-cidr\"]\n")).unwrap();
+    let held = imagepipe_runtime::embedded::EmbeddedDb::open(&store.join("coordinator.redb")).unwrap();
+    let out = imagepipe(dir.path(), &["doctor", "--config", config.to_str().unwrap()], Vec::new()).await;
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    let config_line = line(&stdout, "FAIL", "config");
+    assert!(config_line.contains("net.allow_cidrs[0]"), "the file was read: {config_line}");
+    let store_line = line(&stdout, "FAIL", "store");
+    assert!(
+        store_line.contains("another process holds the store") && store_line.contains("coordinator.redb"),
+        "{store_line}"
+    );
+    assert!(store_line.contains("store.path (IMAGEPIPE_STORE__PATH)"), "{store_line}");
+
+    drop(held);
+    let out = imagepipe(dir.path(), &["doctor", "--config", config.to_str().unwrap()], Vec::new()).await;
+    line(&text(&out.stdout), "ok", "store");
 }

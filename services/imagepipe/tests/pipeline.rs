@@ -132,7 +132,7 @@ async fn with_a_token_search_stats_similarity_and_every_v1_route_need_it() {
     let Some(model_dir) = common::model_dir() else { return };
     let work = tempfile::tempdir().unwrap();
     let mut settings = common::settings(&model_dir, &work);
-    settings.http.auth_token = Some("run-t0ken".to_owned().into());
+    settings.http.auth_token = Some("run-t0ken-0123456789abcdef0123456789".to_owned().into());
     let pipeline = Pipeline::start(settings).await.unwrap();
     let addr = pipeline.local_addr();
 
@@ -141,10 +141,16 @@ async fn with_a_token_search_stats_similarity_and_every_v1_route_need_it() {
         assert_eq!(anonymous.status, 401, "{path}: {anonymous:?}");
         assert!(anonymous.body.contains(r#""error":"unauthorized""#), "{path}: {anonymous:?}");
         assert_eq!(testing::request(addr, "GET", path, Some("wrong")).await.status, 401, "{path}");
-        assert_eq!(testing::request(addr, "GET", path, Some("run-t0ken")).await.status, 200, "{path}");
+        assert_eq!(
+            testing::request(addr, "GET", path, Some("run-t0ken-0123456789abcdef0123456789")).await.status,
+            200,
+            "{path}"
+        );
     }
     // The similarity routes are this process's own too: nothing is forwarded.
-    let unknown = testing::request(addr, "GET", "/v1/tasks/tsk_nobody/similar", Some("run-t0ken")).await;
+    let unknown =
+        testing::request(addr, "GET", "/v1/tasks/tsk_nobody/similar", Some("run-t0ken-0123456789abcdef0123456789"))
+            .await;
     assert_eq!(unknown.status, 404, "{unknown:?}");
     assert!(unknown.body.contains("no embedding in the similarity index"), "{unknown:?}");
     assert_eq!(testing::get(addr, "/healthz").await.status, 200);

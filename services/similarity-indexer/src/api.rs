@@ -10,15 +10,18 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use imagepipe_ai_worker::Classifier;
+use imagepipe_ai_worker::{AnalyzeError, Classifier};
 use imagepipe_blob::{BlobError, BlobKey, BlobStore, Sniffed, sniff};
-use imagepipe_runtime::http::{ApiError, BodyLimit, WholeBody};
+use imagepipe_runtime::http::{ApiError, BodyLimit, ImageBody, Scope, UploadSlots, require};
 use serde::{Deserialize, Serialize};
 
 use crate::live::{IndexSize, LiveIndex, Similar};
@@ -114,16 +117,25 @@ struct SearchBody {
     blob_key: String,
 }
 
+/// Largest JSON body of `POST /v1/search/similar` (`{"blobKey": "sha256:…"}` is under 100
+/// bytes).
+pub const SEARCH_JSON_BYTES: u64 = 4 * 1024;
+
 /// The routes over `api`; uploads to `POST /v1/search/similar` up to `max_bytes`
-/// (`download.max_bytes`).
-pub fn routes(api: SimilarityApi, max_bytes: u64) -> Router {
-    let search = Router::new().route("/v1/search/similar", post(search_similar)).with_state(api.clone());
+/// (`download.max_bytes`), as many at once as `slots` let in.
+pub fn routes(api: SimilarityApi, max_bytes: u64, slots: UploadSlots) -> Router {
+    let search =
+        Router::new().route("/v1/search/similar", require(Scope::Read, post(search_similar))).with_state(api.clone());
+    let search = slots.apply(BodyLimit::new(max_bytes).set_by("download.max_bytes").apply(search));
     Router::new()
-        .route("/v1/tasks/{id}/similar", get(similar_to_task))
-        .route("/v1/duplicates", get(duplicates))
-        .route("/v1/similarity/rebuild", post(start_rebuild).get(rebuild_status))
+        .route("/v1/tasks/{id}/similar", require(Scope::Read, get(similar_to_task)))
+        .route("/v1/duplicates", require(Scope::Read, get(duplicates)))
+        .route(
+            "/v1/similarity/rebuild",
+            require(Scope::Admin, post(start_rebuild)).merge(require(Scope::Read, get(rebuild_status))),
+        )
         .with_state(api)
-        .merge(BodyLimit::new(max_bytes).set_by("download.max_bytes").apply(search))
+        .merge(search)
 }
 
 /// `limit` as a whole number in `1..=max`, `default` when absent.
@@ -162,44 +174,58 @@ async fn similar_to_task(
     Ok(Json(SimilarResponse { task_id: Some(task_id), version, results }))
 }
 
-async fn search_similar(
-    State(api): State<SimilarityApi>,
-    headers: HeaderMap,
-    query: Result<Query<LimitQuery>, QueryRejection>,
-    WholeBody(body): WholeBody,
-) -> Result<Json<SimilarResponse>, ApiError> {
-    let Query(query) = query?;
-    let limit = limit(query.limit.as_deref(), DEFAULT_LIMIT, MAX_LIMIT)?;
-    let is_json = headers
+/// The image of a search: an upload is read as [`ImageBody`] (judged by its head, bounded as it
+/// streams), a JSON body within [`SEARCH_JSON_BYTES`] names a stored blob.
+async fn search_image(api: &SimilarityApi, request: Request) -> Result<Bytes, ApiError> {
+    let is_json = request
+        .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().starts_with("application/json"));
-    let image = if is_json {
-        let SearchBody { blob_key } = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::invalid(format!("body: {e}; send {{\"blobKey\": \"sha256:…\"}} or an image")))?;
-        let key = blob_key.parse::<BlobKey>().map_err(|e| ApiError::invalid(format!("blobKey: {e}")))?;
-        match api.blobs.get(&key).await {
-            Ok(bytes) => bytes,
-            Err(BlobError::NotFound(key)) => return Err(ApiError::not_found(format!("no blob {key}"))),
-            Err(e) => return Err(ApiError::unavailable(e)),
-        }
-    } else {
-        if body.is_empty() {
-            return Err(ApiError::invalid("the body is empty: send an image's bytes or {\"blobKey\": \"sha256:…\"}"));
-        }
-        body
+    if !is_json {
+        let ImageBody(image) = ImageBody::from_request(request, &()).await.map_err(|e| match e.status {
+            400 => ApiError::invalid("the body is empty: send an image's bytes or {\"blobKey\": \"sha256:…\"}"),
+            _ => e,
+        })?;
+        return Ok(image);
+    }
+    let body = BodyLimit::new(SEARCH_JSON_BYTES).read(request).await?;
+    let SearchBody { blob_key } = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("body: {e}; send {{\"blobKey\": \"sha256:…\"}} or an image")))?;
+    let key = blob_key.parse::<BlobKey>().map_err(|e| ApiError::invalid(format!("blobKey: {e}")))?;
+    let image = match api.blobs.get(&key).await {
+        Ok(bytes) => bytes,
+        Err(BlobError::NotFound(key)) => return Err(ApiError::not_found(format!("no blob {key}"))),
+        Err(e) => return Err(ApiError::unavailable(e)),
     };
     if let Sniffed::Other(what) = sniff(&image) {
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
-            format!("not an image ({what}): send the bytes of a JPEG, PNG, GIF, WebP, TIFF or other image file"),
+            format!("blob {key} is not an image ({what})"),
         ));
     }
+    Ok(image)
+}
+
+async fn search_similar(
+    State(api): State<SimilarityApi>,
+    query: Result<Query<LimitQuery>, QueryRejection>,
+    request: Request,
+) -> Result<Json<SimilarResponse>, ApiError> {
+    let Query(query) = query?;
+    let limit = limit(query.limit.as_deref(), DEFAULT_LIMIT, MAX_LIMIT)?;
     let model = api.model.as_ref().map_err(|why| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "model_unavailable", format!("the model is not loaded: {why}"))
     })?;
-    let analysis = model.analyze(image).await.map_err(|e| ApiError::invalid(format!("the image: {e}")))?;
+    let image = search_image(&api, request).await?;
+    let wait = api.live.config().model_wait;
+    let analysis = model.analyze_within(image, wait).await.map_err(|e| match e {
+        AnalyzeError::Busy { waited } => {
+            ApiError::busy(format!("{e}: try again (similarity.model_wait)"), waited.max(Duration::from_secs(1)))
+        }
+        e => ApiError::invalid(format!("the image: {e}")),
+    })?;
     let Some(embedding) = analysis.embedding else {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -7,7 +7,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use imagepipe_runtime::http::ApiError;
+use imagepipe_runtime::http::{ApiError, Scope, require};
 use serde::{Deserialize, Serialize};
 
 use crate::index::{Hit, TagIndex, TagMatch};
@@ -64,7 +64,7 @@ fn parse_tags(param: &str) -> Result<Vec<String>, ApiError> {
 
 /// The search routes over `index`.
 pub fn routes(index: Arc<dyn TagIndex>) -> Router {
-    Router::new().route("/v1/search", get(search)).with_state(index)
+    Router::new().route("/v1/search", require(Scope::Read, get(search))).with_state(index)
 }
 
 async fn search(

@@ -314,12 +314,13 @@ async fn the_standalone_indexer_answers_search_only_with_the_token() {
     settings.store.path = dir.path().to_owned();
     settings.http.bind = std::net::Ipv4Addr::LOCALHOST.into();
     settings.http.port = 0;
-    settings.http.auth_token = Some("search-t0ken".to_owned().into());
+    settings.http.auth_token = Some("search-t0ken-0123456789abcdef0123456789".to_owned().into());
     let service = Service::start_with("tag-indexer-worker", settings, Shutdown::new()).await.unwrap();
     let addr = service.http_addr();
     let checks = async {
         let path = "/v1/search?tags=cat";
-        let answer = testing::get_until(addr, path, Some("search-t0ken"), |a| a.status != 404).await;
+        let answer =
+            testing::get_until(addr, path, Some("search-t0ken-0123456789abcdef0123456789"), |a| a.status != 404).await;
         assert_eq!(answer.status, 200, "the search route is served: {answer:?}");
         let anonymous = testing::get(addr, path).await;
         assert_eq!(anonymous.status, 401, "{anonymous:?}");

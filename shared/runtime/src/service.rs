@@ -132,7 +132,8 @@ impl Service {
         let draining = shutdown.clone();
         readiness.add(checks::SHUTDOWN, move || !draining.is_triggered());
 
-        let api = ApiRoutes::new(settings.http.auth_token.clone());
+        let access = crate::http::Access::from_config(&settings.http).map_err(ServiceError::Config)?;
+        let api = ApiRoutes::with_access(access);
         let server = HealthServer::new(readiness.clone(), metrics)
             .api(api.clone())
             .bind_with(settings.http.socket_addr(), settings.http.limits())
@@ -352,12 +353,24 @@ mod tests {
         assert!(TcpStream::connect(addr).await.is_err());
     }
 
+    const TOKEN: &str = "service-test-token-0123456789abcdef";
+
+    #[tokio::test]
+    async fn a_short_token_refuses_to_start() {
+        let mut settings = Settings::default();
+        settings.http.port = 0;
+        settings.http.auth_token = Some("t0ken".to_owned().into());
+        let error = Service::start_with("service-test", settings, Shutdown::new()).await.err().expect("refused");
+        let ServiceError::Config(error) = error else { panic!("{error}") };
+        assert_eq!(error.key(), Some("http.auth_token"), "{error}");
+    }
+
     #[tokio::test]
     async fn with_a_token_every_v1_path_needs_it_and_health_does_not() {
         let mut settings = Settings::default();
         settings.http.bind = IpAddr::V4(Ipv4Addr::LOCALHOST);
         settings.http.port = 0;
-        settings.http.auth_token = Some("t0ken".to_owned().into());
+        settings.http.auth_token = Some(TOKEN.to_owned().into());
         let service = Service::start_with("service-test", settings, Shutdown::new()).await.unwrap();
         service.serve(Router::new().route("/v1/ping", get(|| async { "pong" })));
         let addr = service.http_addr();
@@ -368,8 +381,8 @@ mod tests {
             assert!(body.contains(r#""error":"unauthorized""#), "{path}: {body}");
             assert_eq!(with_token(addr, path, "wrong").await.0, 401, "{path}");
         }
-        assert_eq!(with_token(addr, "/v1/ping", "t0ken").await, (200, "pong".into()));
-        assert_eq!(with_token(addr, "/v1/unknown", "t0ken").await.0, 404);
+        assert_eq!(with_token(addr, "/v1/ping", TOKEN).await, (200, "pong".into()));
+        assert_eq!(with_token(addr, "/v1/unknown", TOKEN).await.0, 404);
         for open in ["/healthz", "/metrics"] {
             assert_eq!(status_and_body(addr, open).await.0, 200, "{open}");
         }

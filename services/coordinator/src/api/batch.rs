@@ -12,7 +12,7 @@ use axum::http::HeaderMap;
 use axum::routing::post;
 use axum::{Json, Router};
 use imagepipe_contracts::{SubmitTask, decode};
-use imagepipe_runtime::http::{ApiError, BodyLimit, WholeBody};
+use imagepipe_runtime::http::{ApiError, BodyLimit, Scope, WholeBody, require};
 use imagepipe_runtime::telemetry::continue_http_trace;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -32,7 +32,7 @@ pub const BATCH_BODY_BYTES: u64 = 4 * 1024 * 1024;
 
 /// The batch route, with its own body limit.
 pub(super) fn router(state: ApiState) -> Router {
-    let routes = Router::new().route("/v1/tasks:batch", post(submit_batch)).with_state(state);
+    let routes = Router::new().route("/v1/tasks:batch", require(Scope::Submit, post(submit_batch))).with_state(state);
     BodyLimit::new(BATCH_BODY_BYTES).apply(routes)
 }
 

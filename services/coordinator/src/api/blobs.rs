@@ -11,9 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use imagepipe_blob::{BlobError, BlobKey, BlobStore, Sniffed, sniff};
-use imagepipe_runtime::http::{ApiError, BodyLimit, WholeBody};
+use imagepipe_runtime::http::{ApiError, BodyLimit, ImageBody, Scope, UploadSlots, require};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+/// `Cache-Control` of `GET /v1/blobs/{key}`: kept for a year by the client alone.
+const BLOB_CACHE_CONTROL: &str = "private, max-age=31536000, immutable";
 
 /// Answer of `POST /v1/blobs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -24,27 +27,16 @@ pub struct Uploaded {
     pub size: u64,
 }
 
-/// The blob routes over `blobs`, refusing uploads over `max_bytes` (`download.max_bytes`: a
-/// `413` naming it).
-pub fn router(blobs: Arc<dyn BlobStore>, max_bytes: u64) -> Router {
-    let routes =
-        Router::new().route("/v1/blobs", post(upload)).route("/v1/blobs/{key}", get(download)).with_state(blobs);
-    BodyLimit::new(max_bytes).set_by("download.max_bytes").apply(routes)
+/// The blob routes over `blobs`: uploads as many at once as `slots` let in, each judged by its
+/// first bytes and refused as soon as it passes `max_bytes` (`download.max_bytes`: a `413`
+/// naming it), as [`ImageBody`] reads it.
+pub fn router(blobs: Arc<dyn BlobStore>, max_bytes: u64, slots: UploadSlots) -> Router {
+    let uploads = Router::new().route("/v1/blobs", require(Scope::Submit, post(upload))).with_state(blobs.clone());
+    let uploads = slots.apply(BodyLimit::new(max_bytes).set_by("download.max_bytes").apply(uploads));
+    Router::new().route("/v1/blobs/{key}", require(Scope::Read, get(download))).with_state(blobs).merge(uploads)
 }
 
-async fn upload(State(blobs): State<Arc<dyn BlobStore>>, WholeBody(body): WholeBody) -> Result<Response, ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::invalid("the body is empty: send the image's bytes"));
-    }
-    if let Sniffed::Other(what) = sniff(&body) {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            format!(
-                "the body is not an image ({what}): upload the bytes of a JPEG, PNG, GIF, WebP, TIFF or other image file"
-            ),
-        ));
-    }
+async fn upload(State(blobs): State<Arc<dyn BlobStore>>, ImageBody(body): ImageBody) -> Result<Response, ApiError> {
     let size = body.len() as u64;
     let key = blobs.put(body).await.map_err(ApiError::unavailable)?;
     let location = format!("/v1/blobs/{key}");
@@ -64,10 +56,11 @@ async fn download(
                 Sniffed::Image(format) => format.content_type(),
                 Sniffed::Other(_) => "application/octet-stream",
             };
-            // A key is the SHA-256 of the bytes: what it names never changes.
+            // A key is the SHA-256 of the bytes: what it names never changes. `private`: the
+            // answer needed the API's token, so no shared cache may keep it for others.
             let headers = [
                 (header::CONTENT_TYPE, content_type),
-                (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
+                (header::CACHE_CONTROL, BLOB_CACHE_CONTROL),
                 (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             ];
             Ok((headers, bytes).into_response())

@@ -6,8 +6,11 @@
 //! does not serve ([`Upstream`]s served here get no forwarding route).
 //!
 //! A forwarded request keeps its method, path, query, body (streamed) and the headers that
-//! say what it is (`content-type`, `accept`, trace context); it carries the coordinator's own
-//! `http.auth_token`, which every service shares. The answer comes back as the target gave it
+//! say what it is (`content-type`, `accept`, trace context). It goes with the caller's scope,
+//! never more: each route needs the same scope here as at its service ([`Upstream::routes`]),
+//! and the request carries the least token of the coordinator's (`http.auth_token`,
+//! `http.tokens`, which the services share) whose scope covers the caller's, with the caller's
+//! scope in [`SCOPE_HEADER`] (which only lowers a token's). The answer comes back as the target gave it
 //! (status, body, the headers that describe it), redirects included, never followed. A target
 //! that cannot be reached is `502 bad_gateway`, one that does not answer within
 //! [`FORWARD_TIMEOUT`] `504 gateway_timeout`, each naming the key that points at it; an
@@ -22,10 +25,10 @@ use axum::body::{Body, HttpBody as _};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodFilter, on};
+use axum::routing::{MethodFilter, MethodRouter, on};
 use imagepipe_runtime::Settings;
-use imagepipe_runtime::config::{CoordinatorConfig, Secret};
-use imagepipe_runtime::http::ApiError;
+use imagepipe_runtime::config::{CoordinatorConfig, ScopedToken, Secret};
+use imagepipe_runtime::http::{ApiError, Caller, SCOPE_HEADER, Scope, require};
 
 /// Longest a forwarded request may take, its answer's body included.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -68,9 +71,6 @@ pub enum Upstream {
     Similarity,
 }
 
-/// `GET` and `POST` on one path.
-const GET_OR_POST: MethodFilter = MethodFilter::GET.or(MethodFilter::POST);
-
 impl Upstream {
     /// Every forwarded service.
     pub const ALL: [Upstream; 3] = [Self::Search, Self::Stats, Self::Similarity];
@@ -98,16 +98,17 @@ impl Upstream {
         }
     }
 
-    /// Its routes: path and methods.
-    pub fn routes(self) -> &'static [(&'static str, MethodFilter)] {
+    /// Its routes: each path with its methods and the scope each needs (as the service
+    /// declares it).
+    pub fn routes(self) -> &'static [(&'static str, &'static [(MethodFilter, Scope)])] {
         match self {
-            Self::Search => &[("/v1/search", MethodFilter::GET)],
-            Self::Stats => &[("/v1/stats", MethodFilter::GET)],
+            Self::Search => &[("/v1/search", &[(MethodFilter::GET, Scope::Read)])],
+            Self::Stats => &[("/v1/stats", &[(MethodFilter::GET, Scope::Read)])],
             Self::Similarity => &[
-                ("/v1/tasks/{id}/similar", MethodFilter::GET),
-                ("/v1/search/similar", MethodFilter::POST),
-                ("/v1/duplicates", MethodFilter::GET),
-                ("/v1/similarity/rebuild", GET_OR_POST),
+                ("/v1/tasks/{id}/similar", &[(MethodFilter::GET, Scope::Read)]),
+                ("/v1/search/similar", &[(MethodFilter::POST, Scope::Read)]),
+                ("/v1/duplicates", &[(MethodFilter::GET, Scope::Read)]),
+                ("/v1/similarity/rebuild", &[(MethodFilter::GET, Scope::Read), (MethodFilter::POST, Scope::Admin)]),
             ],
         }
     }
@@ -123,18 +124,18 @@ impl Upstream {
     }
 }
 
-/// Where each [`Upstream`] is and the token to send it, from the settings.
+/// Where each [`Upstream`] is and the tokens to send it, from the settings.
 #[derive(Debug, Clone)]
 pub struct Forwarding {
     urls: Vec<(Upstream, Option<String>)>,
-    token: Option<Secret<String>>,
+    tokens: Arc<[ScopedToken]>,
 }
 
 impl Forwarding {
-    /// The targets of `settings.coordinator`, sent `settings.http.auth_token`.
+    /// The targets of `settings.coordinator`, sent a token of `settings.http` for each caller.
     pub fn new(settings: &Settings) -> Self {
         let urls = Upstream::ALL.into_iter().map(|u| (u, u.url(&settings.coordinator))).collect();
-        Self { urls, token: settings.http.auth_token.clone() }
+        Self { urls, tokens: settings.http.scoped_tokens().into() }
     }
 
     /// The forwarding routes of every upstream but those in `served_here` (whose routes this
@@ -156,11 +157,16 @@ impl Forwarding {
             let target = Arc::new(Target {
                 upstream: *upstream,
                 url: url.clone(),
-                token: self.token.clone(),
+                tokens: self.tokens.clone(),
                 client: client.clone(),
             });
-            for &(path, method) in upstream.routes() {
-                router = router.merge(Router::new().route(path, on(method, forward)).with_state(target.clone()));
+            for &(path, methods) in upstream.routes() {
+                let route = methods
+                    .iter()
+                    .map(|&(method, scope)| require(scope, on(method, forward)))
+                    .reduce(MethodRouter::merge)
+                    .expect("every forwarded path has a method");
+                router = router.merge(Router::new().route(path, route).with_state(target.clone()));
             }
         }
         router
@@ -171,11 +177,16 @@ impl Forwarding {
 struct Target {
     upstream: Upstream,
     url: Option<String>,
-    token: Option<Secret<String>>,
+    tokens: Arc<[ScopedToken]>,
     client: reqwest::Client,
 }
 
 impl Target {
+    /// The token to send for a caller of `scope`: the least of those whose scope covers it.
+    fn token_for(&self, scope: Scope) -> Option<&Secret<String>> {
+        self.tokens.iter().filter(|t| t.scope.allows(scope)).min_by_key(|t| t.scope).map(|t| &t.token)
+    }
+
     fn not_configured(&self, path: &str) -> ApiError {
         let upstream = self.upstream;
         ApiError::new(
@@ -220,9 +231,12 @@ async fn forward(State(target): State<Arc<Target>>, request: Request) -> Respons
             outgoing = outgoing.header(name, value);
         }
     }
-    if let Some(token) = &target.token {
+    // The route's scope check put the caller there; without one, forward as the least.
+    let scope = parts.extensions.get::<Caller>().map_or(Scope::Read, |caller| caller.scope);
+    if let Some(token) = target.token_for(scope) {
         outgoing = outgoing.bearer_auth(token.expose());
     }
+    outgoing = outgoing.header(SCOPE_HEADER, scope.as_str());
     if body.size_hint().exact() != Some(0) {
         outgoing = outgoing.body(reqwest::Body::wrap_stream(body.into_data_stream()));
     }

@@ -1,52 +1,60 @@
-//! Who may see the dashboard. With `http.auth_token` set: a browser with a valid session cookie
-//! (others are sent to the login form). Without a token: only a client on loopback that also
-//! names a loopback host (so a web page whose own name was pointed at 127.0.0.1 — DNS
-//! rebinding — cannot read it); everyone else is told to set a token. This is the rule that
-//! keeps an unauthenticated server on loopback (`http.bind`), applied to the person's browser.
+//! Who may see the dashboard, and what they may do there. With tokens set (`http.auth_token`,
+//! `http.tokens`): a browser with a live session (others are sent to the login form), which may
+//! do what its token's scope allows; the pages show only those buttons. Without a token: only
+//! a client on loopback that also names a loopback host (so a web page whose own name was
+//! pointed at 127.0.0.1 — DNS rebinding — cannot read it), with every button; everyone else is
+//! told to set a token. This is the rule that keeps an unauthenticated server on loopback
+//! (`http.bind`, [`peer`](imagepipe_runtime::http::peer)), applied to the person's browser.
 
-use std::net::{IpAddr, SocketAddr};
-
-use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::extract::FromRequestParts;
+use axum::http::StatusCode;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use imagepipe_runtime::http::session::Session;
+use imagepipe_runtime::http::Scope;
+use imagepipe_runtime::http::peer::{Peer, host_is_loopback};
 
 use super::Dashboard;
 use super::layout;
 
 /// The person looking at a page: the CSRF token their requests carry (none without a token
-/// configured) and whether they logged in.
+/// configured) and what they may do.
 #[derive(Debug, Clone)]
 pub struct Viewer {
-    /// The session's CSRF token; `None` when no `http.auth_token` is set.
+    /// The session's CSRF token; `None` when no token is set.
     pub csrf: Option<String>,
+    /// The scope of the token the session was opened with; `admin` without tokens.
+    pub scope: Scope,
+}
+
+impl Viewer {
+    /// Whether the viewer may do what `needed` allows (the page shows its buttons).
+    pub fn may(&self, needed: Scope) -> bool {
+        self.scope.allows(needed)
+    }
 }
 
 impl FromRequestParts<Dashboard> for Viewer {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, dashboard: &Dashboard) -> Result<Self, Self::Rejection> {
-        match dashboard.api.token() {
-            Some(token) => match Session::from_headers(token, &parts.headers, dashboard.clock.unix_ms()) {
-                Some(session) => Ok(Self { csrf: Some(session.csrf_token().to_owned()) }),
-                None if parts.uri.path().starts_with("/partials/") => {
-                    Err((StatusCode::UNAUTHORIZED, "the session ended: log in again").into_response())
-                }
-                None => {
-                    let next = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-                    let target =
-                        url::form_urlencoded::Serializer::new(String::new()).append_pair("next", next).finish();
-                    Err(Redirect::to(&format!("/login?{target}")).into_response())
-                }
-            },
+        let access = dashboard.api.access();
+        if access.is_open() {
+            let peer = Peer::of(&parts.extensions).ip();
+            return if peer.is_some_and(|ip| ip.is_loopback()) && host_is_loopback(&parts.headers) {
+                Ok(Self { csrf: None, scope: Scope::Admin })
+            } else {
+                Err(loopback_only())
+            };
+        }
+        match access.session(&parts.headers, dashboard.clock.unix_ms()) {
+            Some((session, token)) => Ok(Self { csrf: Some(session.csrf_token().to_owned()), scope: token.scope }),
+            None if parts.uri.path().starts_with("/partials/") => {
+                Err((StatusCode::UNAUTHORIZED, "the session ended: log in again").into_response())
+            }
             None => {
-                let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-                if peer.is_some_and(|ip| ip.is_loopback()) && host_is_loopback(&parts.headers) {
-                    Ok(Self { csrf: None })
-                } else {
-                    Err(loopback_only())
-                }
+                let next = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                let target = url::form_urlencoded::Serializer::new(String::new()).append_pair("next", next).finish();
+                Err(Redirect::to(&format!("/login?{target}")).into_response())
             }
         }
     }
@@ -61,34 +69,22 @@ fn loopback_only() -> Response {
             p {
                 "No " code { "http.auth_token" } " is set, so the dashboard opens only for a browser on this \
                  machine at " code { "http://127.0.0.1:<port>/" } ". Set " code { "IMAGEPIPE_HTTP__AUTH_TOKEN" }
-                " to open it to others: they log in with the token."
+                " (make one with " code { "openssl rand -hex 32" } ") to open it to others: they log in with the token."
             }
         },
     );
     (StatusCode::FORBIDDEN, body).into_response()
 }
 
-/// Whether the request's `Host` names this machine: `localhost` or a loopback address, with or
-/// without a port.
-pub fn host_is_loopback(headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else { return false };
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or_default(),
-        None => {
-            host.rsplit_once(':').map_or(host, |(name, port)| if port.parse::<u16>().is_ok() { name } else { host })
-        }
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
     use std::sync::Arc;
 
     use axum::Router;
     use axum::body::Body;
-    use axum::extract::Request;
-    use axum::http::HeaderValue;
+    use axum::extract::{ConnectInfo, Request};
+    use axum::http::header;
     use axum::routing::get;
     use imagepipe_runtime::clock::SystemClock;
     use imagepipe_runtime::config::TelemetryConfig;
@@ -116,7 +112,8 @@ mod tests {
         assert_eq!(status(None, [127, 0, 0, 1], "localhost:8080").await.0, 200);
         assert_eq!(status(None, [10, 0, 0, 7], "10.0.0.1:8080").await.0, 403, "another machine");
         assert_eq!(status(None, [127, 0, 0, 1], "rebound.example:8080").await.0, 403, "a rebound name");
-        let (code, location) = status(Some("t0ken"), [10, 0, 0, 7], "images.example").await;
+        let (code, location) =
+            status(Some("dashboard-token-0123456789abcdef0123"), [10, 0, 0, 7], "images.example").await;
         assert_eq!(
             (code, location.as_deref()),
             (303, Some("/login?next=%2Ftasks%3Fstate%3Dfailed")),
@@ -124,35 +121,43 @@ mod tests {
         );
     }
 
-    #[test]
-    fn only_loopback_names_pass() {
-        let check = |host: &'static str| {
-            let mut headers = HeaderMap::new();
-            headers.insert(header::HOST, HeaderValue::from_static(host));
-            host_is_loopback(&headers)
+    #[tokio::test]
+    async fn a_session_sees_only_the_buttons_its_scope_allows() {
+        use imagepipe_runtime::config::{HttpConfig, ScopedToken};
+        use imagepipe_runtime::http::Access;
+
+        let (admin, reader) = ("admin-page-token-0123456789abcdef0123", "reader-page-token-0123456789abcdef012");
+        let http = HttpConfig {
+            auth_token: Some(admin.to_owned().into()),
+            tokens: vec![ScopedToken { name: "viewer".into(), token: reader.to_owned().into(), scope: Scope::Read }],
+            ..HttpConfig::default()
         };
-        for host in [
-            "localhost",
-            "localhost:8080",
-            "LOCALHOST:1",
-            "127.0.0.1",
-            "127.0.0.1:8080",
-            "127.9.9.9:80",
-            "[::1]:8080",
-            "[::1]",
-        ] {
-            assert!(check(host), "{host}");
+        let api = ApiRoutes::with_access(Access::from_config(&http).unwrap());
+        let router = Dashboard::new(api, &TelemetryConfig::default(), Arc::new(SystemClock)).router();
+        let send = |request: Request| {
+            let router = router.clone();
+            async move {
+                let mut request = request;
+                request.extensions_mut().insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 40_000))));
+                router.oneshot(request).await.unwrap()
+            }
+        };
+        for (token, sees) in [(reader, false), (admin, true)] {
+            let login = Request::post("/login").body(Body::from(format!("token={token}"))).unwrap();
+            let answer = send(login).await;
+            let cookie = answer.headers()[header::SET_COOKIE].to_str().unwrap().split(';').next().unwrap().to_owned();
+            for (path, control) in [("/", "data-upload"), ("/tasks", "data-upload"), ("/dlq", "data-replay-filter")] {
+                let page = send(Request::get(path).header(header::COOKIE, &cookie).body(Body::empty()).unwrap()).await;
+                assert_eq!(page.status(), StatusCode::OK, "{path}");
+                let page = axum::body::to_bytes(page.into_body(), 1 << 22).await.unwrap();
+                let page = String::from_utf8_lossy(&page);
+                assert_eq!(
+                    page.contains(control),
+                    sees,
+                    "{path} for {}: {control}",
+                    if sees { "admin" } else { "read" }
+                );
+            }
         }
-        for host in [
-            "evil.example",
-            "evil.example:8080",
-            "10.0.0.1:8080",
-            "localhost.evil.example",
-            "[::2]:80",
-            "127.0.0.1.nip.io",
-        ] {
-            assert!(!check(host), "{host}");
-        }
-        assert!(!host_is_loopback(&HeaderMap::new()));
     }
 }

@@ -1,12 +1,12 @@
 //! The dashboard's way to the data: a request to the server's own `/v1` routes, handled in
 //! process (no socket, no token check: the person was checked before the page), answered
-//! exactly as a client of the API would be answered, forwarded routes included.
+//! exactly as a client of the API would be answered, forwarded routes included. Every such
+//! request only reads, and goes as a caller of scope `read`.
 
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{StatusCode, header};
-use imagepipe_runtime::http::{ApiError, ApiRoutes};
-use imagepipe_secret::Secret;
+use imagepipe_runtime::http::{Access, ApiError, ApiRoutes, Caller, Scope};
 use serde::de::DeserializeOwned;
 
 /// Largest answer the dashboard reads.
@@ -24,9 +24,9 @@ impl ApiClient {
         Self { routes }
     }
 
-    /// The token the API requires, when one is set.
-    pub fn token(&self) -> Option<&Secret<String>> {
-        self.routes.token()
+    /// The tokens the API accepts and what the server remembers of their use.
+    pub fn access(&self) -> &Access {
+        self.routes.access()
     }
 
     /// `GET path_and_query`, its JSON answer read as `T`; an error answer as the [`ApiError`]
@@ -35,6 +35,7 @@ impl ApiClient {
         let path_and_query = path_and_query.as_ref();
         let request = Request::get(path_and_query)
             .header(header::ACCEPT, "application/json")
+            .extension(Caller::new(Some("dashboard"), Scope::Read))
             .body(Body::empty())
             .map_err(|e| ApiError::invalid(format!("{path_and_query}: {e}")))?;
         let response = self.routes.call(request).await;

@@ -1,26 +1,34 @@
 //! One task (`/tasks/{id}`): its stage timeline (durations, attempts, errors), thumbnail and
 //! previews, EXIF with the GPS position on a small map, dominant colours, predictions and tags,
-//! history, similar images (fetched by the page from `/v1/tasks/{id}/similar`), the trace id
-//! (linked to the trace UI when `telemetry.trace_ui_url` is set), and the buttons that cancel,
-//! pause, resume and retry it. `/partials/tasks/{id}` is the live part.
+//! history, similar images, the trace id (linked to the trace UI when `telemetry.trace_ui_url`
+//! is set), and the buttons that cancel, pause, resume and retry it. `/partials/tasks/{id}` is
+//! the live part; `/partials/tasks/{id}/similar` the similar images (the similarity indexer's
+//! `/v1/tasks/{id}/similar`, those at a cosine of at least [`SIMILAR_FLOOR`]), which the page
+//! fetches once it is shown.
+
+use std::collections::HashMap;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
-use imagepipe_contracts::Step;
+use imagepipe_contracts::command::{MAX_ID_LEN, is_valid_id};
 use imagepipe_contracts::step::{Exif, MetadataOutput};
+use imagepipe_contracts::{ImageSource, Step};
+use imagepipe_runtime::http::{ApiError, Scope};
 use maud::{Markup, html};
+use serde::Deserialize;
 
 use super::access::Viewer;
 use super::layout::{self, Section};
-use super::tasks::state_badge;
+use super::tasks::{self, state_badge};
 use super::{Dashboard, format};
 use crate::api::{History, TaskView};
+use crate::describe;
 use crate::task::{HistoryEvent, Task, TaskState};
 
 /// `GET /tasks/{id}`.
 pub async fn page(State(dashboard): State<Dashboard>, viewer: Viewer, Path(id): Path<String>) -> Response {
-    let live = match live(&dashboard, &id).await {
+    let live = match live(&dashboard, &id, &viewer).await {
         Ok(live) => live,
         Err((status, message)) => {
             let body = html! { h1 { "Task " code { (id) } } p.notice role="alert" { (message) } };
@@ -31,21 +39,127 @@ pub async fn page(State(dashboard): State<Dashboard>, viewer: Viewer, Path(id): 
         div id="live" data-partial=(format!("/partials/tasks/{id}")) { (live) }
         section aria-labelledby="similar-h" {
             h2 id="similar-h" { "Similar images" }
-            div.grid data-similar=(id) aria-live="polite" { p { "Looking for similar images…" } }
+            div data-similar=(id) aria-live="polite" { p { "Looking for similar images…" } }
         }
     };
     layout::page(&format!("Task {id}"), &viewer, Section::Tasks, Some(&format!("task:{id}")), body).into_response()
 }
 
 /// `GET /partials/tasks/{id}`: the live part of a task's page.
-pub async fn partial(State(dashboard): State<Dashboard>, _viewer: Viewer, Path(id): Path<String>) -> Response {
-    match live(&dashboard, &id).await {
+pub async fn partial(State(dashboard): State<Dashboard>, viewer: Viewer, Path(id): Path<String>) -> Response {
+    match live(&dashboard, &id, &viewer).await {
         Ok(live) => Html(live.into_string()).into_response(),
         Err((status, message)) => (status, message).into_response(),
     }
 }
 
-async fn live(dashboard: &Dashboard, id: &str) -> Result<Markup, (StatusCode, String)> {
+/// Least cosine between two images' embeddings for the dashboard to call them similar (a task's
+/// page, and the search page's image drop). Unrelated photos score about 0.1 (a cat and an
+/// espresso: 0.09), and listing those as "similar images" misleads; near-duplicates score above
+/// 0.85 (`similarity.duplicate_threshold`); 0.5 keeps images that merely share a subject.
+pub const SIMILAR_FLOOR: f64 = 0.5;
+
+/// How many similar images the task's page asks the similarity indexer for.
+const SIMILAR_ASKED: usize = 8;
+
+/// The answer of `/v1/tasks/{id}/similar`, as far as the page reads it.
+#[derive(Debug, Deserialize)]
+struct SimilarAnswer {
+    results: Vec<SimilarImage>,
+}
+
+/// One image of a [`SimilarAnswer`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SimilarImage {
+    task_id: String,
+    cosine: f64,
+    #[serde(default)]
+    phash_distance: Option<u32>,
+    #[serde(default)]
+    thumbnail_key: Option<String>,
+}
+
+/// `GET /partials/tasks/{id}/similar`: the images similar to the task's, those below
+/// [`SIMILAR_FLOOR`] left out (and counted). While the task has no embedding yet, or the
+/// similarity indexer does not answer, the fragment is marked `data-similar-pending` and the
+/// page asks again later.
+pub async fn similar(State(dashboard): State<Dashboard>, _viewer: Viewer, Path(id): Path<String>) -> Response {
+    if !is_valid_id(&id) {
+        return (StatusCode::NOT_FOUND, format!("no task {id:?}")).into_response();
+    }
+    let answer = dashboard
+        .api
+        .get::<SimilarAnswer>(format!("/v1/tasks/{id}/similar?limit={SIMILAR_ASKED}"))
+        .await
+        .map(|answer| above_floor(answer.results));
+    let names = match &answer {
+        Ok((shown, _)) => {
+            let ids: Vec<&str> = shown.iter().map(|image| image.task_id.as_str()).collect();
+            tasks::fetch(&dashboard, &ids).await.into_iter().map(|task| (task.id.clone(), task)).collect()
+        }
+        Err(_) => HashMap::new(),
+    };
+    Html(similar_images(&answer, &names).into_string()).into_response()
+}
+
+/// The images at [`SIMILAR_FLOOR`] or above, in their order, and how many were below it.
+fn above_floor(images: Vec<SimilarImage>) -> (Vec<SimilarImage>, usize) {
+    let total = images.len();
+    let shown: Vec<SimilarImage> = images.into_iter().filter(|image| image.cosine >= SIMILAR_FLOOR).collect();
+    let hidden = total - shown.len();
+    (shown, hidden)
+}
+
+/// The similar images as a grid, each named by its image's file or URL; `names` holds the
+/// tasks of those that still exist.
+fn similar_images(answer: &Result<(Vec<SimilarImage>, usize), ApiError>, names: &HashMap<String, Task>) -> Markup {
+    html! {
+        @match answer {
+            Err(e) if e.status == StatusCode::NOT_FOUND.as_u16() => p data-similar-pending { "No similar images yet: " (e.message) "." },
+            Err(e) => p data-similar-pending { "Similar images unavailable: " (e.message) },
+            Ok((shown, hidden)) => {
+                @if shown.is_empty() {
+                    p { "No similar image: none is at a cosine of " (SIMILAR_FLOOR) " or more." }
+                } @else {
+                    ul.grid {
+                        @for image in shown {
+                            @let task = names.get(&image.task_id);
+                            @let name = task.map_or_else(|| format!("task {}", image.task_id), describe::name);
+                            li data-similar-task=(image.task_id) {
+                                a href=(format!("/tasks/{}", image.task_id)) title=[task.map(describe::source)] {
+                                    @match &image.thumbnail_key {
+                                        Some(key) => img src=(format!("/v1/blobs/{key}")) alt=(name) loading="lazy" width="128" height="128";,
+                                        None => span.no-thumb { "no thumbnail" },
+                                    }
+                                    span.caption {
+                                        span.name data-name { (name) }
+                                        "cosine " (format!("{:.3}", image.cosine))
+                                        @if let Some(distance) = image.phash_distance { " · pHash " (distance) }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                @if *hidden > 0 {
+                    p { small data-similar-hidden=(hidden) {
+                        (format::count(*hidden as u64, "less similar image", "less similar images"))
+                        " (cosine below " (SIMILAR_FLOOR) ") not shown."
+                    } }
+                }
+            }
+        }
+    }
+}
+
+async fn live(dashboard: &Dashboard, id: &str, viewer: &Viewer) -> Result<Markup, (StatusCode, String)> {
+    if !is_valid_id(id) {
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!("no task {id:?}: a task id is 1 to {MAX_ID_LEN} characters of [A-Za-z0-9_.-]"),
+        ));
+    }
     let (view, history) = tokio::join!(
         dashboard.api.get::<TaskView>(format!("/v1/tasks/{id}")),
         dashboard.api.get::<History>(format!("/v1/tasks/{id}/history")),
@@ -58,7 +172,7 @@ async fn live(dashboard: &Dashboard, id: &str) -> Result<Markup, (StatusCode, St
         header.task-head {
             h1 { "Task " code { (task.id) } }
             (state_badge(task.state))
-            (actions(task))
+            @if viewer.may(Scope::Operate) { (actions(task)) }
         }
         @if let Some(error) = &view.last_error {
             p.notice role="alert" { strong { "Last error: " } code { (error.code) } " " (error.message) }
@@ -87,7 +201,7 @@ async fn live(dashboard: &Dashboard, id: &str) -> Result<Markup, (StatusCode, St
                 p { small { "Model " (analysis.model) } }
                 (scores("Predictions", &analysis.predictions))
                 h3 { "Tags" }
-                p.tags { @for tag in &analysis.tags { a.label href=(format!("/search?tag={}", urlencode(&tag.label))) { (tag.label) } " " } }
+                p.tags { @for tag in &analysis.tags { a.label href=(format!("/search?tags={}", urlencode(&tag.label))) { (tag.label) } " " } }
             }
         }
         section aria-labelledby="history-h" {
@@ -104,14 +218,11 @@ fn urlencode(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
+/// Where the image comes from ([`describe::source`]), an upload's whole blob key under it.
 fn source(task: &Task) -> Markup {
-    let value = serde_json::to_value(&task.source).unwrap_or_default();
-    let url = value.get("url").and_then(|u| u.as_str());
-    let blob = value.get("blob").and_then(|u| u.as_str());
     html! {
-        @if let Some(url) = url { code.url { (url) } }
-        @else if let Some(blob) = blob { "uploaded " code { (blob) } }
-        @else { code { (value.to_string()) } }
+        span data-source { (describe::source(task)) }
+        @if let ImageSource::Blob(key) = &task.source { br; small { code { (key) } } }
     }
 }
 
@@ -318,5 +429,37 @@ fn history_table(history: &History) -> Markup {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(task_id: &str, cosine: f64) -> SimilarImage {
+        SimilarImage { task_id: task_id.into(), cosine, phash_distance: None, thumbnail_key: None }
+    }
+
+    #[test]
+    fn images_below_the_similarity_floor_are_left_out_and_counted() {
+        let found = vec![image("near", 0.93), image("floor", SIMILAR_FLOOR), image("unrelated", 0.12)];
+        let (shown, hidden) = above_floor(found);
+        let ids: Vec<&str> = shown.iter().map(|i| i.task_id.as_str()).collect();
+        assert_eq!(ids, ["near", "floor"], "at or above the floor, in the indexer's order");
+        assert_eq!(hidden, 1);
+    }
+
+    #[test]
+    fn the_similar_grid_names_only_the_images_above_the_floor() {
+        let answer = Ok(above_floor(vec![image("tsk_near", 0.91), image("tsk_far", 0.12), image("tsk_farther", 0.05)]));
+        let page = similar_images(&answer, &HashMap::new()).into_string();
+        assert!(page.contains(r#"data-similar-task="tsk_near""#), "{page}");
+        assert!(!page.contains("tsk_far"), "an image at cosine 0.12 is not called similar: {page}");
+        assert!(page.contains("2 less similar images (cosine below 0.5) not shown."), "{page}");
+
+        let none = Ok(above_floor(vec![image("tsk_far", 0.12)]));
+        let page = similar_images(&none, &HashMap::new()).into_string();
+        assert!(page.contains("No similar image: none is at a cosine of 0.5 or more."), "{page}");
+        assert!(page.contains("1 less similar image (cosine"), "{page}");
     }
 }

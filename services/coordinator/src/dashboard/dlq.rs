@@ -5,6 +5,7 @@
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::response::Html;
+use imagepipe_runtime::http::Scope;
 use maud::html;
 use serde::Deserialize;
 
@@ -43,7 +44,7 @@ pub async fn page(
     let now = dashboard.clock.unix_ms();
     let body = html! {
         h1 { "Dead letters" }
-        section aria-labelledby="replay-h" {
+        @if viewer.may(Scope::Operate) { section aria-labelledby="replay-h" {
             h2 id="replay-h" { "Replay by filter" }
             form.filters data-replay-filter {
                 div {
@@ -56,18 +57,18 @@ pub async fn page(
                 div { label for="r-reason" { "Reason contains" } input id="r-reason" name="reasonContains" placeholder="timeout"; }
                 div.actions { button type="submit" { "Replay matching" } }
             }
-        }
+        } }
         @match &listed {
             Err(e) => (layout::unavailable("Dead letters", e)),
             Ok(listing) => {
-                p data-dead-letters=(listing.total) { (listing.total) " letters in the archive" }
+                p data-dead-letters=(listing.total) { (format::count(listing.total, "letter", "letters")) " in the archive" }
                 @if listing.page.entries.is_empty() { p { "The archive is empty." } }
                 ol.letters {
                     @for letter in &listing.page.entries {
                         li.letter id=(format!("letter-{}", letter.id)) data-letter=(letter.id) {
                             div.letter-head {
                                 strong { (letter.reason) }
-                                span { " from " code { (letter.source) } " · " (letter.delivery_count) " deliveries · " }
+                                span { " from " code { (letter.source) } " · " (format::count(letter.delivery_count, "delivery", "deliveries")) " · " }
                                 span title=(format::at(letter.dead_lettered_at)) { (format::ago(now, letter.dead_lettered_at)) }
                             }
                             details {
@@ -78,13 +79,15 @@ pub async fn page(
                                 pre { code { (letter.body) } }
                             }
                             div.actions role="group" aria-label=(format!("Dead letter {}", letter.id)) {
-                                @if !letter.body_was_cut() {
+                                @if !letter.body_was_cut() && viewer.may(Scope::Operate) {
                                     button type="button" data-api=(format!("/v1/dlq/{}/replay", letter.id)) data-method="POST"
                                         data-remove=(format!("letter-{}", letter.id)) aria-label=(format!("Replay dead letter {}", letter.id)) { "Replay" }
                                 }
-                                button.danger type="button" data-api=(format!("/v1/dlq/{}", letter.id)) data-method="DELETE"
-                                    data-confirm="Purge this letter for good?" data-remove=(format!("letter-{}", letter.id))
-                                    aria-label=(format!("Purge dead letter {}", letter.id)) { "Purge" }
+                                @if viewer.may(Scope::Admin) {
+                                    button.danger type="button" data-api=(format!("/v1/dlq/{}", letter.id)) data-method="DELETE"
+                                        data-confirm="Purge this letter for good?" data-remove=(format!("letter-{}", letter.id))
+                                        aria-label=(format!("Purge dead letter {}", letter.id)) { "Purge" }
+                                }
                             }
                         }
                     }

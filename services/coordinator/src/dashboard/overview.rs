@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use axum::extract::State;
 use axum::response::Html;
 use imagepipe_analytics_worker::api::{LastHourView, StatsResponse};
+use imagepipe_runtime::http::Scope;
 use maud::{Markup, html};
 
 use super::access::Viewer;
@@ -18,21 +19,21 @@ use crate::api::queue_control::{QueueView, QueuesView};
 
 /// `GET /`.
 pub async fn page(State(dashboard): State<Dashboard>, viewer: Viewer) -> Html<String> {
-    let live = live(&dashboard).await;
+    let live = live(&dashboard, &viewer).await;
     let body = html! {
         h1 { "Overview" }
         div id="live" data-partial="/partials/overview" { (live) }
-        (upload_form())
+        @if viewer.may(Scope::Submit) { (upload_form()) }
     };
     layout::page("Overview", &viewer, Section::Overview, Some("overview"), body)
 }
 
 /// `GET /partials/overview`: the live part of the overview.
-pub async fn partial(State(dashboard): State<Dashboard>, _viewer: Viewer) -> Html<String> {
-    Html(live(&dashboard).await.into_string())
+pub async fn partial(State(dashboard): State<Dashboard>, viewer: Viewer) -> Html<String> {
+    Html(live(&dashboard, &viewer).await.into_string())
 }
 
-async fn live(dashboard: &Dashboard) -> Markup {
+async fn live(dashboard: &Dashboard, viewer: &Viewer) -> Markup {
     let (queues, stats, dead) = tokio::join!(
         dashboard.api.get::<QueuesView>("/v1/queues"),
         dashboard.api.get::<StatsResponse>("/v1/stats"),
@@ -42,7 +43,7 @@ async fn live(dashboard: &Dashboard) -> Markup {
         section aria-labelledby="queues-h" {
             h2 id="queues-h" { "Queues" }
             @match &queues {
-                Ok(view) => (queue_table(&view.queues)),
+                Ok(view) => (queue_table(&view.queues, viewer.may(Scope::Operate))),
                 Err(e) => (layout::unavailable("Queues", e)),
             }
         }
@@ -58,7 +59,7 @@ async fn live(dashboard: &Dashboard) -> Markup {
                 h2 id="failures-h" { "Failures" }
                 @match &dead {
                     Ok(listing) => p {
-                        a href="/dlq" data-dead-letters=(listing.total) { (listing.total) @if listing.total == 1 { " dead letter" } @else { " dead letters" } }
+                        a href="/dlq" data-dead-letters=(listing.total) { (format::count(listing.total, "dead letter", "dead letters")) }
                     },
                     Err(e) => (layout::unavailable("Dead letters", e)),
                 }
@@ -70,7 +71,8 @@ async fn live(dashboard: &Dashboard) -> Markup {
     }
 }
 
-fn queue_table(queues: &[QueueView]) -> Markup {
+/// The queues, with their pause/resume buttons when `controls` (the viewer may operate).
+fn queue_table(queues: &[QueueView], controls: bool) -> Markup {
     html! {
         div.scroll {
             table.queues {
@@ -92,8 +94,10 @@ fn queue_table(queues: &[QueueView]) -> Markup {
                             td { @if queue.paused { span.badge.paused { "paused" } } @else { span.badge.running { "running" } } }
                             td {
                                 @let (verb, label) = if queue.paused { ("resume", "Resume") } else { ("pause", "Pause") };
-                                button type="button" data-api=(format!("/v1/queues/{}/{verb}", queue.name)) data-method="POST"
-                                    aria-label=(format!("{label} the {} queue", queue.name)) { (label) }
+                                @if controls {
+                                    button type="button" data-api=(format!("/v1/queues/{}/{verb}", queue.name)) data-method="POST"
+                                        aria-label=(format!("{label} the {} queue", queue.name)) { (label) }
+                                }
                             }
                         }
                     }
@@ -149,8 +153,11 @@ fn sparkline(window: &LastHourView) -> Markup {
         }
     }
     let total: u64 = window.per_minute.iter().map(|m| m.completed + m.failed + m.cancelled).sum();
-    let label =
-        format!("{total} tasks finished in the last {} minutes, at most {most} in one minute", window.per_minute.len());
+    let label = format!(
+        "{} finished in the last {}, at most {most} in one minute",
+        format::count(total, "task", "tasks"),
+        format::count(window.per_minute.len() as u64, "minute", "minutes")
+    );
     html! {
         svg.sparkline viewBox=(format!("0 0 {width} {height}")) role="img" aria-label=(label) preserveAspectRatio="none" {
             path.ok d=(completed) {}
@@ -178,22 +185,28 @@ fn failure_reasons(window: &LastHourView) -> Markup {
 }
 
 /// The form that submits a photo from the browser: uploaded to `/v1/blobs`, then submitted as a
-/// task with the labels given.
+/// task with the labels given and the file's name as its `file` label
+/// ([`crate::describe::FILE_LABEL`]) unless the labels name one.
 pub fn upload_form() -> Markup {
     html! {
         section aria-labelledby="upload-h" {
             h2 id="upload-h" { "Submit a photo" }
             form.upload data-upload {
-                label for="upload-file" { "Image file" }
-                input id="upload-file" type="file" name="file" accept="image/*" required;
-                label for="upload-labels" { "Labels (key=value, comma separated)" }
-                input id="upload-labels" type="text" name="labels" placeholder="album=holidays";
-                label for="upload-priority" { "Priority" }
-                select id="upload-priority" name="priority" {
-                    option value="normal" selected { "normal" } option value="high" { "high" } option value="low" { "low" }
+                div.field.file {
+                    label for="upload-file" { "Image file" }
+                    input id="upload-file" type="file" name="file" accept="image/*" required;
                 }
-                button type="submit" { "Submit" }
-                output data-upload-result {}
+                div.field {
+                    label for="upload-labels" { "Labels (key=value, comma separated)" }
+                    input id="upload-labels" type="text" name="labels" placeholder="album=holidays";
+                }
+                div.field.narrow {
+                    label for="upload-priority" { "Priority" }
+                    select id="upload-priority" name="priority" {
+                        option value="normal" selected { "normal" } option value="high" { "high" } option value="low" { "low" }
+                    }
+                }
+                div.actions { button type="submit" { "Submit" } output data-upload-result {} }
             }
         }
     }

@@ -1,13 +1,14 @@
-//! The task list (`/tasks`): newest first, filtered by state, label, tag and creation time,
-//! each row with its thumbnail. Rows are refreshed live through `/partials/task-rows?ids=...`.
-//! A tag filter asks the tag indexer (`/v1/search`) for the matching tasks, the best 50; the
-//! other filters are the store's (`/v1/tasks`).
+//! The task list (`/tasks`): newest first, filtered by state, label, tags and creation time,
+//! each row with its thumbnail, where its image comes from (the file's name, or the URL without
+//! user info or query) and, for a task that failed or was cancelled, why. Rows are refreshed
+//! live through `/partials/task-rows?ids=...`. A tag filter asks the tag indexer (`/v1/search`)
+//! for the matching tasks, the best 50; the other filters are the store's (`/v1/tasks`).
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::response::Html;
 use futures::future::join_all;
-use imagepipe_runtime::http::ApiError;
+use imagepipe_runtime::http::{ApiError, Scope};
 use imagepipe_tag_indexer_worker::api::SearchResponse;
 use maud::{Markup, html};
 use serde::Deserialize;
@@ -17,6 +18,7 @@ use super::layout::{self, Section};
 use super::overview::upload_form;
 use super::{Dashboard, format};
 use crate::api::TaskView;
+use crate::describe;
 use crate::store::TaskPage;
 use crate::task::{Task, TaskState};
 
@@ -32,7 +34,10 @@ pub struct TaskFilter {
     /// `key=value`.
     #[serde(default)]
     pub label: String,
-    /// A search tag.
+    /// Search tags, comma separated (`tags`, as the API and the CLI call it).
+    #[serde(default)]
+    pub tags: String,
+    /// The older name of `tags`, still read when `tags` is not given.
     #[serde(default)]
     pub tag: String,
     /// Created at or after, `datetime-local` in UTC.
@@ -52,7 +57,7 @@ pub async fn page(
     viewer: Viewer,
     filter: Result<Query<TaskFilter>, QueryRejection>,
 ) -> Html<String> {
-    let filter = filter.map(|Query(f)| f).unwrap_or_default();
+    let filter = filter.map(|Query(f)| f.with_tags()).unwrap_or_default();
     let now = dashboard.clock.unix_ms();
     let listed = list(&dashboard, &filter).await;
     let body = html! {
@@ -65,8 +70,9 @@ pub async fn page(
                     table.tasks {
                         caption.visually-hidden { "Tasks, newest first" }
                         thead { tr {
-                            th scope="col" { span.visually-hidden { "Thumbnail" } } th scope="col" { "Task" } th scope="col" { "State" }
-                            th scope="col" { "Labels" } th scope="col" { "Created" } th scope="col" { "Updated" }
+                            th scope="col" { span.visually-hidden { "Thumbnail" } } th scope="col" { "Task" } th scope="col" { "Source" }
+                            th scope="col" { "State" } th scope="col" { "Failure reason" } th scope="col" { "Labels" }
+                            th.when scope="col" { "Created" } th.when scope="col" { "Updated" }
                         } }
                         tbody data-rows data-prepend=[filter_is_empty(&filter).then_some("true")] {
                             @for task in tasks { (row(task, now)) }
@@ -79,13 +85,23 @@ pub async fn page(
                 }
             }
         }
-        (upload_form())
+        @if viewer.may(Scope::Submit) { (upload_form()) }
     };
     layout::page("Tasks", &viewer, Section::Tasks, Some("rows"), body)
 }
 
+impl TaskFilter {
+    /// The filter with the older `tag` read as `tags` when `tags` is not given.
+    fn with_tags(mut self) -> Self {
+        if self.tags.trim().is_empty() {
+            self.tags = std::mem::take(&mut self.tag);
+        }
+        self
+    }
+}
+
 fn filter_is_empty(filter: &TaskFilter) -> bool {
-    [&filter.state, &filter.label, &filter.tag, &filter.after, &filter.before, &filter.cursor]
+    [&filter.state, &filter.label, &filter.tags, &filter.after, &filter.before, &filter.cursor]
         .iter()
         .all(|f| f.is_empty())
 }
@@ -116,7 +132,7 @@ fn filter_form(filter: &TaskFilter) -> Markup {
                 }
             }
             div { label for="f-label" { "Label" } input id="f-label" name="label" value=(filter.label) placeholder="key=value"; }
-            div { label for="f-tag" { "Tag" } input id="f-tag" name="tag" value=(filter.tag) placeholder="cat"; }
+            div { label for="f-tags" { "Tags" } input id="f-tags" name="tags" value=(filter.tags) placeholder="cat, animal"; }
             div { label for="f-after" { "Created after (UTC)" } input id="f-after" name="after" type="datetime-local" value=(filter.after); }
             div { label for="f-before" { "Created before (UTC)" } input id="f-before" name="before" type="datetime-local" value=(filter.before); }
             div.actions { button type="submit" { "Filter" } a href="/tasks" { "Clear" } }
@@ -131,7 +147,7 @@ async fn list(dashboard: &Dashboard, filter: &TaskFilter) -> Result<(Vec<Task>, 
     if !filter.state.is_empty() {
         filter.state.parse::<TaskState>().map_err(|e| ApiError::invalid(e.to_string()))?;
     }
-    if !filter.tag.trim().is_empty() {
+    if !filter.tags.trim().is_empty() {
         return by_tag(dashboard, filter, after, before).await.map(|tasks| (tasks, None));
     }
     let query = {
@@ -154,7 +170,8 @@ async fn list(dashboard: &Dashboard, filter: &TaskFilter) -> Result<(Vec<Task>, 
     Ok((page.tasks, page.next_cursor))
 }
 
-/// The best [`PAGE`] tasks carrying `filter.tag`, the other filters applied to them.
+/// The best [`PAGE`] tasks carrying every tag of `filter.tags`, the other filters applied to
+/// them.
 async fn by_tag(
     dashboard: &Dashboard,
     filter: &TaskFilter,
@@ -162,13 +179,13 @@ async fn by_tag(
     before: Option<u64>,
 ) -> Result<Vec<Task>, ApiError> {
     let query = url::form_urlencoded::Serializer::new(String::new())
-        .append_pair("tags", filter.tag.trim())
+        .append_pair("tags", filter.tags.trim())
         .append_pair("limit", &PAGE.to_string())
         .finish();
     let found: SearchResponse = dashboard.api.get(format!("/v1/search?{query}")).await?;
     let ids: Vec<&str> = found.results.iter().map(|hit| hit.task_id.as_str()).collect();
     let label = filter.label.trim().split_once('=');
-    Ok(tasks(dashboard, &ids)
+    Ok(fetch(dashboard, &ids)
         .await
         .into_iter()
         .filter(|t| filter.state.is_empty() || t.state.as_str() == filter.state)
@@ -178,7 +195,7 @@ async fn by_tag(
 }
 
 /// The tasks of `ids` that exist, in that order.
-async fn tasks(dashboard: &Dashboard, ids: &[&str]) -> Vec<Task> {
+pub(super) async fn fetch(dashboard: &Dashboard, ids: &[&str]) -> Vec<Task> {
     let found = join_all(ids.iter().map(|id| dashboard.api.get::<TaskView>(format!("/v1/tasks/{id}")))).await;
     found.into_iter().filter_map(Result::ok).map(|view| view.task).collect()
 }
@@ -196,7 +213,7 @@ pub async fn rows(State(dashboard): State<Dashboard>, _viewer: Viewer, Query(que
     let ids: Vec<&str> =
         query.ids.split(',').filter(|id| imagepipe_contracts::command::is_valid_id(id)).take(PAGE).collect();
     let now = dashboard.clock.unix_ms();
-    let tasks = tasks(&dashboard, &ids).await;
+    let tasks = fetch(&dashboard, &ids).await;
     Html(html! { @for task in &tasks { (row(task, now)) } }.into_string())
 }
 
@@ -207,15 +224,19 @@ pub fn row(task: &Task, now: u64) -> Markup {
         tr id=(format!("task-{}", task.id)) data-task=(task.id) data-state=(task.state.as_str()) {
             td.thumb {
                 @match thumbnail {
-                    Some(key) => img src=(format!("/v1/blobs/{key}")) alt=(format!("Thumbnail of {}", task.id)) width="48" height="48" loading="lazy";,
+                    Some(key) => img src=(format!("/v1/blobs/{key}")) alt=(format!("Thumbnail of {}", describe::name(task))) width="48" height="48" loading="lazy";,
                     None => span.no-thumb aria-hidden="true" {},
                 }
             }
             td { a href=(format!("/tasks/{}", task.id)) { code { (task.id) } } }
+            td.source data-source { (describe::source(task)) }
             td { (state_badge(task.state)) }
+            td.reason data-reason {
+                @if matches!(task.state, TaskState::Failed | TaskState::Cancelled) { (describe::failure_reason(task)) }
+            }
             td.labels { @for (key, value) in &task.labels { span.label { (key) "=" (value) } " " } }
-            td title=(format::at(task.created_at)) { (format::ago(now, task.created_at)) }
-            td title=(format::at(task.updated_at)) { (format::ago(now, task.updated_at)) }
+            td.when title=(format::at(task.created_at)) { (format::ago(now, task.created_at)) }
+            td.when title=(format::at(task.updated_at)) { (format::ago(now, task.updated_at)) }
         }
     }
 }

@@ -208,7 +208,7 @@ mod tests {
     fn the_json_print_has_the_keys_values_and_masks_of_the_toml_print() {
         let env = [
             ("IMAGEPIPE_STORE__REDIS__URL", "redis://app:redis-pw@cache:6379"),
-            ("IMAGEPIPE_HTTP__AUTH_TOKEN", "api-token"),
+            ("IMAGEPIPE_HTTP__AUTH_TOKEN", "api-token-0123456789abcdef0123456789"),
         ];
         let settings = Settings::load_from(None, env).unwrap();
         let json = settings.to_masked_json().unwrap();

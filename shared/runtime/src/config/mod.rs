@@ -40,7 +40,7 @@ pub use dedup::DedupConfig;
 pub use dlq::DlqConfig;
 pub use download::{DownloadConfig, PerHostConfig};
 pub use error::ConfigError;
-pub use http::HttpConfig;
+pub use http::{AUTH_TOKEN_NAME, HttpConfig, MIN_TOKEN_BYTES, Scope, ScopedToken};
 pub use load::{CONFIG_PATH_ENV, ConfigArgs, ENV_PREFIX, key_to_env_name};
 pub use log::{LogConfig, LogFormat};
 pub use metadata::{MetadataConfig, ThumbnailFormat, ThumbnailSpec};

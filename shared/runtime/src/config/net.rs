@@ -80,7 +80,7 @@ impl Settings {
 }
 
 /// `cidrs`, the value of `key`, parsed; the error names the offending entry (`key[2]`).
-fn parse_cidrs(key: &str, cidrs: &[String]) -> Result<Vec<IpNet>, ConfigError> {
+pub(super) fn parse_cidrs(key: &str, cidrs: &[String]) -> Result<Vec<IpNet>, ConfigError> {
     cidrs
         .iter()
         .enumerate()

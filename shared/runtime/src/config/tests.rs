@@ -68,7 +68,7 @@ fn the_file_overrides_defaults_and_the_environment_overrides_the_file() {
             ("IMAGEPIPE_NET__ALLOW_CIDRS", "192.168.0.0/16, fd00::/8"),
             ("IMAGEPIPE_STORE__KIND", "redis"),
             ("IMAGEPIPE_STORE__REDIS__URL", "redis://app:pw@cache:6379/2"),
-            ("IMAGEPIPE_HTTP__AUTH_TOKEN", "007123"),
+            ("IMAGEPIPE_HTTP__AUTH_TOKEN", "007123-0123456789abcdef0123456789"),
             ("IMAGEPIPE_LOG__LEVEL", "debug"),
             ("PATH", "/usr/bin"),
         ],
@@ -85,7 +85,10 @@ fn the_file_overrides_defaults_and_the_environment_overrides_the_file() {
     assert_eq!(settings.net.allowed_networks().unwrap().len(), 2);
     assert_eq!(settings.store.kind, StoreKind::Redis);
     assert_eq!(settings.store.redis.url.expose(), "redis://app:pw@cache:6379/2");
-    assert_eq!(settings.http.auth_token.as_ref().map(|t| t.expose().as_str()), Some("007123"));
+    assert_eq!(
+        settings.http.auth_token.as_ref().map(|t| t.expose().as_str()),
+        Some("007123-0123456789abcdef0123456789")
+    );
     assert_eq!(settings.log.filter, "debug");
 }
 
@@ -219,6 +222,10 @@ fn unusable_values_are_rejected_naming_the_key() {
         (&[("IMAGEPIPE_BUS__PREFIX", "bad prefix")], "bus.prefix"),
         (&[("IMAGEPIPE_LOG__FILTER", "info,[[[")], "log.filter"),
         (&[("IMAGEPIPE_HTTP__AUTH_TOKEN", "")], "http.auth_token"),
+        (&[("IMAGEPIPE_HTTP__AUTH_TOKEN", "s3cret")], "http.auth_token"),
+        (&[("IMAGEPIPE_HTTP__TOKENS", "ci:submit:short")], "http.tokens[0].token"),
+        (&[("IMAGEPIPE_HTTP__AUTH_FAILURE_LIMIT", "0")], "http.auth_failure_limit"),
+        (&[("IMAGEPIPE_HTTP__TRUSTED_PROXIES", "10.0.0.0/8,nope")], "http.trusted_proxies[1]"),
         (&[("IMAGEPIPE_TELEMETRY__SERVICE_NAME", " ")], "telemetry.service_name"),
         (&[("IMAGEPIPE_COORDINATOR__MAX_IN_FLIGHT", "0")], "coordinator.max_in_flight"),
         (&[("IMAGEPIPE_COORDINATOR__MAX_ATTEMPTS", "0")], "coordinator.max_attempts"),
@@ -344,12 +351,13 @@ fn printed_config_masks_secrets_and_url_credentials() {
         &[
             ("IMAGEPIPE_STORE__REDIS__URL", "redis://app:redis-pw@cache:6379"),
             ("IMAGEPIPE_BUS__NATS__URL", "nats://nats-user:nats-pw@broker:4222"),
-            ("IMAGEPIPE_HTTP__AUTH_TOKEN", "api-token"),
+            ("IMAGEPIPE_HTTP__AUTH_TOKEN", "api-token-0123456789abcdef0123456789"),
+            ("IMAGEPIPE_HTTP__TOKENS", "grafana:read:grafana-token-0123456789abcdef012345"),
         ],
     )
     .unwrap();
     let printed = settings.to_masked_toml().unwrap();
-    for secret in ["redis-pw", "nats-pw", "nats-user", "api-token"] {
+    for secret in ["redis-pw", "nats-pw", "nats-user", "api-token", "grafana-token"] {
         assert!(!printed.contains(secret), "{secret} leaked:\n{printed}");
     }
     assert!(printed.contains("redis://***@cache:6379"), "{printed}");
@@ -382,4 +390,41 @@ fn the_coordinator_forwards_to_the_urls_set_and_a_blank_one_is_unset() {
     .coordinator;
     assert_eq!(set.search_url.as_deref(), Some("http://tag-indexer-worker:8080"));
     assert_eq!(set.stats_url, None, "blank is unset");
+}
+
+#[test]
+fn scoped_tokens_come_from_a_file_or_one_variable() {
+    let file = TempToml::new(
+        "http-tokens",
+        r#"
+        [http]
+        tokens = [
+          { name = "grafana", token = "grafana-token-0123456789abcdef012345", scope = "read" },
+          { name = "ci", token = "ci-token-0123456789abcdef0123456789ab", scope = "submit" },
+        ]
+        "#,
+    );
+    let settings = load(Some(&file), &[]).unwrap();
+    let scoped: Vec<(&str, Scope)> = settings.http.tokens.iter().map(|t| (t.name.as_str(), t.scope)).collect();
+    assert_eq!(scoped, [("grafana", Scope::Read), ("ci", Scope::Submit)]);
+
+    let env = [(
+        "IMAGEPIPE_HTTP__TOKENS",
+        "ops:operate:ops-token-0123456789abcdef0123456789a, ci:SUBMIT:ci:token-0123456789abcdef0123456789",
+    )];
+    let settings = load(None, &env).unwrap();
+    let scoped: Vec<(&str, Scope, &str)> =
+        settings.http.tokens.iter().map(|t| (t.name.as_str(), t.scope, t.token.expose().as_str())).collect();
+    assert_eq!(
+        scoped,
+        [
+            ("ops", Scope::Operate, "ops-token-0123456789abcdef0123456789a"),
+            ("ci", Scope::Submit, "ci:token-0123456789abcdef0123456789")
+        ]
+    );
+    let error =
+        load(None, &[("IMAGEPIPE_HTTP__TOKENS", "ops:root:ops-token-0123456789abcdef0123456789a")]).unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("http.tokens") && message.contains("not a scope"), "{message}");
+    assert!(!message.contains("ops-token"), "the token is not printed: {message}");
 }

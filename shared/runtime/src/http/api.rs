@@ -1,12 +1,14 @@
 //! The `/v1` edge every service shares: one error shape ([`ApiError`]) and one route table
-//! ([`ApiRoutes`]) whose every request passes the bearer-token check of [`auth`](super::auth)
-//! first. A service adds its routes once the parts they need are connected; until then its
+//! ([`ApiRoutes`]) whose every request passes the token check of [`auth`](super::auth) first,
+//! which puts the request's [`Caller`] in its extensions for the scope each route
+//! [`require`](super::scope::require)s. A service adds its routes once the parts they need are connected; until then its
 //! `/v1` answers 404 like any unknown route, while health and readiness already answer.
 //! Whatever the routes do not answer is still answered in that shape: an unknown route is
 //! `404 not_found`, a method a route does not take `405 method_not_allowed` (with `Allow`), and
 //! a body over its route's [`BodyLimit`] `413 too_large` naming the limit.
 
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
@@ -19,7 +21,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tower::ServiceExt as _;
 
-use super::auth;
+use super::auth::Access;
+use super::peer::Peer;
+use super::scope::{Caller, Scope};
 use crate::clock::Clock as _;
 
 /// An error answer of any `/v1` route of any service: `{"error": "<code>", "message": "..."}`.
@@ -33,12 +37,28 @@ pub struct ApiError {
     pub error: String,
     /// What is wrong, naming the field or value.
     pub message: String,
+    /// Whole seconds to wait before trying again, sent as `Retry-After`.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
     /// An error answered with `status` and code `error`.
     pub fn new(status: StatusCode, error: &str, message: impl Into<String>) -> Self {
-        Self { status: status.as_u16(), error: error.to_owned(), message: message.into() }
+        Self { status: status.as_u16(), error: error.to_owned(), message: message.into(), retry_after: None }
+    }
+
+    /// The same error, telling the client to wait `wait` (rounded up to whole seconds) before
+    /// trying again.
+    pub fn with_retry_after(self, wait: Duration) -> Self {
+        Self { retry_after: Some(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)), ..self }
+    }
+
+    /// `503 busy` with `Retry-After: wait`: the server is at a limit it sets itself (uploads at
+    /// once, model slots); worth a retry after the wait.
+    pub fn busy(message: impl Into<String>, wait: Duration) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message).with_retry_after(wait)
     }
 
     /// `400 invalid_request`: the request names something wrong.
@@ -58,7 +78,11 @@ impl ApiError {
 
     /// `401 unauthorized`: no or a wrong bearer token.
     pub fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "send `Authorization: Bearer <token>` (http.auth_token)")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send `Authorization: Bearer <token>` (http.auth_token or one of http.tokens)",
+        )
     }
 
     /// `413 too_large`: the request body is over the route's limit of `bytes`, set by the
@@ -90,7 +114,12 @@ impl std::fmt::Display for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, axum::Json(self)).into_response()
+        let retry_after = self.retry_after;
+        let mut response = (status, axum::Json(self)).into_response();
+        if let Some(seconds) = retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 
@@ -201,21 +230,26 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 #[derive(Clone)]
 pub struct ApiRoutes {
     router: Arc<RwLock<Router>>,
-    token: Option<Arc<Secret<String>>>,
+    access: Access,
 }
 
 impl std::fmt::Debug for ApiRoutes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiRoutes").field("token", &self.token.as_ref().map(|_| auth::MASKED)).finish()
+        f.debug_struct("ApiRoutes").field("access", &self.access).finish()
     }
 }
 
 impl ApiRoutes {
     /// No routes yet (every path answers `404 not_found`); every `/v1` request must carry
-    /// `token` when it is set.
+    /// `token` (scope `admin`) when it is set.
     pub fn new(token: Option<Secret<String>>) -> Self {
+        Self::with_access(Access::token(token))
+    }
+
+    /// No routes yet; every `/v1` request passes `access`'s check.
+    pub fn with_access(access: Access) -> Self {
         let router = Router::new().fallback(unknown_route);
-        Self { router: Arc::new(RwLock::new(router)), token: token.map(Arc::new) }
+        Self { router: Arc::new(RwLock::new(router)), access }
     }
 
     /// Adds `routes` beside those added before; a method they do not take is answered `405`
@@ -227,22 +261,30 @@ impl ApiRoutes {
         *router = std::mem::take(&mut *router).merge(routes).method_not_allowed_fallback(method_not_allowed);
     }
 
-    /// Handles one request: for `/v1` paths the cross-origin check, then the token or session
-    /// check ([`auth::check`]); then the routes.
-    pub(super) async fn dispatch(self, request: Request) -> Response {
+    /// Handles one request: for `/v1` paths the token check ([`Access::check`]), whose
+    /// [`Caller`] goes into the request's extensions; then the routes.
+    pub(super) async fn dispatch(self, mut request: Request) -> Response {
         let path = request.uri().path();
         if path == "/v1" || path.starts_with("/v1/") {
             let now_ms = crate::clock::SystemClock.unix_ms();
-            if let Err(refused) = auth::check(self.token.as_deref(), request.method(), request.headers(), now_ms) {
-                return refused;
+            let peer = Peer::of(request.extensions());
+            match self.access.check(request.method(), request.headers(), peer, now_ms) {
+                Ok(caller) => {
+                    request.extensions_mut().insert(caller);
+                }
+                Err(refused) => return refused,
             }
         }
         self.call(request).await
     }
 
     /// Handles `request` with the routes, without any token check: for callers inside the
-    /// process (the dashboard renders from the same answers the API gives).
-    pub async fn call(&self, request: Request) -> Response {
+    /// process (the dashboard renders from the same answers the API gives). A request without
+    /// a [`Caller`] is answered as an `admin`'s; the caller may put a lesser one in.
+    pub async fn call(&self, mut request: Request) -> Response {
+        if request.extensions().get::<Caller>().is_none() {
+            request.extensions_mut().insert(Caller::new(None, Scope::Admin));
+        }
         let router = self.router.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         match router.oneshot(request).await {
             Ok(response) => response,
@@ -250,8 +292,8 @@ impl ApiRoutes {
         }
     }
 
-    /// The token every `/v1` request must carry, when set.
-    pub fn token(&self) -> Option<&Secret<String>> {
-        self.token.as_deref()
+    /// The tokens and what the server remembers of their use.
+    pub fn access(&self) -> &Access {
+        &self.access
     }
 }

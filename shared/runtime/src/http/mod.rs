@@ -1,12 +1,18 @@
 //! The HTTP server every service runs: `/healthz`, `/readyz`, `/metrics`, plus the service's
-//! own `/v1` routes ([`ApiRoutes`]) behind one bearer-token check ([`auth`]), answering errors
-//! in one shape ([`ApiError`]).
+//! own `/v1` routes ([`ApiRoutes`]) behind one token check ([`auth`]) and the scope each route
+//! declares ([`scope`]), answering errors in one shape ([`ApiError`]). Without any token, the
+//! whole server answers loopback names only ([`peer`]). Uploads are bounded as they arrive
+//! ([`upload`]).
 
 mod api;
 pub mod auth;
+pub mod peer;
+pub mod scope;
 mod server;
 pub mod session;
 pub mod testing;
+pub mod throttle;
+pub mod upload;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -22,7 +28,10 @@ use tokio::net::TcpListener;
 use crate::shutdown::Shutdown;
 
 pub use api::{ApiError, ApiRoutes, BodyLimit, WholeBody};
+pub use auth::Access;
+pub use scope::{Caller, SCOPE_HEADER, Scope, require};
 pub use server::ConnectionLimits;
+pub use upload::{ImageBody, UploadSlots};
 
 /// Content type of the Prometheus text exposition format.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -95,6 +104,8 @@ struct HealthState {
 /// Health, readiness and metrics endpoints, merged with the service's own routes.
 pub struct HealthServer {
     router: Router,
+    /// Whether the server has no token, so every path answers loopback names only.
+    loopback_names_only: bool,
 }
 
 impl HealthServer {
@@ -105,7 +116,7 @@ impl HealthServer {
             .route("/readyz", get(readyz))
             .route("/metrics", get(render_metrics))
             .with_state(HealthState { readiness, metrics });
-        Self { router }
+        Self { router, loopback_names_only: false }
     }
 
     /// Adds the service's own routes (which must not reuse the health paths).
@@ -115,15 +126,22 @@ impl HealthServer {
     }
 
     /// Serves `api` for every path the health routes do not take: the `/v1` routes, added to
-    /// `api` as the service's parts come up, each request checked for the token first.
+    /// `api` as the service's parts come up, each request checked for the token first. When
+    /// `api` has no token, every path (health and metrics included) refuses a request from
+    /// loopback that names another host ([`peer::rebound`]): a rebinding page learns nothing.
     pub fn api(mut self, api: ApiRoutes) -> Self {
+        self.loopback_names_only = api.access().is_open();
         self.router = self.router.fallback(move |request: axum::extract::Request| api.clone().dispatch(request));
         self
     }
 
     /// The whole router, for serving elsewhere or testing in-process.
     pub fn into_router(self) -> Router {
-        self.router
+        if self.loopback_names_only {
+            self.router.layer(axum::middleware::from_fn(peer::refuse_rebound))
+        } else {
+            self.router
+        }
     }
 
     /// Binds `addr` (port 0 picks a free port), with the default [`ConnectionLimits`].
@@ -135,7 +153,7 @@ impl HealthServer {
     pub async fn bind_with(self, addr: SocketAddr, limits: ConnectionLimits) -> Result<BoundServer, HttpError> {
         let listener = TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })?;
         let addr = listener.local_addr().map_err(|source| HttpError::Bind { addr, source })?;
-        Ok(BoundServer { listener, router: self.router, addr, limits })
+        Ok(BoundServer { listener, router: self.into_router(), addr, limits })
     }
 }
 
@@ -186,6 +204,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
+    use imagepipe_secret::Secret;
     use tokio::net::TcpStream;
 
     use super::*;
@@ -273,6 +292,100 @@ mod tests {
         let body = json(&large);
         assert_eq!(body["error"], "too_large");
         assert_eq!(body["message"], "the body is larger than the 16 bytes this route takes (test.max_bytes)");
+    }
+
+    /// A server over `api` with `GET /v1/thing` (read) and `POST /v1/thing` (operate).
+    async fn scoped_server(api: ApiRoutes) -> SocketAddr {
+        let thing = require(Scope::Read, get(|| async { "thing\n" }))
+            .merge(require(Scope::Operate, axum::routing::post(|| async { "done\n" })));
+        api.add(Router::new().route("/v1/thing", thing));
+        let server = HealthServer::new(Readiness::new(), crate::metrics::install().unwrap()).api(api);
+        start(server).await.0
+    }
+
+    async fn with_host(addr: SocketAddr, method: &str, path: &str, host: &str, extra: &[(&str, &str)]) -> u16 {
+        let mut headers = vec![("Host", host)];
+        headers.extend_from_slice(extra);
+        testing::request_with_headers(addr, method, path, &headers, &[]).await.status
+    }
+
+    #[tokio::test]
+    async fn without_a_token_every_path_answers_loopback_names_only() {
+        let addr = scoped_server(ApiRoutes::new(None)).await;
+        let port = addr.port();
+        let rebound = format!("rebound.example:{port}");
+        for path in ["/v1/thing", "/v1/events", "/healthz", "/readyz", "/metrics", "/v1/nope"] {
+            let answer = testing::request_with_headers(addr, "GET", path, &[("Host", &rebound)], &[]).await;
+            assert_eq!(answer.status, 403, "{path}");
+            assert!(
+                answer.body.contains("forbidden_host") && answer.body.contains("http.auth_token"),
+                "{}",
+                answer.body
+            );
+        }
+        let same_origin = [("Sec-Fetch-Site", "same-origin")];
+        assert_eq!(with_host(addr, "POST", "/v1/thing", &rebound, &same_origin).await, 403, "a rebound change");
+        for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), "localhost".to_owned()] {
+            assert_eq!(with_host(addr, "GET", "/v1/thing", &host, &[]).await, 200, "{host}");
+            assert_eq!(with_host(addr, "POST", "/v1/thing", &host, &same_origin).await, 200, "{host}");
+            assert_eq!(with_host(addr, "GET", "/healthz", &host, &[]).await, 200, "{host}");
+        }
+    }
+
+    #[tokio::test]
+    async fn with_a_token_any_host_may_ask_and_the_token_decides() {
+        let token = "any-host-token-0123456789abcdef0123";
+        let addr = scoped_server(ApiRoutes::new(Some(Secret::new(token.to_owned())))).await;
+        let bearer = format!("Bearer {token}");
+        assert_eq!(with_host(addr, "GET", "/v1/thing", "images.example", &[]).await, 401);
+        assert_eq!(with_host(addr, "GET", "/v1/thing", "images.example", &[("Authorization", &bearer)]).await, 200);
+        assert_eq!(with_host(addr, "GET", "/healthz", "images.example", &[]).await, 200);
+    }
+
+    #[tokio::test]
+    async fn each_token_may_do_what_its_scope_allows() {
+        let (admin, reader) = ("scope-admin-token-0123456789abcdef", "scope-reader-token-0123456789abcdef");
+        let http = crate::config::HttpConfig {
+            auth_token: Some(admin.to_owned().into()),
+            tokens: vec![crate::config::ScopedToken {
+                name: "grafana".into(),
+                token: reader.to_owned().into(),
+                scope: Scope::Read,
+            }],
+            ..crate::config::HttpConfig::default()
+        };
+        let addr = scoped_server(ApiRoutes::with_access(Access::from_config(&http).unwrap())).await;
+        assert_eq!(testing::request(addr, "GET", "/v1/thing", Some(reader)).await.status, 200);
+        let refused = testing::request(addr, "POST", "/v1/thing", Some(reader)).await;
+        assert_eq!(refused.status, 403);
+        assert!(refused.body.contains("forbidden") && refused.body.contains("operate"), "{}", refused.body);
+        assert_eq!(testing::request(addr, "POST", "/v1/thing", Some(admin)).await.status, 200);
+        let lowered = [("Authorization", format!("Bearer {admin}")), (SCOPE_HEADER, "read".to_owned())];
+        let lowered: Vec<(&str, &str)> = lowered.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let answer = testing::request_with_headers(addr, "POST", "/v1/thing", &lowered, &[]).await;
+        assert_eq!(answer.status, 403, "a scope header lowers an admin token");
+    }
+
+    #[tokio::test]
+    async fn wrong_tokens_from_one_address_are_answered_429_until_the_window_ends() {
+        let token = "limit-token-0123456789abcdef0123456";
+        let http = crate::config::HttpConfig {
+            auth_token: Some(token.to_owned().into()),
+            auth_failure_limit: 5,
+            ..crate::config::HttpConfig::default()
+        };
+        let addr = scoped_server(ApiRoutes::with_access(Access::from_config(&http).unwrap())).await;
+        let guesses: Vec<u16> = futures::future::join_all((0..8).map(|i| async move {
+            testing::request(addr, "GET", "/v1/thing", Some(&format!("guess-{i}"))).await.status
+        }))
+        .await;
+        assert_eq!(guesses.iter().filter(|s| **s == 401).count(), 5, "{guesses:?}");
+        assert_eq!(guesses.iter().filter(|s| **s == 429).count(), 3, "{guesses:?}");
+        let blocked = testing::request(addr, "GET", "/v1/thing", Some(token)).await;
+        assert_eq!(blocked.status, 429, "the right token too, while the address is blocked");
+        assert!(blocked.head.contains("retry-after: "), "{}", blocked.head);
+        assert!(blocked.body.contains("too_many_failures"), "{}", blocked.body);
+        assert_eq!(testing::get(addr, "/healthz").await.status, 200, "health is not behind the token");
     }
 
     #[tokio::test]

@@ -1,9 +1,10 @@
 //! Browser sessions and cross-site request forgery (CSRF) protection for the dashboard.
 //!
-//! A person logs in with `http.auth_token`; the answer sets [`COOKIE`], HttpOnly and
-//! SameSite=Strict, holding an expiry and a random nonce signed with HMAC-SHA-256 keyed by the
-//! token. Nothing is kept on the server: a session is valid while its signature checks out and it
-//! has not expired, and changing the token ends every session. Each session has a CSRF token
+//! A person logs in with a token (`http.auth_token` or one of `http.tokens`); the answer sets
+//! [`COOKIE`], HttpOnly and SameSite=Strict, holding the token's name, an expiry and a random
+//! nonce, signed with HMAC-SHA-256 keyed by that token. A session is valid while its signature
+//! checks out, it has not expired and it was not logged out ([`Revocations`]); it has the scope
+//! its token has now, and changing the token ends its sessions. Each session has a CSRF token
 //! derived from its nonce, which the page sends in [`CSRF_HEADER`] (or a form field) with every
 //! state-changing request; a request that rides on the cookie alone is refused.
 //!
@@ -11,6 +12,8 @@
 //! marks as sent from another site (`Sec-Fetch-Site`, else `Origin` against `Host`), which also
 //! guards a loopback server without a token.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, Method, header};
@@ -29,14 +32,18 @@ pub const CSRF_HEADER: &str = "x-csrf-token";
 /// How long a session lasts after login.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 60 * 60);
 
+/// Most logged-out sessions remembered at once (see [`Revocations`]).
+pub const MAX_REVOKED: usize = 10_000;
+
 /// Version tag of the cookie format; a cookie of another version is not a session.
-const VERSION: &str = "v1";
+const VERSION: &str = "v2";
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// A logged-in browser: valid until `expires_at_ms`.
+/// A logged-in browser: the token it logged in with (by name), valid until `expires_at_ms`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Session {
+    name: String,
     nonce: String,
     expires_at_ms: u64,
     csrf: String,
@@ -44,12 +51,15 @@ pub struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("expires_at_ms", &self.expires_at_ms).finish_non_exhaustive()
+        f.debug_struct("Session")
+            .field("name", &self.name)
+            .field("expires_at_ms", &self.expires_at_ms)
+            .finish_non_exhaustive()
     }
 }
 
-fn sign(token: &Secret<String>, parts: &[&str]) -> String {
-    let mut mac = HmacSha256::new_from_slice(token.expose().as_bytes()).expect("HMAC takes keys of any length");
+fn sign(key: &Secret<String>, parts: &[&str]) -> String {
+    let mut mac = HmacSha256::new_from_slice(key.expose().as_bytes()).expect("HMAC takes keys of any length");
     for part in parts {
         mac.update(part.as_bytes());
         mac.update(b"|");
@@ -58,33 +68,46 @@ fn sign(token: &Secret<String>, parts: &[&str]) -> String {
 }
 
 impl Session {
-    /// A new session for a browser that presented `token` at `now_ms` (Unix ms).
-    pub fn issue(token: &Secret<String>, now_ms: u64) -> Self {
+    /// A new session for a browser that presented the token `name` (`key`) at `now_ms` (Unix
+    /// ms). `name` must not contain `.` (token names are `[A-Za-z0-9_-]`).
+    pub fn issue(name: &str, key: &Secret<String>, now_ms: u64) -> Self {
         let nonce = hex::encode(rand::random::<[u8; 16]>());
         let expires_at_ms = now_ms.saturating_add(crate::clock::millis(SESSION_TTL));
-        Self::signed(token, nonce, expires_at_ms)
+        Self::signed(name.to_owned(), key, nonce, expires_at_ms)
     }
 
-    fn signed(token: &Secret<String>, nonce: String, expires_at_ms: u64) -> Self {
-        let csrf = sign(token, &["imagepipe-csrf", VERSION, &nonce]);
-        Self { nonce, expires_at_ms, csrf }
+    fn signed(name: String, key: &Secret<String>, nonce: String, expires_at_ms: u64) -> Self {
+        let csrf = sign(key, &["imagepipe-csrf", VERSION, &name, &nonce]);
+        Self { name, nonce, expires_at_ms, csrf }
     }
 
-    /// The session the request's [`COOKIE`] holds, when it is signed with `token` and not expired
-    /// at `now_ms`.
-    pub fn from_headers(token: &Secret<String>, headers: &HeaderMap, now_ms: u64) -> Option<Self> {
+    /// The session the request's [`COOKIE`] holds, when it is signed with the key `key_of`
+    /// gives for its token's name and not expired at `now_ms` (whether it was logged out is
+    /// [`Revocations::is_revoked`]).
+    pub fn from_headers<'k>(
+        headers: &HeaderMap,
+        now_ms: u64,
+        key_of: impl FnOnce(&str) -> Option<&'k Secret<String>>,
+    ) -> Option<Self> {
         let value = cookie(headers, COOKIE)?;
         let mut parts = value.split('.');
-        let (version, expiry, nonce, mac) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let (version, name, expiry, nonce, mac) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         if version != VERSION || parts.next().is_some() || nonce.len() != 32 {
             return None;
         }
-        let expected = sign(token, &["imagepipe-session", VERSION, expiry, nonce]);
+        let key = key_of(name)?;
+        let expected = sign(key, &["imagepipe-session", VERSION, name, expiry, nonce]);
         if !constant_time_eq(mac.as_bytes(), expected.as_bytes()) {
             return None;
         }
         let expires_at_ms = expiry.parse::<u64>().ok().filter(|at| *at > now_ms)?;
-        Some(Self::signed(token, nonce.to_owned(), expires_at_ms))
+        Some(Self::signed(name.to_owned(), key, nonce.to_owned(), expires_at_ms))
+    }
+
+    /// The name of the token the session was opened with.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The token the page sends in [`CSRF_HEADER`] with every state-changing request.
@@ -97,6 +120,11 @@ impl Session {
         self.expires_at_ms
     }
 
+    /// When the session began, Unix ms.
+    pub fn issued_at_ms(&self) -> u64 {
+        self.expires_at_ms.saturating_sub(crate::clock::millis(SESSION_TTL))
+    }
+
     /// Whether `given` is this session's CSRF token.
     pub fn csrf_matches(&self, given: &str) -> bool {
         constant_time_eq(given.as_bytes(), self.csrf.as_bytes())
@@ -107,17 +135,17 @@ impl Session {
         headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()).is_some_and(|given| self.csrf_matches(given))
     }
 
-    /// The `Set-Cookie` value that stores the session, signed with `token`: HttpOnly,
+    /// The `Set-Cookie` value that stores the session, signed with `key` (its token): HttpOnly,
     /// SameSite=Strict, for the whole site, `Secure` when `secure` (the page was served over
     /// HTTPS).
-    pub fn set_cookie(&self, token: &Secret<String>, now_ms: u64, secure: bool) -> HeaderValue {
+    pub fn set_cookie(&self, key: &Secret<String>, now_ms: u64, secure: bool) -> HeaderValue {
         let expiry = self.expires_at_ms.to_string();
-        let mac = sign(token, &["imagepipe-session", VERSION, &expiry, &self.nonce]);
+        let mac = sign(key, &["imagepipe-session", VERSION, &self.name, &expiry, &self.nonce]);
         let max_age = self.expires_at_ms.saturating_sub(now_ms) / 1000;
         let secure = if secure { "; Secure" } else { "" };
         let value = format!(
-            "{COOKIE}={VERSION}.{expiry}.{}.{mac}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}",
-            self.nonce
+            "{COOKIE}={VERSION}.{}.{expiry}.{}.{mac}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}",
+            self.name, self.nonce
         );
         HeaderValue::from_str(&value).expect("the cookie is ASCII without control characters")
     }
@@ -125,6 +153,51 @@ impl Session {
     /// The `Set-Cookie` value that removes the session cookie (logout).
     pub fn clear_cookie() -> HeaderValue {
         HeaderValue::from_static("imagepipe_session=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict")
+    }
+}
+
+/// The sessions logged out before they expired, so a copy of the cookie is no session either.
+/// At most [`MAX_REVOKED`] are remembered (expired ones are forgotten, they are no sessions
+/// anyway); should that many be live, every session issued until then is ended instead. The
+/// list lives in the process: a restarted server no longer knows it (change the token to end
+/// every session for good).
+#[derive(Debug, Default)]
+pub struct Revocations {
+    state: Mutex<Revoked>,
+}
+
+#[derive(Debug, Default)]
+struct Revoked {
+    /// Nonce → the session's expiry (Unix ms).
+    nonces: HashMap<String, u64>,
+    /// Sessions issued before this (Unix ms) are ended.
+    not_before_ms: u64,
+}
+
+impl Revocations {
+    /// Ends `session` at `now_ms`.
+    pub fn revoke(&self, session: &Session, now_ms: u64) {
+        self.revoke_within(session, now_ms, MAX_REVOKED);
+    }
+
+    fn revoke_within(&self, session: &Session, now_ms: u64, capacity: usize) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.nonces.len() >= capacity {
+            state.nonces.retain(|_, expires| *expires > now_ms);
+        }
+        if state.nonces.len() >= capacity {
+            state.nonces.clear();
+            state.not_before_ms = now_ms.saturating_add(1);
+            tracing::warn!(capacity, "too many logged-out sessions to remember: every session is ended");
+            return;
+        }
+        state.nonces.insert(session.nonce.clone(), session.expires_at_ms);
+    }
+
+    /// Whether `session` was logged out.
+    pub fn is_revoked(&self, session: &Session) -> bool {
+        let state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        session.issued_at_ms() < state.not_before_ms || state.nonces.contains_key(&session.nonce)
     }
 }
 
@@ -177,7 +250,7 @@ mod tests {
     const NOW: u64 = 1_800_000_000_000;
 
     fn token() -> Secret<String> {
-        Secret::new("s3cret-token".to_owned())
+        Secret::new("s3cret-token-of-at-least-32-bytes".to_owned())
     }
 
     fn with_cookie(set_cookie: &HeaderValue) -> HeaderMap {
@@ -187,9 +260,14 @@ mod tests {
         headers
     }
 
+    fn read(headers: &HeaderMap, now: u64) -> Option<Session> {
+        let key = token();
+        Session::from_headers(headers, now, |name| (name == "ops").then_some(&key))
+    }
+
     #[test]
     fn a_session_round_trips_through_its_cookie_until_it_expires() {
-        let session = Session::issue(&token(), NOW);
+        let session = Session::issue("ops", &token(), NOW);
         let set = session.set_cookie(&token(), NOW, false);
         let text = set.to_str().unwrap();
         for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=43200"] {
@@ -197,45 +275,68 @@ mod tests {
         }
         assert!(!text.contains("Secure"));
         let headers = with_cookie(&set);
-        let read = Session::from_headers(&token(), &headers, NOW + 1).expect("valid");
-        assert_eq!(read, session);
-        assert_eq!(read.csrf_token(), session.csrf_token());
-        assert!(Session::from_headers(&token(), &headers, session.expires_at_ms()).is_none(), "expired");
+        let read_back = read(&headers, NOW + 1).expect("valid");
+        assert_eq!(read_back, session);
+        assert_eq!(read_back.name(), "ops");
+        assert_eq!(read_back.csrf_token(), session.csrf_token());
+        assert_eq!(read_back.issued_at_ms(), NOW);
+        assert!(read(&headers, session.expires_at_ms()).is_none(), "expired");
         let other = Secret::new("another".to_owned());
-        assert!(Session::from_headers(&other, &headers, NOW).is_none(), "a new token ends every session");
+        assert!(Session::from_headers(&headers, NOW, |_| Some(&other)).is_none(), "a new token ends every session");
+        assert!(Session::from_headers(&headers, NOW, |_| None).is_none(), "a token no longer configured");
         assert!(session.set_cookie(&token(), NOW, true).to_str().unwrap().ends_with("; Secure"));
     }
 
     #[test]
     fn a_tampered_cookie_is_no_session() {
-        let set = Session::issue(&token(), NOW).set_cookie(&token(), NOW, false);
+        let set = Session::issue("ops", &token(), NOW).set_cookie(&token(), NOW, false);
         let pair = set.to_str().unwrap().split(';').next().unwrap().to_owned();
         let (name, value) = pair.split_once('=').unwrap();
         let parts: Vec<&str> = value.split('.').collect();
         let later = (NOW + 10 * crate::clock::millis(SESSION_TTL)).to_string();
         let tampered = [
-            format!("v1.{later}.{}.{}", parts[2], parts[3]),
-            format!("v1.{}.{}.{}", parts[1], "0".repeat(32), parts[3]),
-            format!("v2.{}.{}.{}", parts[1], parts[2], parts[3]),
+            format!("v2.ops.{later}.{}.{}", parts[3], parts[4]),
+            format!("v2.ops.{}.{}.{}", parts[2], "0".repeat(32), parts[4]),
+            format!("v2.admin.{}.{}.{}", parts[2], parts[3], parts[4]),
+            format!("v1.ops.{}.{}.{}", parts[2], parts[3], parts[4]),
             format!("{value}.x"),
             "garbage".to_owned(),
         ];
         for value in tampered {
             let mut headers = HeaderMap::new();
             headers.insert(header::COOKIE, HeaderValue::from_str(&format!("{name}={value}")).unwrap());
-            assert!(Session::from_headers(&token(), &headers, NOW).is_none(), "{value}");
+            assert!(read(&headers, NOW).is_none(), "{value}");
         }
     }
 
     #[test]
     fn the_csrf_token_is_the_sessions_own() {
-        let (a, b) = (Session::issue(&token(), NOW), Session::issue(&token(), NOW));
+        let (a, b) = (Session::issue("ops", &token(), NOW), Session::issue("ops", &token(), NOW));
         assert_ne!(a.csrf_token(), b.csrf_token());
         let mut headers = HeaderMap::new();
         headers.insert(CSRF_HEADER, HeaderValue::from_str(a.csrf_token()).unwrap());
         assert!(a.csrf_in(&headers));
         assert!(!b.csrf_in(&headers));
         assert!(!a.csrf_in(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn a_logged_out_session_stays_out_and_the_list_stays_bounded() {
+        let revocations = Revocations::default();
+        let (out, kept) = (Session::issue("ops", &token(), NOW), Session::issue("ops", &token(), NOW));
+        revocations.revoke(&out, NOW + 5);
+        assert!(revocations.is_revoked(&out));
+        assert!(!revocations.is_revoked(&kept));
+
+        let full = Revocations::default();
+        for i in 0..4 {
+            full.revoke_within(&Session::issue("ops", &token(), NOW + i), NOW + 10, 4);
+        }
+        assert!(!full.is_revoked(&kept), "room left");
+        full.revoke_within(&out, NOW + 10, 4);
+        assert!(full.is_revoked(&out) && full.is_revoked(&kept), "full: every session until now ends");
+        assert!(full.state.lock().unwrap().nonces.is_empty());
+        assert!(!full.is_revoked(&Session::issue("ops", &token(), NOW + 11)), "later sessions live");
     }
 
     #[test]

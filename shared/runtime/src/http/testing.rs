@@ -38,12 +38,31 @@ pub async fn request(addr: SocketAddr, method: &str, path: &str, token: Option<&
 ///
 /// When the connection fails or the answer is not HTTP: a test failure.
 pub async fn request_with_body(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Answer {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth.as_deref().map(|a| ("Authorization", a)).into_iter().collect();
+    request_with_headers(addr, method, path, &headers, body).await
+}
+
+/// `method path` on `addr` with `headers` and `body`; `Host` is `addr` unless `headers` name
+/// another.
+///
+/// # Panics
+///
+/// When the connection fails or the answer is not HTTP: a test failure.
+pub async fn request_with_headers(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Answer {
     let mut stream = TcpStream::connect(addr).await.expect("connecting to the server under test");
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let host = headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host"));
+    let host = if host { String::new() } else { format!("Host: {addr}\r\n") };
+    let extra: String = headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
     let length = body.len();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {length}\r\nConnection: close\r\n\r\n"
-    );
+    let request =
+        format!("{method} {path} HTTP/1.1\r\n{host}{extra}Content-Length: {length}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.expect("sending the request");
     // A server may answer (413) and close before it read the whole body.
     let _ = stream.write_all(body).await;
