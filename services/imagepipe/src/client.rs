@@ -23,10 +23,12 @@ pub const DEFAULT_API: &str = "http://127.0.0.1:8080";
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// `--api` is not an http(s) URL.
-    #[error("--api {0:?} is not an http:// or https:// URL")]
+    #[error("--api {0:?} is not an http:// or https:// URL (such as {DEFAULT_API})")]
     BadUrl(String),
     /// The API could not be reached.
-    #[error("cannot reach the imagepipe API at {url} (is `imagepipe run` running? set --api): {source}")]
+    #[error(
+        "cannot reach the imagepipe API at {url} (is `imagepipe run` running? set --api URL or IMAGEPIPE_API): {source}"
+    )]
     Unreachable {
         /// The URL.
         url: String,
@@ -70,6 +72,23 @@ impl ClientError {
     }
 }
 
+/// What [`ApiClient::tasks`] asks `GET /v1/tasks` for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TaskQuery<'a> {
+    /// Most tasks in the page (the API serves up to 500).
+    pub limit: usize,
+    /// Newest first (else oldest first).
+    pub newest_first: bool,
+    /// Only tasks in this state.
+    pub state: Option<TaskState>,
+    /// Only tasks with this label (`key`, `value`).
+    pub label: Option<(&'a str, &'a str)>,
+    /// Only tasks created at or after this Unix-ms time.
+    pub created_after: Option<u64>,
+    /// Where the previous page ended.
+    pub cursor: Option<&'a str>,
+}
+
 /// A client of one imagepipe API.
 #[derive(Debug, Clone)]
 pub struct ApiClient {
@@ -81,10 +100,7 @@ pub struct ApiClient {
 impl ApiClient {
     /// A client of the API at `base` (`http://host:port`), sending `token` as a bearer token.
     pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
-        let url = url::Url::parse(base).map_err(|_| ClientError::BadUrl(base.to_owned()))?;
-        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-            return Err(ClientError::BadUrl(base.to_owned()));
-        }
+        base_url(base)?;
         let http = reqwest::Client::builder()
             .user_agent(concat!("imagepipe-cli/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -112,9 +128,14 @@ impl ApiClient {
         if status.is_success() {
             return Ok(response);
         }
+        let html = is_html(&response);
         let body = response.bytes().await.unwrap_or_default();
         let (code, message) = match serde_json::from_slice::<ApiError>(&body) {
             Ok(e) => (e.error, e.message),
+            Err(_) if html => (
+                status.canonical_reason().unwrap_or("error").to_lowercase().replace(' ', "_"),
+                format!("{} answered with a web page, not the imagepipe API: {NOT_THE_API}", self.base),
+            ),
             Err(_) if status == StatusCode::NOT_FOUND && body.is_empty() => {
                 ("not_found".to_owned(), format!("this server has no {path} (an older or partial imagepipe?)"))
             }
@@ -135,8 +156,11 @@ impl ApiClient {
         let response = self.send(method.clone(), path, request).await?;
         let unexpected =
             |reason: String| ClientError::Unexpected { method: method.clone(), path: path.to_owned(), reason };
+        if is_html(&response) {
+            return Err(unexpected(format!("{} answered with a web page: {NOT_THE_API}", self.base)));
+        }
         let body = response.bytes().await.map_err(|e| unexpected(e.to_string()))?;
-        serde_json::from_slice(&body).map_err(|e| unexpected(e.to_string()))
+        serde_json::from_slice(&body).map_err(|e| unexpected(format!("{e} (is {} the imagepipe API?)", self.base)))
     }
 
     /// `GET path?query` as JSON.
@@ -186,21 +210,23 @@ impl ApiClient {
         self.get(&format!("/v1/tasks/{}", encode(id)), &[]).await
     }
 
-    /// `GET /v1/tasks`: one page of tasks, oldest first, optionally only those in `state`.
-    pub async fn tasks(
-        &self,
-        state: Option<TaskState>,
-        limit: usize,
-        cursor: Option<&str>,
-    ) -> Result<TaskPage, ClientError> {
-        let mut query = vec![("limit", limit.to_string())];
-        if let Some(state) = state {
-            query.push(("status", state.as_str().to_owned()));
+    /// `GET /v1/tasks`: one page of the tasks `query` asks for.
+    pub async fn tasks(&self, query: &TaskQuery<'_>) -> Result<TaskPage, ClientError> {
+        let mut params = vec![("limit", query.limit.to_string())];
+        params.push(("order", if query.newest_first { "newest" } else { "oldest" }.to_owned()));
+        if let Some(state) = query.state {
+            params.push(("status", state.as_str().to_owned()));
         }
-        if let Some(cursor) = cursor {
-            query.push(("cursor", cursor.to_owned()));
+        if let Some((key, value)) = query.label {
+            params.push(("label", format!("{key}={value}")));
         }
-        self.get("/v1/tasks", &query).await
+        if let Some(after) = query.created_after {
+            params.push(("createdAfter", after.to_string()));
+        }
+        if let Some(cursor) = query.cursor {
+            params.push(("cursor", cursor.to_owned()));
+        }
+        self.get("/v1/tasks", &params).await
     }
 
     /// `GET /v1/tasks/{id}/history`: every transition of a task, oldest first.
@@ -311,6 +337,26 @@ impl ApiClient {
             futures::stream::iter(items)
         }))
     }
+}
+
+/// What an answer that is not the API's says to check.
+const NOT_THE_API: &str = "is --api (or IMAGEPIPE_API) the address of `imagepipe run` or the coordinator?";
+
+/// `base` as the API's URL: an `http://` or `https://` URL with a host.
+pub fn base_url(base: &str) -> Result<url::Url, ClientError> {
+    match url::Url::parse(base) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Ok(url),
+        _ => Err(ClientError::BadUrl(base.to_owned())),
+    }
+}
+
+/// Whether `response` is a web page (another web server than the API's, or its dashboard).
+fn is_html(response: &Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/html"))
 }
 
 /// `s` as one URL path segment.

@@ -5,7 +5,9 @@ mod cmd;
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use imagepipe::ApiClient;
 use imagepipe::client::DEFAULT_API;
 use imagepipe_runtime::ConfigArgs;
@@ -16,15 +18,18 @@ use imagepipe_runtime::ConfigArgs;
 struct Cli {
     #[command(flatten)]
     config: ConfigArgs,
+    #[command(flatten)]
+    api: ApiArgs,
     #[command(subcommand)]
     command: Command,
 }
 
-/// Where the HTTP API is, for the commands that talk to it.
+/// Where the HTTP API is, for the commands that talk to it. Global: before or after the
+/// subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct ApiArgs {
-    /// Base URL of the imagepipe API.
-    #[arg(long, global = true, env = "IMAGEPIPE_API", default_value = DEFAULT_API)]
+    /// Base URL of the imagepipe API (the commands that talk to it).
+    #[arg(long, global = true, env = "IMAGEPIPE_API", default_value = DEFAULT_API, value_parser = parse_api)]
     api: String,
     /// Bearer token the API requires (its `http.auth_token`).
     #[arg(long, global = true, env = "IMAGEPIPE_TOKEN", hide_env_values = true)]
@@ -37,9 +42,22 @@ impl ApiArgs {
     }
 }
 
+/// `--api`: an http(s) URL, refused as an argument mistake otherwise.
+fn parse_api(s: &str) -> Result<String, String> {
+    imagepipe::client::base_url(s).map(|_| s.to_owned()).map_err(|e| e.to_string())
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run every service in one process (in-memory bus, embedded store) with the API on http.port.
+    ///
+    /// The API and the dashboard listen on http.bind:http.port, 127.0.0.1:8080 by default
+    /// (IMAGEPIPE_HTTP__PORT=9000 moves it). The services talk over
+    /// bus.kind (IMAGEPIPE_BUS__KIND): memory by default, or nats or kafka (bus.nats.url,
+    /// bus.kafka.brokers) to share a broker with other processes; the tasks are kept in
+    /// store.kind: embedded files under store.path (IMAGEPIPE_STORE__PATH, one process at a time)
+    /// by default, or redis. The start prints the address, store, bus, model and dashboard;
+    /// logs go to stderr at log.filter (RUST_LOG overrides it).
     Run,
     /// Run the pipeline over the bundled sample photos and print a table.
     Demo(cmd::demo::DemoArgs),
@@ -47,7 +65,7 @@ enum Command {
     Submit(cmd::submit::SubmitArgs),
     /// Show a task's state, source, times, steps and results.
     Status(cmd::status::StatusArgs),
-    /// List tasks, oldest first, by state, label and creation time.
+    /// List tasks, newest first, by state, label and creation time.
     List(cmd::list::ListArgs),
     /// Show every transition of a task, with its time.
     History(cmd::history::HistoryArgs),
@@ -93,14 +111,67 @@ enum Command {
     },
 }
 
+impl Command {
+    /// Whether the command reads the configuration (`--config`) rather than talking to the
+    /// API (`--api`, `--token`).
+    fn reads_config(&self) -> bool {
+        matches!(
+            self,
+            Command::Run
+                | Command::Demo(_)
+                | Command::Bench(_)
+                | Command::Healthcheck(_)
+                | Command::Doctor(_)
+                | Command::Config { .. }
+        )
+    }
+}
+
+/// A global option given on the command line to a command it means nothing to: the mistake,
+/// or `None`.
+fn misplaced(cli: &Cli, matches: &ArgMatches) -> Option<String> {
+    let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+    let mut path = vec!["imagepipe"];
+    let mut sub = matches.subcommand();
+    while let Some((name, next)) = sub {
+        path.push(name);
+        sub = next.subcommand();
+    }
+    let command = path.join(" ");
+    if cli.command.reads_config() {
+        let flag = ["api", "token"].into_iter().find(|id| given(id))?;
+        Some(format!(
+            "--{flag} does not apply to `{command}`: it reads the configuration (--config FILE or IMAGEPIPE_CONFIG, IMAGEPIPE_<SECTION>__<KEY> variables), not the API"
+        ))
+    } else if given("config") {
+        Some(format!(
+            "--config does not apply to `{command}`: it talks to the API, set with --api URL or IMAGEPIPE_API (and --token or IMAGEPIPE_TOKEN)"
+        ))
+    } else {
+        None
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command().try_get_matches().and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
+    let cli = match parsed {
+        Ok((cli, matches)) => match misplaced(&cli, &matches) {
+            None => cli,
+            Some(mistake) => {
+                eprintln!("imagepipe: {mistake}");
+                return ExitCode::from(2);
+            }
+        },
         Err(e) if !e.use_stderr() => {
             // --help, --version
             let _ = e.print();
             return ExitCode::SUCCESS;
+        }
+        Err(e) if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // `imagepipe`, `imagepipe dlq`: the help, on stderr.
+            let _ = e.print();
+            return ExitCode::from(2);
         }
         Err(e) => {
             eprintln!("imagepipe: {}", one_line(&e));
@@ -117,35 +188,56 @@ async fn main() -> ExitCode {
     }
 }
 
-/// A usage error on one line, as every other error: clap's lines joined, without its `error:`.
+/// A usage error on one line, as every other error: clap's message and tips, without its
+/// `error:`, and the help to read instead of the usage block (`see `imagepipe submit --help``).
 fn one_line(e: &clap::Error) -> String {
     let rendered = e.render().to_string();
-    let lines: Vec<&str> = rendered.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    lines.join(" ").trim_start_matches("error: ").to_owned()
+    let mut said = Vec::new();
+    let mut command = None;
+    for line in rendered.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(usage) = line.strip_prefix("Usage:") {
+            let words = usage.split_whitespace().take_while(|w| !w.starts_with(['[', '<', '-']));
+            command = Some(words.collect::<Vec<_>>().join(" "));
+        } else if !line.starts_with("For more information") && command.is_none() {
+            said.push(line.trim_start_matches("error: "));
+        }
+    }
+    // A line ending in `:` introduces the next (`…not provided: <SOURCES>...`); tips are apart.
+    let mut line = String::new();
+    for part in said {
+        if !line.is_empty() {
+            line.push_str(if line.ends_with(':') { " " } else { "; " });
+        }
+        line.push_str(part);
+    }
+    if let Some(command) = command.filter(|c| !c.is_empty()) {
+        line.push_str(&format!(" (see `{command} --help`)"));
+    }
+    line
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run => cmd::run::run(&cli.config).await,
         Command::Demo(args) => cmd::demo::run(&cli.config, args).await,
-        Command::Submit(args) => cmd::submit::run(args).await,
-        Command::Status(args) => cmd::status::run(args).await,
-        Command::List(args) => cmd::list::run(args).await,
-        Command::History(args) => cmd::history::run(args).await,
-        Command::Cancel(args) => cmd::cancel::run(args).await,
-        Command::Pause(args) => cmd::pause::run(args, true).await,
-        Command::Resume(args) => cmd::pause::run(args, false).await,
-        Command::Queues(args) => cmd::queues::run_queues(args).await,
-        Command::Queue(args) => cmd::queues::run_queue(args).await,
-        Command::Reprocess(args) => cmd::reprocess::run(args).await,
-        Command::Thumbnail(args) => cmd::thumbnail::run(args).await,
-        Command::Watch(args) => cmd::watch::run(args).await,
-        Command::Search(args) => cmd::search::run(args).await,
-        Command::Similar(args) => cmd::similar::run_similar(args).await,
-        Command::Duplicates(args) => cmd::similar::run_duplicates(args).await,
-        Command::Similarity(args) => cmd::similar::run_similarity(args).await,
-        Command::Stats(args) => cmd::stats::run(args).await,
-        Command::Dlq(args) => cmd::dlq::run(args).await,
+        Command::Submit(args) => cmd::submit::run(&cli.api, args).await,
+        Command::Status(args) => cmd::status::run(&cli.api, args).await,
+        Command::List(args) => cmd::list::run(&cli.api, args).await,
+        Command::History(args) => cmd::history::run(&cli.api, args).await,
+        Command::Cancel(args) => cmd::cancel::run(&cli.api, args).await,
+        Command::Pause(args) => cmd::pause::run(&cli.api, args, true).await,
+        Command::Resume(args) => cmd::pause::run(&cli.api, args, false).await,
+        Command::Queues(args) => cmd::queues::run_queues(&cli.api, args).await,
+        Command::Queue(args) => cmd::queues::run_queue(&cli.api, args).await,
+        Command::Reprocess(args) => cmd::reprocess::run(&cli.api, args).await,
+        Command::Thumbnail(args) => cmd::thumbnail::run(&cli.api, args).await,
+        Command::Watch(args) => cmd::watch::run(&cli.api, args).await,
+        Command::Search(args) => cmd::search::run(&cli.api, args).await,
+        Command::Similar(args) => cmd::similar::run_similar(&cli.api, args).await,
+        Command::Duplicates(args) => cmd::similar::run_duplicates(&cli.api, args).await,
+        Command::Similarity(args) => cmd::similar::run_similarity(&cli.api, args).await,
+        Command::Stats(args) => cmd::stats::run(&cli.api, args).await,
+        Command::Dlq(args) => cmd::dlq::run(&cli.api, args).await,
         Command::Bench(args) => cmd::bench::run(&cli.config, args).await,
         Command::Healthcheck(args) => cmd::healthcheck::run(&cli.config, args).await,
         Command::Doctor(args) => cmd::doctor::run(&cli.config, args).await,
@@ -170,7 +262,28 @@ mod tests {
             let error = Cli::try_parse_from(argv).unwrap_err();
             let line = super::one_line(&error);
             assert!(!line.contains('\n') && !line.starts_with("error"), "{line}");
-            assert!(line.contains("yesterday") || line.contains("<SOURCES>"), "{line}");
+            assert!(line.contains("yesterday") || line.contains("not provided: <SOURCES>"), "{line}");
+            assert!(!line.contains("Usage") && !line.contains("For more information"), "{line}");
         }
+    }
+
+    #[test]
+    fn global_options_are_taken_before_and_after_the_command() {
+        for argv in [
+            &["imagepipe", "--config", "f.toml", "doctor"][..],
+            &["imagepipe", "doctor", "--config", "f.toml"],
+            &["imagepipe", "--api", "http://h:1", "submit", "x.jpg"],
+            &["imagepipe", "submit", "x.jpg", "--api", "http://h:1", "--wait"],
+            &["imagepipe", "dlq", "list", "--token", "t"],
+        ] {
+            let matches = Cli::command().try_get_matches_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+            assert_eq!(super::misplaced(&cli, &matches), None, "{argv:?}");
+        }
+        let argv = ["imagepipe", "submit", "x.jpg", "--config", "f.toml"];
+        let matches = Cli::command().try_get_matches_from(argv).unwrap();
+        let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+        let mistake = super::misplaced(&cli, &matches).expect("refused");
+        assert!(mistake.starts_with("--config does not apply to `imagepipe submit`"), "{mistake}");
     }
 }

@@ -5,6 +5,7 @@
 //! edge and token check, the same connect with retry.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use imagepipe_coordinator::app::{Coordinator, open_store};
 use imagepipe_coordinator::engine::Engine;
 use imagepipe_coordinator::store::StoreError;
 use imagepipe_runtime::clock::SystemClock;
+use imagepipe_runtime::config::{StoreKind, mask_url_credentials};
 use imagepipe_runtime::service::{Service, ServiceError};
 use imagepipe_runtime::{Settings, Shutdown};
 use tokio::task::JoinSet;
@@ -61,6 +63,18 @@ pub enum PipelineError {
     /// The coordinator's store could not be opened.
     #[error("opening the task store")]
     Store(#[source] StoreError),
+    /// Another process (another `imagepipe run`) has the embedded store's files open.
+    #[error(
+        "another process holds the store in {} ({}): stop it, or give this one another directory with store.path (IMAGEPIPE_STORE__PATH)",
+        dir.display(),
+        files.join(", ")
+    )]
+    StoreHeld {
+        /// `store.path`.
+        dir: PathBuf,
+        /// The files held.
+        files: Vec<String>,
+    },
     /// A submit command could not be sent.
     #[error("sending the submit command of task {task_id}")]
     Submit {
@@ -106,6 +120,8 @@ type ServiceResult = (&'static str, Result<(), Box<dyn std::error::Error + Send 
 /// The running pipeline. Stop it with [`Pipeline::stop`] (or [`Pipeline::run_until`]).
 pub struct Pipeline {
     service: Service,
+    /// The model's name and the runtime running it.
+    model: String,
     engine: Engine,
     blobs: Arc<dyn BlobStore>,
     settings: Arc<Settings>,
@@ -116,15 +132,25 @@ impl Pipeline {
     /// Loads the model, connects the bus of `settings.bus` (the in-memory bus by default) and
     /// the store of `settings.store`, binds `http.bind:http.port` (port 0 picks one) and starts
     /// every service. Tasks the store holds unfinished are resumed by the coordinator's sweeper.
+    /// Refuses at once, before loading anything, when another process holds the store's files.
     pub async fn start(settings: Settings) -> Result<Self, PipelineError> {
+        let held = imagepipe_runtime::embedded::held_by_another_process(&settings.store.path);
+        if !held.is_empty() {
+            let files = held.iter().filter_map(|f| f.file_name()).map(|f| f.to_string_lossy().into_owned()).collect();
+            return Err(PipelineError::StoreHeld { dir: settings.store.path.clone(), files });
+        }
         let classifier = Classifier::load(&settings.ai).await.map_err(PipelineError::Model)?;
+        let model = format!("{} on {}", classifier.model().name(), classifier.model().runtime());
         let service = Service::start_with(NAME, settings, Shutdown::new()).await.map_err(PipelineError::from)?;
         let (bus, settings) = (service.bus.clone(), service.settings.clone());
         let store = open_store(&settings).await.map_err(PipelineError::Store)?;
         let control = imagepipe_runtime::control::connect(&settings)
             .await
             .map_err(|e| PipelineError::Service { service: "coordinator", source: Box::new(e) })?;
-        let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock)).with_control(control);
+        let blobs = settings.blob.open().map_err(PipelineError::BlobStore)?;
+        let coordinator = Coordinator::new(&settings, store, bus.clone(), Arc::new(SystemClock))
+            .with_control(control)
+            .with_blobs(blobs.clone());
         let engine = coordinator.engine.clone();
         if settings.bus.kind == BusKind::Memory {
             // The in-process bus lost the commands that were in flight when the last run ended.
@@ -136,7 +162,6 @@ impl Pipeline {
                 tracing::info!(resent, "re-sent the steps that were running when the last run ended");
             }
         }
-        let blobs = settings.blob.open().map_err(PipelineError::BlobStore)?;
         let tag_index = imagepipe_tag_indexer_worker::open_index(&settings).await.map_err(PipelineError::TagIndex)?;
         let stats = imagepipe_analytics_worker::open_store(&settings).await.map_err(PipelineError::Stats)?;
         let similarity =
@@ -166,7 +191,8 @@ impl Pipeline {
         service.serve(coordinator.routes(blobs.clone()));
         service.serve(imagepipe_tag_indexer_worker::api::routes(tag_index.clone()));
         service.serve(imagepipe_analytics_worker::api::routes(stats.clone()));
-        service.serve(imagepipe_similarity_indexer::routes(similarity_api, settings.download.max_bytes));
+        let slots = imagepipe_runtime::http::UploadSlots::from_config(&settings.http);
+        service.serve(imagepipe_similarity_indexer::routes(similarity_api, settings.download.max_bytes, slots));
         // Search, stats and similarity are served here; the coordinator forwards nothing.
         service.serve(coordinator.forwarded_routes(&Upstream::ALL));
         service.serve(coordinator.dashboard(&service));
@@ -206,7 +232,7 @@ impl Pipeline {
             ("analytics worker", imagepipe_analytics_worker::run(b, &s, stats, stop).await.map_err(boxed))
         });
         tracing::info!(addr = %service.http_addr(), "pipeline running");
-        Ok(Self { service, engine, blobs, settings, services })
+        Ok(Self { service, model, engine, blobs, settings, services })
     }
 
     /// The address the HTTP API listens on.
@@ -222,6 +248,34 @@ impl Pipeline {
             addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }
         format!("http://{addr}")
+    }
+
+    /// What `imagepipe run` says once started: where the API and the dashboard are, and the
+    /// store, bus and model it runs on, as `(what, value)` rows (credentials in URLs masked).
+    pub fn summary(&self) -> Vec<(&'static str, String)> {
+        let settings = &self.settings;
+        let api = self.api_url();
+        let store = match settings.store.kind {
+            StoreKind::Embedded => format!("embedded, {} (store.path)", settings.store.path.display()),
+            StoreKind::Redis => format!("redis, {} (store.redis.url)", settings.store.redis.url.masked()),
+        };
+        let bus = match settings.bus.kind {
+            BusKind::Memory => "memory, in this process (bus.kind)".to_owned(),
+            BusKind::Nats => {
+                format!("nats, {} prefix {}", mask_url_credentials(&settings.bus.nats.url), settings.bus.prefix)
+            }
+            BusKind::Kafka => {
+                format!("kafka, {} prefix {}", mask_url_credentials(&settings.bus.kafka.brokers), settings.bus.prefix)
+            }
+        };
+        let model = format!("{}, {} (ai.model_dir)", self.model, settings.ai.model_dir.display());
+        vec![
+            ("api", format!("{api} (http.port)")),
+            ("dashboard", format!("{api}/")),
+            ("store", store),
+            ("bus", bus),
+            ("model", model),
+        ]
     }
 
     /// The bus every service runs on.

@@ -19,14 +19,13 @@ pub struct CancelArgs {
     /// Print the task as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
-/// Cancels a task: at once when no step is running, else its worker stops the running step
-/// within about a second. A finished task cannot be cancelled (an error).
-pub async fn run(args: CancelArgs) -> anyhow::Result<ExitCode> {
-    let view = args.api.client()?.cancel(&args.id, args.reason).await?;
+/// Cancels a task: at once when no step is running (also when its command still waits in a
+/// paused queue that runs nothing), else its worker stops the step within about a second. A
+/// finished task cannot be cancelled (an error).
+pub async fn run(api: &ApiArgs, args: CancelArgs) -> anyhow::Result<ExitCode> {
+    let view = api.client()?.cancel(&args.id, args.reason).await?;
     if args.json {
         print_json(&view)?;
         return Ok(ExitCode::SUCCESS);
@@ -36,7 +35,12 @@ pub async fn run(args: CancelArgs) -> anyhow::Result<ExitCode> {
         outln!("{}  {}", task.id, failure_reason(task));
     } else {
         let step = task.state.step().map_or_else(|| task.state.to_string(), |s| s.to_string());
-        outln!("{}  cancelling: its running {step} step is told to stop", task.id);
+        outln!(
+            "{}  cancelling: its {step} step is told to stop (within a second if it runs, when a worker takes it if \
+             it still waits); `imagepipe status {}` shows `cancelled` once it has",
+            task.id,
+            task.id
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -23,8 +23,6 @@ const PAGE: usize = 500;
 pub struct DlqArgs {
     #[command(subcommand)]
     action: DlqAction,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -96,8 +94,8 @@ enum DlqAction {
 }
 
 /// Runs `imagepipe dlq ACTION`.
-pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
-    let client = args.api.client()?;
+pub async fn run(api: &ApiArgs, args: DlqArgs) -> anyhow::Result<ExitCode> {
+    let client = api.client()?;
     match args.action {
         DlqAction::List { limit, json } => {
             let letters = collect(&client, limit).await?;

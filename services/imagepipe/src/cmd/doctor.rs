@@ -351,7 +351,7 @@ async fn store_checks(settings: &Settings) -> Vec<Check> {
     match settings.store.kind {
         StoreKind::Redis => vec![redis_check(settings.store.redis.url.expose()).await],
         StoreKind::Embedded => {
-            let mut checks = vec![directory_check("store", "store.path", &settings.store.path)];
+            let mut checks = vec![embedded_store_check(&settings.store.path)];
             if settings.bus.kind != BusKind::Memory {
                 checks.push(Check::warn(
                     "store kind",
@@ -377,6 +377,22 @@ async fn redis_check(url: &str) -> Check {
         Ok(Err(error)) => Check::fail("store", format!("Redis at {shown}: {}", error_chain(&error)), fix),
         Err(_) => Check::fail("store", format!("Redis at {shown} did not answer within {CHECK_TIMEOUT:?}"), fix),
     }
+}
+
+/// The embedded store's directory: writable, and its files open in no other process (a second
+/// `imagepipe run` on it would stop at its start).
+fn embedded_store_check(dir: &Path) -> Check {
+    let held = imagepipe_runtime::embedded::held_by_another_process(dir);
+    if held.is_empty() {
+        return directory_check("store", "store.path", dir);
+    }
+    let files: Vec<String> =
+        held.iter().filter_map(|f| f.file_name()).map(|f| f.to_string_lossy().into_owned()).collect();
+    Check::fail(
+        "store",
+        format!("another process holds the store in {} (store.path): {}", dir.display(), files.join(", ")),
+        format!("stop that process (another `imagepipe run`?), or set {} to another directory", setting("store.path")),
+    )
 }
 
 /// A directory a service writes (`store.path`, `blob.dir`): writable, or creatable in its

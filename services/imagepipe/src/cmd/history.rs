@@ -17,14 +17,12 @@ pub struct HistoryArgs {
     /// Print the history as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// Prints the transitions, oldest first: when, time since the first, what happened, the state
 /// change, the step and attempt, details.
-pub async fn run(args: HistoryArgs) -> anyhow::Result<ExitCode> {
-    let history = args.api.client()?.history(&args.id).await?;
+pub async fn run(api: &ApiArgs, args: HistoryArgs) -> anyhow::Result<ExitCode> {
+    let history = api.client()?.history(&args.id).await?;
     if args.json {
         print_json(&history)?;
         return Ok(ExitCode::SUCCESS);

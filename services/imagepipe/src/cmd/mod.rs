@@ -8,6 +8,7 @@ pub mod config;
 pub mod demo;
 pub mod dlq;
 pub mod doctor;
+pub mod found;
 pub mod healthcheck;
 pub mod history;
 pub mod list;

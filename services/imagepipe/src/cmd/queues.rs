@@ -19,8 +19,6 @@ pub struct QueuesArgs {
     /// Print them again every 2 seconds until interrupted.
     #[arg(long)]
     watch: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// Options of `imagepipe queue`.
@@ -28,8 +26,6 @@ pub struct QueuesArgs {
 pub struct QueueArgs {
     #[command(subcommand)]
     action: QueueAction,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,8 +54,8 @@ enum QueueAction {
 }
 
 /// Prints the stage queues, once or every 2 seconds.
-pub async fn run_queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
-    let client = args.api.client()?;
+pub async fn run_queues(api: &ApiArgs, args: QueuesArgs) -> anyhow::Result<ExitCode> {
+    let client = api.client()?;
     loop {
         let queues: QueuesView = client.get("/v1/queues", &[]).await?;
         if args.json {
@@ -110,15 +106,24 @@ fn table(queues: &[QueueView]) -> comfy_table::Table {
             format!("{:.1}", q.rate_per_sec),
             q.consumers.to_string(),
             concurrency,
-            if q.paused { "paused".to_owned() } else { "no".to_owned() },
+            paused(q).to_owned(),
         ]);
     }
     table
 }
 
+/// The PAUSED column: `paused` once no replica takes new messages, `pausing` until then.
+fn paused(queue: &QueueView) -> &'static str {
+    match (queue.paused, queue.pausing) {
+        (true, false) => "paused",
+        (true, true) => "pausing",
+        (false, _) => "no",
+    }
+}
+
 /// Pauses, resumes or sets the concurrency of a stage queue and prints it after.
-pub async fn run_queue(args: QueueArgs) -> anyhow::Result<ExitCode> {
-    let client = args.api.client()?;
+pub async fn run_queue(api: &ApiArgs, args: QueueArgs) -> anyhow::Result<ExitCode> {
+    let client = api.client()?;
     let view: QueueView = match args.action {
         QueueAction::Pause { queue, reason } => {
             client.post(&format!("/v1/queues/{queue}/pause"), Some(&CancelRequest { reason })).await?
@@ -135,5 +140,12 @@ pub async fn run_queue(args: QueueArgs) -> anyhow::Result<ExitCode> {
         }
     };
     print_table(&table(std::slice::from_ref(&view)));
+    if view.pausing {
+        outln!(
+            "pausing: a {} replica has not stopped taking messages yet; `imagepipe queues` shows `paused` once \
+             every one has",
+            view.name
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -45,8 +45,6 @@ pub struct ReprocessArgs {
     /// Print the job as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -69,8 +67,8 @@ enum SelectArg {
 }
 
 /// Starts a reprocessing (or looks one up) and prints its progress.
-pub async fn run(args: ReprocessArgs) -> anyhow::Result<ExitCode> {
-    let client = args.api.client()?;
+pub async fn run(api: &ApiArgs, args: ReprocessArgs) -> anyhow::Result<ExitCode> {
+    let client = api.client()?;
     let mut job: ReprocessJob = match &args.status {
         Some(id) => client.get(&format!("/v1/reprocess/{id}"), &[]).await?,
         None => {

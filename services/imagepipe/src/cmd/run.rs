@@ -6,13 +6,19 @@ use anyhow::Context;
 use imagepipe::Pipeline;
 use imagepipe_runtime::{ConfigArgs, Shutdown};
 
-/// Runs the pipeline with the loaded configuration until a signal.
+/// Runs the pipeline with the loaded configuration until a signal; once started, prints where
+/// the API and the dashboard are and what it runs on.
 pub async fn run(config: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let settings = config.load().context("loading the configuration")?;
     let telemetry = imagepipe_runtime::telemetry::init("imagepipe", &settings.log, &settings.telemetry)?;
     let stop = Shutdown::on_signals().context("installing signal handlers")?;
     let pipeline = Pipeline::start(settings).await.context("starting the pipeline")?;
-    eprintln!("imagepipe: every service running; API on {} (Ctrl-C stops)", pipeline.api_url());
+    eprintln!("imagepipe: every service running (Ctrl-C stops)");
+    let summary = pipeline.summary();
+    let width = summary.iter().map(|(what, _)| what.len()).max().unwrap_or(0);
+    for (what, value) in summary {
+        eprintln!("  {what:<width$}  {value}");
+    }
     let outcome = pipeline.run_until(stop).await;
     telemetry.shutdown();
     outcome?;

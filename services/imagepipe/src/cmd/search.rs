@@ -1,11 +1,15 @@
-//! `imagepipe search TAGS`: tasks by tag (`GET /v1/search`, the tag indexer).
+//! `imagepipe search TAGS`: tasks by tag (`GET /v1/search`, the tag indexer), best first, each
+//! with its score and which image it is.
 
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use serde_json::Value;
 
-use super::print_json;
+use comfy_table::{Table, presets::NOTHING};
+
+use super::found::describe;
+use super::{print_json, print_table};
 use crate::ApiArgs;
 
 /// How tags combine.
@@ -32,12 +36,10 @@ pub struct SearchArgs {
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// Prints the matching tasks, best first.
-pub async fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(api: &ApiArgs, args: SearchArgs) -> anyhow::Result<ExitCode> {
     let tags: Vec<&str> = args.tags.iter().map(|t| t.trim()).filter(|t| !t.is_empty()).collect();
     anyhow::ensure!(!tags.is_empty(), "no tags given");
     let mode = match args.mode {
@@ -45,7 +47,8 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
         MatchArg::Any => "any",
     };
     let query = [("tags", tags.join(",")), ("mode", mode.to_owned()), ("limit", args.limit.to_string())];
-    let answer: Value = args.api.client()?.get("/v1/search", &query).await?;
+    let client = api.client()?;
+    let answer: Value = client.get("/v1/search", &query).await?;
     if args.json {
         print_json(&answer)?;
         return Ok(ExitCode::SUCCESS);
@@ -56,11 +59,17 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
     };
     if hits.is_empty() {
         outln!("no task has {}", tags.join(if mode == "all" { " and " } else { " or " }));
+        return Ok(ExitCode::SUCCESS);
     }
+    let ids: Vec<&str> = hits.iter().filter_map(|hit| hit["taskId"].as_str()).collect();
+    let sources = describe(&client, &ids).await?;
+    let mut table = Table::new();
+    table.load_preset(NOTHING).set_header(["task", "score", "source"]);
     for hit in hits {
-        let text = |name: &str| hit[name].as_str().unwrap_or("-").to_owned();
+        let id = hit["taskId"].as_str().unwrap_or("-");
         let score = hit["score"].as_f64().map_or_else(|| "-".into(), |s| format!("{s:.3}"));
-        outln!("{:<40} {score:>7}  {}", text("taskId"), text("thumbnailKey"));
+        table.add_row([id.to_owned(), score, sources.get(id).cloned().unwrap_or_else(|| "-".into())]);
     }
+    print_table(&table);
     Ok(ExitCode::SUCCESS)
 }

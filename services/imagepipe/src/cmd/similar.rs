@@ -10,7 +10,10 @@ use bytes::Bytes;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
-use super::print_json;
+use comfy_table::{Table, presets::NOTHING};
+
+use super::found::describe;
+use super::{print_json, print_table};
 use crate::ApiArgs;
 
 /// How often `similarity rebuild --wait` asks how the rebuild goes.
@@ -27,8 +30,6 @@ pub struct SimilarArgs {
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// Options of `imagepipe duplicates`.
@@ -44,8 +45,6 @@ pub struct DuplicatesArgs {
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// Options of `imagepipe similarity`.
@@ -67,15 +66,13 @@ enum SimilarityAction {
         /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
-        #[command(flatten)]
-        api: ApiArgs,
     },
 }
 
 /// Prints the images most similar to a task's or a file's, best first.
-pub async fn run_similar(args: SimilarArgs) -> anyhow::Result<ExitCode> {
+pub async fn run_similar(api: &ApiArgs, args: SimilarArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!((1..=100).contains(&args.limit), "--limit must be 1-100");
-    let client = args.api.client()?;
+    let client = api.client()?;
     let path = Path::new(&args.target);
     let answer: Value = if path.is_file() {
         let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
@@ -92,23 +89,30 @@ pub async fn run_similar(args: SimilarArgs) -> anyhow::Result<ExitCode> {
     };
     if results.is_empty() {
         outln!("nothing similar indexed yet (embedding version {})", answer["version"].as_str().unwrap_or("-"));
+        return Ok(ExitCode::SUCCESS);
     }
+    let ids: Vec<&str> = results.iter().filter_map(|hit| hit["taskId"].as_str()).collect();
+    let sources = describe(&client, &ids).await?;
+    let mut table = Table::new();
+    table.load_preset(NOTHING).set_header(["task", "cosine", "phash", "source"]);
     for hit in results {
-        let text = |name: &str| hit[name].as_str().unwrap_or("-").to_owned();
+        let id = hit["taskId"].as_str().unwrap_or("-");
         let cosine = hit["cosine"].as_f64().map_or_else(|| "-".into(), |c| format!("{c:.3}"));
         let phash = hit["phashDistance"].as_u64().map_or_else(|| "-".into(), |d| d.to_string());
-        outln!("{:<40} cosine {cosine:>6}  phash {phash:>2}  {}", text("taskId"), text("thumbnailKey"));
+        table.add_row([id.to_owned(), cosine, phash, sources.get(id).cloned().unwrap_or_else(|| "-".into())]);
     }
+    print_table(&table);
     Ok(ExitCode::SUCCESS)
 }
 
 /// Prints the groups of near-duplicates, largest first.
-pub async fn run_duplicates(args: DuplicatesArgs) -> anyhow::Result<ExitCode> {
+pub async fn run_duplicates(api: &ApiArgs, args: DuplicatesArgs) -> anyhow::Result<ExitCode> {
     let mut query = vec![("limit", args.limit.to_string())];
     if let Some(threshold) = args.threshold {
         query.push(("threshold", threshold.to_string()));
     }
-    let answer: Value = args.api.client()?.get("/v1/duplicates", &query).await?;
+    let client = api.client()?;
+    let answer: Value = client.get("/v1/duplicates", &query).await?;
     if args.json {
         print_json(&answer)?;
         return Ok(ExitCode::SUCCESS);
@@ -119,17 +123,34 @@ pub async fn run_duplicates(args: DuplicatesArgs) -> anyhow::Result<ExitCode> {
     let indexed = answer["index"]["vectors"].as_u64().unwrap_or(0);
     let total = answer["total"].as_u64().unwrap_or(groups.len() as u64);
     outln!("{total} group(s) of near-duplicates among {indexed} indexed image(s), cosine ≥ {}", answer["threshold"]);
-    for (n, group) in groups.iter().enumerate() {
-        let ids: Vec<&str> =
-            group["tasks"].as_array().into_iter().flatten().filter_map(|t| t["taskId"].as_str()).collect();
-        outln!("{:>3}. {}", n + 1, ids.join("  "));
+    if groups.is_empty() {
+        return Ok(ExitCode::SUCCESS);
     }
+    let members = |group: &'_ Value| -> Vec<String> {
+        group["tasks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["taskId"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let ids: Vec<String> = groups.iter().flat_map(members).collect();
+    let sources = describe(&client, &ids.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    let mut table = Table::new();
+    table.load_preset(NOTHING).set_header(["group", "task", "source"]);
+    for (n, group) in groups.iter().enumerate() {
+        for id in members(group) {
+            let source = sources.get(&id).cloned().unwrap_or_else(|| "-".into());
+            table.add_row([(n + 1).to_string(), id, source]);
+        }
+    }
+    print_table(&table);
     Ok(ExitCode::SUCCESS)
 }
 
 /// Starts a rebuild of the index (and with `--wait` follows it to the end).
-pub async fn run_similarity(args: SimilarityArgs) -> anyhow::Result<ExitCode> {
-    let SimilarityAction::Rebuild { wait, json, api } = args.action;
+pub async fn run_similarity(api: &ApiArgs, args: SimilarityArgs) -> anyhow::Result<ExitCode> {
+    let SimilarityAction::Rebuild { wait, json } = args.action;
     let client = api.client()?;
     let mut status: Value = client.post::<(), Value>("/v1/similarity/rebuild", None).await?;
     while wait && status["state"] == "running" {

@@ -17,13 +17,11 @@ pub struct StatsArgs {
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// Prints the counters, then one latency row per stage span.
-pub async fn run(args: StatsArgs) -> anyhow::Result<ExitCode> {
-    let answer: StatsResponse = args.api.client()?.get("/v1/stats", &[]).await?;
+pub async fn run(api: &ApiArgs, args: StatsArgs) -> anyhow::Result<ExitCode> {
+    let answer: StatsResponse = api.client()?.get("/v1/stats", &[]).await?;
     if args.json {
         print_json(&answer)?;
         return Ok(ExitCode::SUCCESS);

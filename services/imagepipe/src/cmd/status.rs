@@ -18,13 +18,11 @@ pub struct StatusArgs {
     /// Print the task as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// Prints a task's state, source, times, steps and outputs.
-pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let view = args.api.client()?.task(&args.id).await?;
+pub async fn run(api: &ApiArgs, args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let view = api.client()?.task(&args.id).await?;
     if args.json {
         print_json(&view)?;
         return Ok(ExitCode::SUCCESS);

@@ -21,6 +21,7 @@ use imagepipe_contracts::{Priority, SubmitTask};
 use imagepipe_coordinator::TaskState;
 use imagepipe_coordinator::api::batch::{BatchItem, MAX_BATCH};
 use imagepipe_coordinator::api::{Accepted, TaskView};
+use imagepipe_runtime::{Shutdown, error_chain};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::show::{FILE_LABEL, outcome};
@@ -70,8 +71,6 @@ pub struct SubmitArgs {
     /// Print the accepted tasks (or, with --wait, the finished ones) as JSON.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// One source, checked: what to submit for it.
@@ -110,8 +109,8 @@ struct Walked {
 
 /// Submits every source; exits non-zero when an image of a directory was refused, or, with
 /// `--wait`, when any task did not complete.
-pub async fn run(args: SubmitArgs) -> anyhow::Result<ExitCode> {
-    let client = args.api.client()?;
+pub async fn run(api: &ApiArgs, args: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let client = api.client()?;
     let sources = check_all(&args)?;
     let progress = bar(sources.iter().map(Source::items).sum(), args.json, "submitting");
     let mut accepted: Vec<(String, Accepted)> = Vec::new();
@@ -131,7 +130,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             Ok(task) => task,
             Err(e) => {
                 progress.finish_and_clear();
-                anyhow::bail!("{e:#} ({})", submitted_before(&accepted));
+                anyhow::bail!("{} ({})", error_chain(e.as_ref()), submitted_before(&accepted));
             }
         };
         progress.inc(1);
@@ -182,7 +181,7 @@ async fn submit_dir(
             .await
             .into_iter()
             .collect::<anyhow::Result<_>>()
-            .map_err(|e| anyhow::anyhow!("{e:#} ({})", submitted_before(accepted)))?;
+            .map_err(|e| anyhow::anyhow!("{} ({})", error_chain(e.as_ref()), submitted_before(accepted)))?;
         let mut commands = Vec::with_capacity(uploads.len());
         let mut images = Vec::with_capacity(uploads.len());
         for (image, uploaded) in uploads {
@@ -396,6 +395,8 @@ async fn wait(client: &ApiClient, args: &SubmitArgs, accepted: &[(String, Accept
     let progress = bar(accepted.len(), args.json, "processing");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
     let mut finished: Vec<Option<TaskView>> = vec![None; accepted.len()];
+    // Installed before the first look: Ctrl-C from here on stops the waiting, not the tasks.
+    let interrupted = Shutdown::on_signals().context("installing the Ctrl-C handler")?;
     while finished.iter().any(Option::is_none) {
         anyhow::ensure!(
             tokio::time::Instant::now() < deadline,
@@ -417,7 +418,20 @@ async fn wait(client: &ApiClient, args: &SubmitArgs, accepted: &[(String, Accept
                 *slot = Some(view);
             }
         }
-        tokio::time::sleep(POLL).await;
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            () = interrupted.wait() => {
+                progress.finish_and_clear();
+                let running: Vec<&str> = finished
+                    .iter()
+                    .zip(accepted)
+                    .filter(|(slot, _)| slot.is_none())
+                    .map(|(_, (_, task))| task.task_id.as_str())
+                    .collect();
+                eprintln!("imagepipe submit: {}", stopped_waiting(&running));
+                return Ok(ExitCode::from(INTERRUPTED));
+            }
+        }
     }
     progress.finish_and_clear();
     let finished: Vec<TaskView> = finished.into_iter().flatten().collect();
@@ -430,6 +444,22 @@ async fn wait(client: &ApiClient, args: &SubmitArgs, accepted: &[(String, Accept
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The exit status of a `--wait` stopped by Ctrl-C (128 + SIGINT, as the shell's).
+const INTERRUPTED: u8 = 130;
+
+/// What a `--wait` stopped by Ctrl-C says: the tasks go on, and how to follow them.
+fn stopped_waiting(running: &[&str]) -> String {
+    let follow = match running {
+        [one] => format!("imagepipe watch --task {one}"),
+        _ => "imagepipe watch --type task.completed,task.failed,task.cancelled (or imagepipe status ID)".to_owned(),
+    };
+    format!(
+        "stopped waiting; {} task(s) keep running in the pipeline ({}); follow them with {follow}",
+        running.len(),
+        running.join(", ")
+    )
 }
 
 /// A progress bar for batches on a terminal; hidden for one item or JSON output.

@@ -21,16 +21,16 @@ pub struct ThumbnailArgs {
     #[arg(long)]
     name: Option<String>,
     /// Where to write it: a file, or `-` for standard output (refused on a terminal). Default:
-    /// `<id>-<name>.<webp|jpg|png>` in the current directory.
+    /// `<id>-<name>.<webp|jpg|png>` in the current directory. A file whose extension names
+    /// another format than the derivative's (a preview of a transparent image is a PNG) is
+    /// refused.
     #[arg(short, long)]
     output: Option<PathBuf>,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// Fetches the task's thumbnail and writes it out, then names the file.
-pub async fn run(args: ThumbnailArgs) -> anyhow::Result<ExitCode> {
-    let client = args.api.client()?;
+pub async fn run(api: &ApiArgs, args: ThumbnailArgs) -> anyhow::Result<ExitCode> {
+    let client = api.client()?;
     let view = client.task(&args.id).await?;
     let Some(metadata) = &view.task.outputs.metadata else {
         anyhow::bail!(
@@ -58,11 +58,23 @@ pub async fn run(args: ThumbnailArgs) -> anyhow::Result<ExitCode> {
         super::output::write_bytes(&bytes);
         return Ok(ExitCode::SUCCESS);
     }
-    let path = args
-        .output
-        .unwrap_or_else(|| PathBuf::from(format!("{}-{name}.{}", args.id, extension(content_type.as_deref()))));
+    let format = extension(content_type.as_deref());
+    let path = args.output.unwrap_or_else(|| PathBuf::from(format!("{}-{name}.{format}", args.id)));
+    if let Some(given) = path.extension().and_then(|e| e.to_str())
+        && format != "bin"
+        && !same_format(given, format)
+    {
+        anyhow::bail!(
+            "the {name} of task {} is {} ({}), not the .{given} {} says: name it {}, or give -o -",
+            args.id,
+            format.to_uppercase(),
+            content_type.as_deref().unwrap_or("?"),
+            path.display(),
+            path.with_extension(format).display()
+        );
+    }
     tokio::fs::write(&path, &bytes).await.with_context(|| format!("writing {}", path.display()))?;
-    outln!("{} ({})", path.display(), size(bytes.len() as u64));
+    outln!("{} ({}, {})", path.display(), format.to_uppercase(), size(bytes.len() as u64));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -75,9 +87,21 @@ fn extension(content_type: Option<&str>) -> &str {
     }
 }
 
+/// Whether a file extension names the image format `format` (an [`extension`]).
+fn same_format(given: &str, format: &str) -> bool {
+    let given = given.to_ascii_lowercase();
+    given == format || (format == "jpg" && given == "jpeg")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::extension;
+    use super::{extension, same_format};
+
+    #[test]
+    fn a_file_name_matches_the_format_whatever_its_case_or_jpeg_spelling() {
+        assert!(same_format("JPG", "jpg") && same_format("jpeg", "jpg") && same_format("webp", "webp"));
+        assert!(!same_format("jpg", "png") && !same_format("png", "webp"));
+    }
 
     #[test]
     fn the_extension_follows_the_content_type() {

@@ -29,7 +29,7 @@ pub struct WatchArgs {
     #[arg(long = "task")]
     task_id: Option<String>,
     /// Only these event types, a comma-separated list: `task.completed,task.failed`, `image.*`.
-    #[arg(long = "type", value_delimiter = ',')]
+    #[arg(long = "type", value_delimiter = ',', value_parser = parse_event_type)]
     event_types: Vec<String>,
     /// Print each event envelope (and, with --task, the finished task) as one JSON line.
     #[arg(long)]
@@ -37,14 +37,12 @@ pub struct WatchArgs {
     /// Stop after this many events.
     #[arg(long)]
     count: Option<usize>,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
 /// Prints events as they arrive.
-pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
-    let client = args.api.client()?;
-    let selector = selector(&args.event_types)?;
+pub async fn run(api: &ApiArgs, args: WatchArgs) -> anyhow::Result<ExitCode> {
+    let client = api.client()?;
+    let selector = selector(&args.event_types);
     // Following one task, every event of it comes and the types are chosen here, so the end of
     // the task is seen whatever `--type` says.
     let server_selector = if args.task_id.is_some() { None } else { selector.as_deref() };
@@ -142,21 +140,25 @@ impl EventQuery<'_> {
     }
 }
 
-/// The `--type` list as one selector (`a || b`), after checking that each entry is well formed
-/// and names at least one event type.
-fn selector(types: &[String]) -> anyhow::Result<Option<String>> {
-    let types: Vec<&str> = types.iter().map(|t| t.trim()).filter(|t| !t.is_empty()).collect();
-    if types.is_empty() {
-        return Ok(None);
+/// One `--type` entry, when well formed and naming at least one event type (an argument
+/// mistake otherwise).
+fn parse_event_type(t: &str) -> Result<String, String> {
+    let t = t.trim();
+    if t.is_empty() {
+        return Ok(String::new());
     }
-    for t in &types {
-        let selector = Selector::parse(t).with_context(|| format!("--type {t:?}"))?;
-        if !EventType::ALL.iter().any(|known| selector.matches(known.as_str())) {
-            let known: Vec<_> = EventType::ALL.iter().map(|k| k.as_str()).collect();
-            anyhow::bail!("--type {t:?} is no event type; known: {} (or a family: task.*, image.*)", known.join(", "));
-        }
+    let selector = Selector::parse(t).map_err(|e| e.to_string())?;
+    if !EventType::ALL.iter().any(|known| selector.matches(known.as_str())) {
+        let known: Vec<_> = EventType::ALL.iter().map(|k| k.as_str()).collect();
+        return Err(format!("{t:?} is no event type; known: {} (or a family: task.*, image.*)", known.join(", ")));
     }
-    Ok(Some(types.join(" || ")))
+    Ok(t.to_owned())
+}
+
+/// The `--type` list as one selector (`a || b`).
+fn selector(types: &[String]) -> Option<String> {
+    let types: Vec<&str> = types.iter().map(String::as_str).filter(|t| !t.is_empty()).collect();
+    (!types.is_empty()).then(|| types.join(" || "))
 }
 
 /// One event: its envelope as a JSON line, or time, type, task and source.
