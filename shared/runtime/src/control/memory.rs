@@ -147,9 +147,7 @@ impl ControlStore for MemoryControl {
         let mut activity = QueueActivity::default();
         let alive = now.saturating_sub(millis(BEAT_TTL));
         for beat in inner.beats.get(queue).into_iter().flat_map(|b| b.values()).filter(|b| b.at >= alive) {
-            activity.consumers += 1;
-            activity.in_flight += u64::from(beat.in_flight);
-            activity.concurrency += u64::from(beat.concurrency);
+            activity.count(beat);
         }
         activity.rate_per_sec = rate_from_buckets(inner.rates.get(queue).map_or(&[][..], Vec::as_slice), now);
         Ok(activity)

@@ -117,6 +117,14 @@ pub struct Beat {
     pub concurrency: u32,
     /// Messages it took since its last beat (counted into the queue's rate).
     pub taken: u64,
+    /// The `updatedAt` of the pause it obeys: it has stopped taking messages of the queue (no
+    /// fetch outstanding) under the queue's control as of that time; 0 while it takes messages.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub paused_at: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What the live consumers of one queue report together.
@@ -130,6 +138,30 @@ pub struct QueueActivity {
     pub concurrency: u64,
     /// Messages taken per second over the last [`RATE_WINDOW`].
     pub rate_per_sec: f64,
+    /// Consumers that report having stopped taking messages because of a pause.
+    pub paused: u32,
+    /// The oldest pause they obey (the least [`Beat::paused_at`]; 0 when none is paused).
+    pub oldest_pause: u64,
+}
+
+impl QueueActivity {
+    /// Adds the report of one live consumer.
+    fn count(&mut self, beat: &Beat) {
+        self.consumers += 1;
+        self.in_flight += u64::from(beat.in_flight);
+        self.concurrency += u64::from(beat.concurrency);
+        if beat.paused_at > 0 {
+            self.oldest_pause = if self.paused == 0 { beat.paused_at } else { self.oldest_pause.min(beat.paused_at) };
+            self.paused += 1;
+        }
+    }
+
+    /// Whether `control`'s pause is in force: it is paused and every live consumer has stopped
+    /// taking messages under it (or a later change of the queue's control). True with no live
+    /// consumer: none takes anything.
+    pub fn pause_in_force(&self, control: &QueueControl) -> bool {
+        control.paused && self.paused == self.consumers && (self.paused == 0 || self.oldest_pause >= control.updated_at)
+    }
 }
 
 /// Where the control state lives (see the module docs).

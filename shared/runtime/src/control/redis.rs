@@ -126,11 +126,7 @@ impl ControlStore for RedisControl {
         let mut stale = Vec::new();
         for (replica, json) in beats {
             match serde_json::from_str::<Beat>(&json) {
-                Ok(beat) if beat.at >= alive => {
-                    activity.consumers += 1;
-                    activity.in_flight += u64::from(beat.in_flight);
-                    activity.concurrency += u64::from(beat.concurrency);
-                }
+                Ok(beat) if beat.at >= alive => activity.count(&beat),
                 _ => stale.push(replica),
             }
         }

@@ -59,7 +59,7 @@ async fn concurrency_is_set_and_cleared_without_touching_the_pause() {
 #[tokio::test]
 async fn beats_count_live_consumers_and_the_rate_over_a_minute() {
     for store in both("beats").await {
-        let beat = |at, in_flight, taken| Beat { at, in_flight, concurrency: 4, taken };
+        let beat = |at, in_flight, taken| Beat { at, in_flight, concurrency: 4, taken, paused_at: 0 };
         store.beat("tasks.download", "a", beat(T0, 2, 30)).await.unwrap();
         store.beat("tasks.download", "b", beat(T0 + 500, 1, 30)).await.unwrap();
         let now = T0 + 1_000;
@@ -72,6 +72,29 @@ async fn beats_count_live_consumers_and_the_rate_over_a_minute() {
         let much_later = T0 + RATE_WINDOW.as_millis() as u64 + 20_000;
         assert_eq!(store.activity("tasks.download", much_later).await.unwrap().rate_per_sec, 0.0);
         assert_eq!(store.activity("tasks.ai", now).await.unwrap(), QueueActivity::default());
+    }
+}
+
+#[tokio::test]
+async fn a_pause_is_in_force_once_every_live_consumer_obeys_it() {
+    for store in both("in-force").await {
+        let queue = "tasks.metadata";
+        store.set_paused(queue, true, T0).await.unwrap();
+        let control = store.state().await.unwrap().queue(queue);
+        let beat = |at, paused_at| Beat { at, in_flight: 0, concurrency: 2, taken: 0, paused_at };
+        let now = T0 + 1_000;
+        assert!(store.activity(queue, now).await.unwrap().pause_in_force(&control), "no consumer takes anything");
+        store.beat(queue, "a", beat(T0 + 100, T0)).await.unwrap();
+        store.beat(queue, "b", beat(T0 + 200, 0)).await.unwrap();
+        let activity = store.activity(queue, now).await.unwrap();
+        assert_eq!((activity.consumers, activity.paused, activity.oldest_pause), (2, 1, T0));
+        assert!(!activity.pause_in_force(&control), "b still takes messages: {activity:?}");
+        store.beat(queue, "b", beat(T0 + 700, T0 - 5_000)).await.unwrap();
+        assert!(!store.activity(queue, now).await.unwrap().pause_in_force(&control), "b obeys an older pause");
+        store.beat(queue, "b", beat(T0 + 900, T0)).await.unwrap();
+        assert!(store.activity(queue, now).await.unwrap().pause_in_force(&control));
+        let resumed = QueueControl { paused: false, ..control };
+        assert!(!store.activity(queue, now).await.unwrap().pause_in_force(&resumed));
     }
 }
 

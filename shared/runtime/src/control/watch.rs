@@ -72,6 +72,11 @@ pub struct LoopStats {
     pub concurrency: AtomicU32,
     /// Messages taken since the last beat.
     pub taken: AtomicU64,
+    /// The `updatedAt` of the pause the loop has stopped taking messages under; 0 while it
+    /// takes messages.
+    pub paused_at: AtomicU64,
+    /// Notified when `paused_at` changes, so the next beat reports it at once.
+    pub pause_changed: Notify,
 }
 
 /// A worker's control: which queue it serves and where the control state is (see
@@ -110,7 +115,9 @@ impl Control {
         self.cancels.clone()
     }
 
-    /// Starts reading the state and beating; the handle ends both when dropped.
+    /// Starts reading the state and beating; the handle ends both when dropped. The first beat
+    /// is written before it returns, so a replica is counted before it can take a message (a
+    /// pause is not in force while a consumer that may take messages has not reported).
     pub(crate) async fn start(self) -> ControlHandle {
         let first = match self.store.state().await {
             Ok(state) => state.queue(&self.queue),
@@ -120,6 +127,11 @@ impl Control {
                 QueueControl::default()
             }
         };
+        let beat = Beat { at: self.clock.unix_ms(), ..Beat::default() };
+        if let Err(error) = self.store.beat(&self.queue, &self.replica, beat).await {
+            tracing::warn!(queue = %self.queue, error = %crate::error_text::error_chain(&error),
+                "reporting this consumer to the control state");
+        }
         let (tx, rx) = watch::channel(first);
         let stats = Arc::new(LoopStats::default());
         let task = tokio::spawn(refresh(self, tx, stats.clone()));
@@ -147,13 +159,20 @@ async fn refresh(control: Control, tx: watch::Sender<QueueControl>, stats: Arc<L
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stats.pause_changed.notified() => {}
+        }
         let now = control.clock.unix_ms();
+        // Read before the in-flight count: a pause reported comes with the count the loop
+        // stored before obeying it (or a later, smaller one).
+        let paused_at = stats.paused_at.load(Ordering::Acquire);
         let beat = Beat {
             at: now,
-            in_flight: stats.in_flight.load(Ordering::Relaxed),
+            in_flight: stats.in_flight.load(Ordering::Acquire),
             concurrency: stats.concurrency.load(Ordering::Relaxed),
             taken: stats.taken.swap(0, Ordering::Relaxed),
+            paused_at,
         };
         let running = control.cancels.ids();
         let (state, beaten, cancelled) = tokio::join!(

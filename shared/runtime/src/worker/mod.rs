@@ -350,7 +350,7 @@ async fn wait_while_paused(
 ) -> bool {
     let report = |control: &ControlHandle| {
         let in_flight = capacity.saturating_sub(permits.available_permits());
-        control.stats.in_flight.store(u32::try_from(in_flight).unwrap_or(u32::MAX), Ordering::Relaxed);
+        control.stats.in_flight.store(u32::try_from(in_flight).unwrap_or(u32::MAX), Ordering::Release);
     };
     report(control);
     if !control.rx.borrow().paused {
@@ -358,7 +358,14 @@ async fn wait_while_paused(
     }
     tracing::info!(worker = %config.name, "queue paused: taking no new messages");
     gauge!(metrics::QUEUE_PAUSED, labels::SOURCE => config.name.clone()).set(1.0);
+    // No fetch is outstanding here: the beats say from now on that this replica obeys the pause.
+    let obey = |control: &ControlHandle, paused_at: u64| {
+        if control.stats.paused_at.swap(paused_at, Ordering::AcqRel) != paused_at {
+            control.stats.pause_changed.notify_one();
+        }
+    };
     while control.rx.borrow().paused {
+        obey(control, control.rx.borrow().updated_at.max(1));
         tokio::select! {
             biased;
             () = shutdown.wait() => return false,
@@ -366,6 +373,7 @@ async fn wait_while_paused(
             () = tokio::time::sleep(Duration::from_millis(500)) => report(control),
         }
     }
+    obey(control, 0);
     gauge!(metrics::QUEUE_PAUSED, labels::SOURCE => config.name.clone()).set(0.0);
     tracing::info!(worker = %config.name, "queue resumed");
     true

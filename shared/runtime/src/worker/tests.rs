@@ -603,6 +603,33 @@ async fn a_paused_queue_takes_no_new_messages_finishes_held_ones_and_resumes_the
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_paused_worker_reports_the_pause_it_obeys_once_no_fetch_is_outstanding() {
+    let queue = "tasks.obeys";
+    let store = Arc::new(MemoryControl::ephemeral());
+    let (handler, mut rx) = reporting(|_| async { Outcome::Ack });
+    let running = start_controlled(handler, config(queue, 2), &store, messages(&["a"])).await;
+    next(&mut rx, 1).await;
+    let activity = |store: Arc<MemoryControl>| async move { store.activity(queue, unix_ms()).await.unwrap() };
+    let paused_at = unix_ms();
+    store.set_paused(queue, true, paused_at).await.unwrap();
+    let control = store.state().await.unwrap().queue(queue);
+    let started = Instant::now();
+    while !activity(store.clone()).await.pause_in_force(&control) {
+        assert!(started.elapsed() < secs(3), "never reported: {:?}", activity(store.clone()).await);
+        sleep(Duration::from_millis(10)).await;
+    }
+    let now = activity(store.clone()).await;
+    assert_eq!((now.consumers, now.paused, now.oldest_pause, now.in_flight), (1, 1, paused_at, 0), "{now:?}");
+    store.set_paused(queue, false, unix_ms()).await.unwrap();
+    let started = Instant::now();
+    while activity(store.clone()).await.paused > 0 {
+        assert!(started.elapsed() < secs(3), "the resume was never reported");
+        sleep(Duration::from_millis(10)).await;
+    }
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_pause_while_every_slot_is_busy_stops_the_worker_before_its_next_fetch() {
     let queue = "tasks.paused-busy";
     let store = Arc::new(MemoryControl::ephemeral());
