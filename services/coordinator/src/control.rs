@@ -1,8 +1,9 @@
 //! [`QueueControls`]: the coordinator's side of the operator controls. It writes the control
 //! state ([`imagepipe_runtime::control`]) for the API, announces pauses on the bus
-//! (`queue.paused` / `queue.resumed`), asks workers to stop cancelled steps, and keeps the set
-//! of paused stages the state machine reads, so deadlines of tasks waiting in a paused queue
-//! start over instead of firing.
+//! (`queue.paused` / `queue.resumed`), waits for a pause to be in force at the workers, asks
+//! workers to stop cancelled steps, and keeps the set of paused stages the state machine reads:
+//! deadlines of tasks waiting in a paused queue start over instead of firing, and a cancel of a
+//! task waiting in a paused queue that runs nothing is at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -12,7 +13,7 @@ use imagepipe_bus::{Bus, BusError};
 use imagepipe_contracts::payload::{QueueChanged, QueuePaused, QueueResumed};
 use imagepipe_contracts::{Event, EventPayload, Step, TraceId};
 use imagepipe_runtime::clock::Clock;
-use imagepipe_runtime::control::{ControlError, ControlState, ControlStore, MemoryControl};
+use imagepipe_runtime::control::{ControlError, ControlState, ControlStore, QueueActivity};
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::step::outgoing;
 
@@ -21,6 +22,14 @@ use crate::machine::{PausedSteps, SOURCE};
 /// How often the coordinator reads the control state (pauses other replicas set reach its
 /// deadlines within it).
 pub const REFRESH: Duration = Duration::from_millis(500);
+
+/// How long a pause waits for every live consumer of the queue to stop taking messages before
+/// it answers that the queue is still pausing (workers stop within a refresh and a fetch, about
+/// a second).
+pub const PAUSE_WAIT: Duration = Duration::from_secs(3);
+
+/// How often a pause being waited for is looked at.
+const PAUSE_POLL: Duration = Duration::from_millis(50);
 
 /// A control change failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,21 +52,23 @@ pub enum ControlFailure {
 #[derive(Clone)]
 pub struct QueueControls {
     store: Arc<dyn ControlStore>,
+    clock: Arc<dyn Clock>,
+    /// Bit `i` of [`Step::ALL`]: the step's queue is paused; bit `3 + i`: and it runs nothing.
     paused: Arc<AtomicU8>,
     /// When each step's queue was last resumed, Unix ms.
     resumed_at: Arc<[AtomicU64; 3]>,
 }
 
-impl Default for QueueControls {
-    fn default() -> Self {
-        Self::new(Arc::new(MemoryControl::ephemeral()))
-    }
+/// Whether a paused queue runs nothing: its pause is in force at every live consumer and none
+/// of them holds a message.
+fn runs_nothing(activity: &QueueActivity, state: &ControlState, queue: &str) -> bool {
+    activity.pause_in_force(&state.queue(queue)) && activity.in_flight == 0
 }
 
 impl QueueControls {
-    /// Controls kept in `store`.
-    pub fn new(store: Arc<dyn ControlStore>) -> Self {
-        Self { store, paused: Arc::default(), resumed_at: Arc::default() }
+    /// Controls kept in `store`, telling the consumers' liveness by `clock`.
+    pub fn new(store: Arc<dyn ControlStore>, clock: Arc<dyn Clock>) -> Self {
+        Self { store, clock, paused: Arc::default(), resumed_at: Arc::default() }
     }
 
     /// The control store.
@@ -65,34 +76,63 @@ impl QueueControls {
         &self.store
     }
 
-    /// The steps whose queues were paused at the last read, and when each was last resumed.
+    /// The steps whose queues were paused at the last read, which of them ran nothing, and
+    /// when each was last resumed.
     pub fn paused_steps(&self) -> PausedSteps {
         let bits = self.paused.load(Ordering::Relaxed);
         let steps =
             PausedSteps::of(Step::ALL.into_iter().enumerate().filter(|(i, _)| bits & (1 << i) != 0).map(|(_, s)| s));
-        Step::ALL
-            .into_iter()
-            .enumerate()
-            .fold(steps, |steps, (i, step)| steps.resumed(step, self.resumed_at[i].load(Ordering::Relaxed)))
+        Step::ALL.into_iter().enumerate().fold(steps, |steps, (i, step)| {
+            let steps = steps.resumed(step, self.resumed_at[i].load(Ordering::Relaxed));
+            if bits & (1 << (3 + i)) != 0 { steps.idle(step) } else { steps }
+        })
     }
 
-    fn remember(&self, state: &ControlState) {
-        let bits = Step::ALL
-            .into_iter()
-            .enumerate()
-            .filter(|(_, step)| state.is_paused(step.queue()))
-            .fold(0u8, |bits, (i, _)| bits | (1 << i));
+    /// Reads the control state and, for each paused stage, what its consumers report; remembers
+    /// which stages are paused and which of those run nothing.
+    pub async fn refresh(&self) -> Result<ControlState, ControlError> {
+        let state = self.store.state().await?;
+        let now = self.clock.unix_ms();
+        let mut bits = 0u8;
+        for (i, step) in Step::ALL.into_iter().enumerate() {
+            let queue = step.queue();
+            if !state.is_paused(queue) {
+                continue;
+            }
+            bits |= 1 << i;
+            // Unread, the consumers may run anything: a cancel there waits for the step.
+            match self.store.activity(queue, now).await {
+                Ok(activity) if runs_nothing(&activity, &state, queue) => bits |= 1 << (3 + i),
+                Ok(_) => {}
+                Err(error) => tracing::debug!(queue, error = %imagepipe_runtime::error_chain(&error),
+                    "reading what the consumers of a paused queue report"),
+            }
+        }
         self.paused.store(bits, Ordering::Relaxed);
         for (i, step) in Step::ALL.into_iter().enumerate() {
             self.resumed_at[i].store(state.queue(step.queue()).resumed_at, Ordering::Relaxed);
         }
+        Ok(state)
     }
 
-    /// Reads the control state and remembers which stages are paused.
-    pub async fn refresh(&self) -> Result<ControlState, ControlError> {
-        let state = self.store.state().await?;
-        self.remember(&state);
-        Ok(state)
+    /// Waits up to `within` until the pause of stage queue `queue` is in force: every live
+    /// consumer has stopped taking its messages. Whether it is (false also when the queue is not
+    /// paused, or was resumed meanwhile).
+    pub async fn until_paused(&self, queue: &str, within: Duration) -> Result<bool, ControlError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let state = self.store.state().await?;
+            let activity = self.store.activity(queue, self.clock.unix_ms()).await?;
+            let control = state.queue(queue);
+            if !control.paused || activity.pause_in_force(&control) {
+                self.refresh().await?;
+                return Ok(control.paused);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(PAUSE_POLL).await;
+        }
     }
 
     /// Pauses or resumes stage queue `queue` (every lane of it) and, when that changed
@@ -162,3 +202,6 @@ async fn publish<P: EventPayload>(bus: &Bus, now: u64, queue: &str, payload: P) 
         .await
         .map_err(|source| ControlFailure::Publish { event_type: P::EVENT_TYPE.as_str(), source })
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,7 +8,7 @@ use imagepipe_bus::{Bus, BusError, Message};
 use imagepipe_contracts::names::{self, headers};
 use imagepipe_contracts::{ImageSource, Priority, SCHEMA_VERSION, StepError, SubmitError, SubmitTask, TraceId};
 use imagepipe_runtime::clock::Clock;
-use imagepipe_runtime::control::ControlStore;
+use imagepipe_runtime::control::{ControlStore, MemoryControl};
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::telemetry::{current_trace_id, inject_trace, join_trace};
 use metrics::{counter, gauge};
@@ -223,19 +223,19 @@ impl Engine {
         Self {
             store,
             waits: Arc::new(QueueWaits::new(bus.clone())),
+            controls: QueueControls::new(Arc::new(MemoryControl::ephemeral()), clock.clone()),
             bus,
             clock,
             config: Arc::new(config),
             starting: Arc::default(),
             recent: Arc::default(),
-            controls: QueueControls::default(),
         }
     }
 
     /// The same engine with its operator controls kept in `control` (by default in this
     /// engine's memory only).
     pub fn with_control(mut self, control: Arc<dyn ControlStore>) -> Self {
-        self.controls = QueueControls::new(control);
+        self.controls = QueueControls::new(control, self.clock.clone());
         self
     }
 

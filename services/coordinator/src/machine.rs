@@ -92,7 +92,8 @@ pub struct Context {
     pub now: u64,
     /// Seeds the jitter of a retry backoff, so a decision is a pure function of its inputs.
     pub seed: u64,
-    /// The steps whose queues are paused: their deadlines start over instead of firing.
+    /// The steps whose queues are paused: their deadlines start over instead of firing, and a
+    /// cancel of an attempt waiting in one that runs nothing is at once.
     pub paused: PausedSteps,
     /// What each step's queue and the results queue held at the last look: a deadline whose
     /// command (or result) may still wait there is postponed instead of firing.
@@ -162,10 +163,11 @@ impl HeldSteps {
     }
 }
 
-/// Which steps' queues are paused, and when each was last resumed.
+/// Which steps' queues are paused, which of them run nothing, and when each was last resumed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PausedSteps {
     paused: [bool; 3],
+    idle: [bool; 3],
     resumed_at: [u64; 3],
 }
 
@@ -185,9 +187,22 @@ impl PausedSteps {
         self
     }
 
+    /// The same, with `step`'s paused queue running nothing: the pause is in force at every
+    /// live consumer and none of them holds a message, so a command of `step` still waits.
+    pub fn idle(mut self, step: Step) -> Self {
+        let i = step_index(step);
+        self.idle[i] = self.paused[i];
+        self
+    }
+
     /// Whether `step`'s queue is paused.
     pub fn contains(&self, step: Step) -> bool {
         self.paused[step_index(step)]
+    }
+
+    /// Whether `step`'s queue is paused and runs nothing (see [`PausedSteps::idle`]).
+    pub fn is_idle(&self, step: Step) -> bool {
+        self.idle[step_index(step)]
     }
 
     /// When `step`'s queue was last resumed (0: never paused).
@@ -392,7 +407,11 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
             if task.state.is_terminal() {
                 return Err(illegal(format!("the task is already {}", task.state)));
             }
-            let running = matches!(task.timer, Some(Timer { kind: TimerKind::Deadline, .. }));
+            // An attempt whose queue is paused and runs nothing has not started: its command
+            // still waits there (the worker that takes it after the resume reports a stale
+            // result), so nothing is left to stop.
+            let running = matches!(task.timer, Some(Timer { kind: TimerKind::Deadline, step, .. })
+                if !ctx.paused.is_idle(step));
             if running {
                 if task.cancel_requested.is_some() {
                     return Ok(Verdict::Ignore(Ignored::AlreadyCancelling));
@@ -409,7 +428,8 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
                 )
             } else {
                 let mut t = Transition::new(task, ctx.now);
-                t.task.cancel_requested = Some(PendingCancel { reason: reason.clone(), at: ctx.now });
+                // A cancel asked before, while the attempt might run, keeps its reason and time.
+                t.task.cancel_requested.get_or_insert(PendingCancel { reason: reason.clone(), at: ctx.now });
                 t.cancel()
             }
         }

@@ -422,8 +422,17 @@ async fn a_task_waiting_in_a_paused_queue_is_cancelled_at_once(bus: BusKind) {
 
     let id = run.submit("twait", 1, Priority::Normal).await.remove(0);
     run.until(&id, "reached metadata", |t| t.state == TaskState::ExtractingMetadata).await;
-    let queue = metadata_queue(&run).await;
-    assert_eq!((&queue["depth"], &queue["inFlight"]), (&1.into(), &0.into()), "the command waits: {queue}");
+    // The command goes out right after the transition is written: it waits, nothing takes it.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let queue = loop {
+        let queue = metadata_queue(&run).await;
+        if queue["depth"] == 1 {
+            break queue;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the command never reached the queue: {queue}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(queue["inFlight"], 0, "the command waits: {queue}");
     let answer = run.api("POST", &format!("/v1/tasks/{id}/cancel"), r#"{"reason":"test"}"#).await;
     assert_eq!(answer.status, 202, "{answer:?}");
     let task: serde_json::Value = serde_json::from_str(&answer.body).unwrap();

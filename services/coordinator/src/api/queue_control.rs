@@ -1,5 +1,7 @@
 //! The stage queues as operators see and steer them: `GET /v1/queues`,
-//! `POST /v1/queues/{queue}/pause|resume`, `PUT /v1/queues/{queue}/concurrency`.
+//! `POST /v1/queues/{queue}/pause|resume`, `PUT /v1/queues/{queue}/concurrency`. A pause
+//! answers once every live consumer has stopped taking messages, or after [`PAUSE_WAIT`] with
+//! `pausing: true`.
 
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -11,6 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiState, decode_object};
+use crate::control::PAUSE_WAIT;
 use crate::engine::Engine;
 
 /// Most messages a replica may be set to handle at once.
@@ -51,8 +54,13 @@ pub struct QueueView {
     pub concurrency: u64,
     /// The per-replica concurrency an operator set; `null`: each replica's `worker.concurrency`.
     pub per_replica: Option<u32>,
-    /// No replica takes new messages of the queue.
+    /// An operator paused the queue: no replica takes new messages of it once the pause is in
+    /// force (see `pausing`).
     pub paused: bool,
+    /// Paused, but not yet in force: a live consumer has not reported that it stopped taking
+    /// messages (each does within about a second).
+    #[serde(default)]
+    pub pausing: bool,
     /// Each lane, highest first.
     pub lanes: Vec<LaneView>,
 }
@@ -114,6 +122,7 @@ pub async fn view(engine: &Engine, queue: &'static str) -> Result<QueueView, Api
         concurrency: activity.concurrency,
         per_replica: control.per_replica,
         paused: control.paused,
+        pausing: control.paused && !activity.pause_in_force(&control),
         lanes: views,
     })
 }
@@ -134,11 +143,15 @@ async fn set_paused(
 ) -> Result<Json<QueueView>, ApiError> {
     let reason = super::reason(body)?;
     let engine = &state.engine;
-    engine
-        .controls()
+    let controls = engine.controls();
+    controls
         .set_paused(engine.bus(), engine.clock().as_ref(), queue, paused, reason)
         .await
         .map_err(ApiError::unavailable)?;
+    if paused {
+        // Answer once no replica takes new messages, or say it is still pausing (`pausing`).
+        controls.until_paused(queue, PAUSE_WAIT).await.map_err(ApiError::unavailable)?;
+    }
     Ok(Json(view(engine, queue).await?))
 }
 

@@ -96,7 +96,12 @@ fn permanent(step: Step, attempt: u32) -> Input {
 }
 
 fn apply(task: &Task, input: Input, now: u64) -> Decision {
-    match decide(task, &input, &ctx(now), &policy()) {
+    apply_in(task, input, &ctx(now))
+}
+
+/// The transition `input` makes in context `ctx`, which must apply.
+fn apply_in(task: &Task, input: Input, ctx: &Context) -> Decision {
+    match decide(task, &input, ctx, &policy()) {
         Ok(Verdict::Apply(d)) => *d,
         other => panic!("{input:?} on {:?}: {other:?}", task.state),
     }
@@ -305,6 +310,57 @@ fn cancel_stops_at_the_next_step_boundary() {
 
     let backing_off = apply(&running, retryable(Step::Download, 1), 1).task;
     assert_eq!(apply(&backing_off, Input::Cancel { reason: None }, 2).task.state, TaskState::Cancelled);
+}
+
+/// A task whose metadata command went out at 1 s.
+fn waiting_at_metadata() -> Task {
+    let task = apply(&new_task(), Input::Start, 0).task;
+    apply(&task, ok(Step::Download, 1), 1_000).task
+}
+
+#[test]
+fn a_cancel_of_an_attempt_waiting_in_a_paused_queue_that_runs_nothing_is_at_once() {
+    let task = waiting_at_metadata();
+    let idle = Context { paused: PausedSteps::of([Step::Metadata]).idle(Step::Metadata), ..ctx(2_000) };
+    let Ok(Verdict::Apply(d)) = decide(&task, &Input::Cancel { reason: Some("test".into()) }, &idle, &policy()) else {
+        panic!("the cancel applies")
+    };
+    assert_eq!(d.task.state, TaskState::Cancelled, "no worker has the command: nothing to wait for");
+    assert_eq!((d.history.from, d.history.event), (Some(TaskState::ExtractingMetadata), HistoryEvent::Cancelled));
+    assert_eq!(d.task.timer, None);
+    assert_eq!(events(&d), ["task.cancelled"]);
+    let event: Event<TaskCancelled> = Event::from_json(d.outbox[0].body.as_bytes()).unwrap();
+    assert_eq!((event.payload.step, event.payload.reason.as_deref()), (Some(Step::Metadata), Some("test")));
+    // The command is delivered after the resume: what its worker reports changes nothing.
+    let late = decide(&d.task, &ok(Step::Metadata, 1), &ctx(9_000), &policy()).unwrap();
+    assert_eq!(late, Verdict::Ignore(Ignored::StaleResult));
+    let late = decide(&d.task, &retryable(Step::Metadata, 1), &ctx(9_000), &policy()).unwrap();
+    assert_eq!(late, Verdict::Ignore(Ignored::StaleResult));
+}
+
+#[test]
+fn a_cancel_waits_for_the_step_when_its_paused_queue_may_still_run_it() {
+    let task = waiting_at_metadata();
+    // Paused, but a consumer may not have stopped yet or still holds messages; or the idle
+    // queue is another step's.
+    for paused in [PausedSteps::of([Step::Metadata]), PausedSteps::of([Step::Analyze]).idle(Step::Analyze)] {
+        let d = apply_in(&task, Input::Cancel { reason: None }, &Context { paused, ..ctx(2_000) });
+        assert_eq!((d.task.state, d.history.event), (TaskState::ExtractingMetadata, HistoryEvent::CancelRequested));
+        assert!(d.outbox.is_empty());
+    }
+    assert!(!PausedSteps::default().idle(Step::Metadata).is_idle(Step::Metadata), "only a paused queue is idle");
+}
+
+#[test]
+fn a_cancel_asked_while_the_step_might_run_ends_at_once_when_asked_again_with_its_queue_idle() {
+    let task = waiting_at_metadata();
+    let asked = apply(&task, Input::Cancel { reason: Some("first".into()) }, 2_000).task;
+    assert!(asked.cancel_requested.is_some() && !asked.state.is_terminal());
+    let idle = Context { paused: PausedSteps::of([Step::Metadata]).idle(Step::Metadata), ..ctx(3_000) };
+    let d = apply_in(&asked, Input::Cancel { reason: Some("second".into()) }, &idle);
+    assert_eq!(d.task.state, TaskState::Cancelled);
+    let cancel = d.task.cancel_requested.as_ref().unwrap();
+    assert_eq!((cancel.reason.as_deref(), cancel.at), (Some("first"), 2_000), "the first request is kept");
 }
 
 #[test]
@@ -1244,7 +1300,12 @@ proptest! {
                     continue;
                 }
             };
-            step(&mut task, input, now, PausedSteps::of(paused_queues.iter().copied()), held);
+            let mut paused = PausedSteps::of(paused_queues.iter().copied());
+            // In a third of the runs the paused queues run nothing: a cancel there is at once.
+            if seed % 3 == 1 {
+                paused = paused_queues.iter().fold(paused, |paused, step| paused.idle(*step));
+            }
+            step(&mut task, input, now, paused, held);
         }
         // Liveness: once operators resume the task and its queues and the queues drain, timers
         // alone (no worker answering) bring every task to an end.
