@@ -58,7 +58,7 @@ impl EventHandler for StatsHandler {
             Err(error) => return Outcome::retry(crate::error_chain(&error)),
         };
         observe(&update, &latencies);
-        tracing::debug!(%event_id, event_type = %update.event_type, task_id = update.task_id, "event counted");
+        tracing::debug!(%event_id, event_type = %update.event_type, task_id = update.task_id.as_deref(), "event counted");
         Outcome::Ack
     }
 }
@@ -69,7 +69,7 @@ mod tests {
     use std::time::Duration;
 
     use imagepipe_bus::{AckHandle, BusError, Delivery, Message};
-    use imagepipe_contracts::payload::TaskCreated;
+    use imagepipe_contracts::payload::{QueueChanged, QueuePaused, QueueResumed, TaskCreated};
     use imagepipe_contracts::{ImageSource, TraceId};
     use imagepipe_runtime::Handler;
     use imagepipe_runtime::dedup::{Deduplicated, MemoryDedup};
@@ -159,6 +159,29 @@ mod tests {
         store.down.store(false, Ordering::SeqCst);
         assert_eq!(handler.handle(&delivery(created("t1"))).await, Outcome::Ack);
         assert_eq!(created_count(&store).await, 1);
+    }
+
+    #[tokio::test]
+    async fn queue_events_are_subscribed_to_and_counted_without_a_task() {
+        let selector = imagepipe_bus::Selector::parse(crate::SELECTOR).unwrap();
+        assert!(selector.matches("queue.paused") && selector.matches("queue.resumed"));
+        let (store, handler) = handler();
+        for (i, paused) in [true, false, true, false].into_iter().enumerate() {
+            let change = QueueChanged { queue: "tasks.metadata".into(), reason: None };
+            let mut event = if paused {
+                Event::for_task("-", 0, TraceId::random(), 1_000, "coordinator", QueuePaused(change)).to_json()
+            } else {
+                Event::for_task("-", 0, TraceId::random(), 1_000, "coordinator", QueueResumed(change)).to_json()
+            };
+            let mut json: serde_json::Value = serde_json::from_slice(&event).unwrap();
+            json.as_object_mut().unwrap().remove("taskId");
+            json["eventId"] = format!("00000000-0000-4000-8000-00000000000{i}").into();
+            event = serde_json::to_vec(&json).unwrap();
+            assert_eq!(handler.handle(&delivery(event)).await, Outcome::Ack);
+        }
+        let stats = store.snapshot().await.unwrap();
+        assert_eq!((stats.events.get("queue.paused"), stats.events.get("queue.resumed")), (Some(&2), Some(&2)));
+        assert_eq!(store.inner.tasks_tracked(), 0, "they measure nothing");
     }
 
     #[tokio::test]

@@ -1,8 +1,8 @@
 //! imagepipe analytics-worker: an event subscriber that counts every event (tasks by outcome,
-//! events by type, image formats, bytes downloaded) and measures stage latencies from event
-//! timestamps (`task.created` → `image.downloaded` → `image.metadata_extracted` →
-//! `image.analyzed` → `task.completed`, and end to end) as histograms, all time and for the
-//! last hour by minute; serves `GET /v1/stats` and exports the all-time counts and latencies as
+//! events by type, queue pauses and resumes among them, image formats, bytes downloaded) and
+//! measures stage latencies from event timestamps (`task.created` → `image.downloaded` →
+//! `image.metadata_extracted` → `image.analyzed` → `task.completed`, and end to end) as
+//! histograms, all time and for the last hour by minute; serves `GET /v1/stats` and exports the all-time counts and latencies as
 //! Prometheus metrics.
 //!
 //! - [`update`]: what one event adds.
@@ -126,10 +126,11 @@ pub fn store_unreachable(error: &RunError) -> bool {
         if redis_unreachable(source))
 }
 
-/// The events it counts: every pipeline event (`queue.*` events carry no task).
-pub const SELECTOR: &str = "image.* || task.*";
+/// The events it counts: every pipeline event, and the queue events (`queue.paused`,
+/// `queue.resumed`), which carry no task and only count.
+pub const SELECTOR: &str = "image.* || task.* || queue.*";
 
-/// The subscription: group [`GROUP`], every pipeline event ([`SELECTOR`]).
+/// The subscription: group [`GROUP`], every event it counts ([`SELECTOR`]).
 pub fn subscription(settings: &Settings) -> Subscription {
     let selector = Selector::parse(SELECTOR).expect("the selector is valid");
     Subscription::new(GROUP, selector).with_consumer(settings.worker.consumer_config())

@@ -224,14 +224,16 @@ if stage ~= '' and redis.call('HSETNX', task, stage, timestamp) == 1 then
   end
 end
 
-local known = 0
-for _, name in ipairs(stages) do
-  if redis.call('HEXISTS', task, name) == 1 then known = known + 1 end
-end
-if forget == '1' or known == #stages then
-  redis.call('DEL', task)
-elseif stage ~= '' then
-  redis.call('PEXPIRE', task, ttl)
+if stage ~= '' or forget == '1' then
+  local known = 0
+  for _, name in ipairs(stages) do
+    if redis.call('HEXISTS', task, name) == 1 then known = known + 1 end
+  end
+  if forget == '1' or known == #stages then
+    redis.call('DEL', task)
+  elseif stage ~= '' then
+    redis.call('PEXPIRE', task, ttl)
+  end
 end
 
 if minute then
@@ -296,8 +298,13 @@ impl RedisStore {
         format!("{}:latencies:v2", self.prefix)
     }
 
-    fn task_key(&self, task_id: &str) -> String {
-        format!("{}:task:{task_id}", self.prefix)
+    /// The stage times of `task_id`; without a task (a queue event), a key the script does not
+    /// touch (such an update has no stage and ends no measurement).
+    fn task_key(&self, task_id: Option<&str>) -> String {
+        match task_id {
+            Some(task_id) => format!("{}:task:{task_id}", self.prefix),
+            None => format!("{}:no-task", self.prefix),
+        }
     }
 
     fn minute_key(&self, minute: u64) -> String {
@@ -322,7 +329,7 @@ impl StatsStore for RedisStore {
         invocation
             .key(self.counters_key())
             .key(self.latencies_key())
-            .key(self.task_key(&update.task_id))
+            .key(self.task_key(update.task_id.as_deref()))
             .key(format!("{}:{}", self.dedup_prefix, update.event_id));
         if let Some(minute) = minute {
             invocation.key(self.minute_key(minute));
@@ -511,9 +518,9 @@ impl StatsStore for MemoryStore {
         }
 
         let mut recorded = Vec::new();
-        if let Some(stage) = update.stage {
+        if let (Some(stage), Some(task_id)) = (update.stage, &update.task_id) {
             let Tables { stats, tasks, .. } = &mut *tables;
-            let task = tasks.entry(update.task_id.clone()).or_default();
+            let task = tasks.entry(task_id.clone()).or_default();
             if let std::collections::btree_map::Entry::Vacant(entry) = task.at.entry(stage) {
                 entry.insert(update.timestamp);
                 for span in Span::touching(stage) {
@@ -527,9 +534,11 @@ impl StatsStore for MemoryStore {
             }
             task.expires = Some(now + self.task_ttl);
         }
-        let complete = tables.tasks.get(&update.task_id).is_some_and(|task| task.at.len() == Stage::ALL.len());
-        if update.ends_measurement() || complete {
-            tables.tasks.remove(&update.task_id);
+        if let Some(task_id) = &update.task_id {
+            let complete = tables.tasks.get(task_id).is_some_and(|task| task.at.len() == Stage::ALL.len());
+            if update.ends_measurement() || complete {
+                tables.tasks.remove(task_id);
+            }
         }
         if let Some(minute) = window::bucket_minute(update.timestamp, self.clock.unix_ms())
             && let Some(bucket) = tables.minutes.bucket(minute)

@@ -160,8 +160,9 @@ pub struct Update {
     pub event_id: String,
     /// The event's type.
     pub event_type: EventType,
-    /// The task it belongs to.
-    pub task_id: String,
+    /// The task it belongs to; `None` for a queue event (`queue.paused`, `queue.resumed`), which
+    /// reports no stage and ends no task: it only counts.
+    pub task_id: Option<String>,
     /// The event's timestamp, Unix ms.
     pub timestamp: u64,
     /// The stage it reports, if any.
@@ -190,7 +191,7 @@ pub const UNKNOWN_CODE: &str = "unknown";
 /// An event lacked what the statistics need.
 #[derive(Debug, thiserror::Error)]
 pub enum UpdateError {
-    /// No `taskId`.
+    /// A pipeline event without a `taskId`.
     #[error("{0} without a taskId")]
     NoTaskId(EventType),
     /// The payload did not match its event type.
@@ -203,7 +204,11 @@ impl Update {
     pub fn from_event(event: Event<Value>) -> Result<Self, UpdateError> {
         let event_type = event.event_type;
         let event_id = event.event_id.to_string();
-        let task_id = event.task_id.clone().ok_or(UpdateError::NoTaskId(event_type))?;
+        let queue_event = matches!(event_type, EventType::QueuePaused | EventType::QueueResumed);
+        let task_id = match event.task_id.clone() {
+            None if !queue_event => return Err(UpdateError::NoTaskId(event_type)),
+            task_id => task_id,
+        };
         let timestamp = event.timestamp;
         let (mut format, mut bytes, mut failure_code) = (None, 0, None);
         match event_type {

@@ -227,7 +227,7 @@ mod tests {
         Update {
             event_id: format!("failed-{code}"),
             event_type: EventType::TaskFailed,
-            task_id: "t".to_owned(),
+            task_id: Some("t".to_owned()),
             timestamp: NOW,
             stage: None,
             outcome: Some(TaskOutcome::Failed),

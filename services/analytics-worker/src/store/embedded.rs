@@ -106,7 +106,6 @@ impl EmbeddedStore {
         if !self.dedup.mark_in(txn, &update.event_id)? {
             return Ok(Vec::new());
         }
-        let task_id = update.task_id.as_str();
         let mut expires = txn.open_table(EXPIRES)?;
         let mut order = txn.open_table(EXPIRY_ORDER)?;
         let mut stages = txn.open_table(STAGES)?;
@@ -119,8 +118,11 @@ impl EmbeddedStore {
             }
             expired.push(task.to_owned());
         }
-        let own_expired = expires.get(task_id)?.is_some_and(|at| at.value() <= now);
-        for task in expired.iter().map(String::as_str).chain(own_expired.then_some(task_id)) {
+        let own_expired = match update.task_id.as_deref() {
+            Some(task_id) => expires.get(task_id)?.is_some_and(|at| at.value() <= now).then_some(task_id),
+            None => None,
+        };
+        for task in expired.iter().map(String::as_str).chain(own_expired) {
             forget(&mut expires, &mut order, &mut stages, task)?;
         }
         let mut minutes = txn.open_table(MINUTES)?;
@@ -133,31 +135,35 @@ impl EmbeddedStore {
         }
 
         let mut recorded = Vec::new();
-        if let Some(stage) = update.stage {
-            if stages.get((task_id, stage.as_str()))?.is_none() {
-                stages.insert((task_id, stage.as_str()), update.timestamp)?;
-                let mut latencies = txn.open_table(LATENCIES)?;
-                for span in Span::touching(stage) {
-                    let (from, to) = span.stages();
-                    let from = stages.get((task_id, from.as_str()))?.map(|v| v.value());
-                    let to = stages.get((task_id, to.as_str()))?.map(|v| v.value());
-                    if let (Some(from), Some(to)) = (from, to) {
-                        let ms = Span::latency(from, to);
-                        add_sample(&mut latencies, span, ms)?;
-                        recorded.push((span, ms));
+        // A queue event belongs to no task: it only counts.
+        if let Some(task_id) = update.task_id.as_deref() {
+            if let Some(stage) = update.stage {
+                if stages.get((task_id, stage.as_str()))?.is_none() {
+                    stages.insert((task_id, stage.as_str()), update.timestamp)?;
+                    let mut latencies = txn.open_table(LATENCIES)?;
+                    for span in Span::touching(stage) {
+                        let (from, to) = span.stages();
+                        let from = stages.get((task_id, from.as_str()))?.map(|v| v.value());
+                        let to = stages.get((task_id, to.as_str()))?.map(|v| v.value());
+                        if let (Some(from), Some(to)) = (from, to) {
+                            let ms = Span::latency(from, to);
+                            add_sample(&mut latencies, span, ms)?;
+                            recorded.push((span, ms));
+                        }
                     }
                 }
+                if let Some(previous) = expires.insert(task_id, now.saturating_add(self.task_ttl_ms))? {
+                    order.remove((previous.value(), task_id))?;
+                }
+                order.insert((now.saturating_add(self.task_ttl_ms), task_id), ())?;
             }
-            if let Some(previous) = expires.insert(task_id, now.saturating_add(self.task_ttl_ms))? {
-                order.remove((previous.value(), task_id))?;
+            let known = stages
+                .range((task_id, "")..)?
+                .take_while(|row| row.as_ref().is_ok_and(|(k, _)| k.value().0 == task_id));
+            let complete = known.count() == Stage::ALL.len();
+            if update.ends_measurement() || complete {
+                forget(&mut expires, &mut order, &mut stages, task_id)?;
             }
-            order.insert((now.saturating_add(self.task_ttl_ms), task_id), ())?;
-        }
-        let known =
-            stages.range((task_id, "")..)?.take_while(|row| row.as_ref().is_ok_and(|(k, _)| k.value().0 == task_id));
-        let complete = known.count() == Stage::ALL.len();
-        if update.ends_measurement() || complete {
-            forget(&mut expires, &mut order, &mut stages, task_id)?;
         }
         if let Some(minute) = window::bucket_minute(update.timestamp, now)
             && Minute::changed_by(update, &recorded)
