@@ -12,12 +12,14 @@ use imagepipe_runtime::clock::{Clock, SystemClock};
 use imagepipe_runtime::config::{CoordinatorConfig, StoreKind};
 use imagepipe_runtime::connect::redis_unreachable;
 use imagepipe_runtime::control::ControlStore;
+use imagepipe_runtime::http::UploadSlots;
 use imagepipe_runtime::service::checks;
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::worker::LoopConfig;
 use imagepipe_runtime::{Service, Settings};
 
 use crate::api::forward::{Forwarding, Upstream};
+use crate::blob_sweep::BlobSweeper;
 use crate::engine::{Engine, EngineConfig};
 use crate::events::EventHub;
 use crate::gauges;
@@ -38,6 +40,9 @@ pub const SSE_GROUP_IDLE: Duration = Duration::from_secs(60);
 
 /// How often finished tasks and dead letters past their retention are deleted.
 pub const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How often the blobs no task references are looked for ([`BlobSweeper`]).
+pub const BLOB_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Opens the store `settings.store` names; Redis keys start with `bus.prefix`.
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn TaskStore>, StoreError> {
@@ -87,8 +92,9 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
     let Some(store) = opened.map_err(RunError::Store)? else { return Ok(()) };
     let blobs = settings.blob.open().map_err(RunError::BlobStore)?;
     let control = imagepipe_runtime::control::connect(settings).await.map_err(RunError::Control)?;
-    let coordinator =
-        Coordinator::new(settings, store, service.bus.clone(), Arc::new(SystemClock)).with_control(control);
+    let coordinator = Coordinator::new(settings, store, service.bus.clone(), Arc::new(SystemClock))
+        .with_control(control)
+        .with_blobs(blobs.clone());
     service.serve(coordinator.routes(blobs));
     service.serve(coordinator.forwarded_routes(&[]));
     service.serve(coordinator.dashboard(service));
@@ -103,7 +109,11 @@ pub struct Coordinator {
     pub hub: EventHub,
     forwarding: Forwarding,
     max_upload_bytes: u64,
+    upload_slots: UploadSlots,
     config: LoopsConfig,
+    orphan_grace: Duration,
+    blobs: Option<Arc<dyn BlobStore>>,
+    jobs: crate::reprocess::Jobs,
 }
 
 impl Coordinator {
@@ -129,7 +139,17 @@ impl Coordinator {
         let max_upload_bytes = settings.download.max_bytes;
         let hub = EventHub::new(SSE_BUFFER, settings.http.max_sse_clients);
         crate::metrics::describe();
-        Self { engine, hub, forwarding: Forwarding::new(settings), max_upload_bytes, config }
+        Self {
+            engine,
+            hub,
+            forwarding: Forwarding::new(settings),
+            max_upload_bytes,
+            upload_slots: UploadSlots::from_config(&settings.http),
+            config,
+            orphan_grace: settings.blob.orphan_grace,
+            blobs: None,
+            jobs: crate::reprocess::Jobs::new(c.max_reprocess_jobs),
+        }
     }
 
     /// The same coordinator with its operator controls kept in `control`
@@ -139,10 +159,26 @@ impl Coordinator {
         self
     }
 
-    /// The `/v1` API routes, uploads going into `blobs` (at most `download.max_bytes` each),
-    /// to serve with [`Service::serve`].
+    /// The same coordinator deleting the blobs of `blobs` no task references (expired tasks'
+    /// images and derivatives, unsubmitted uploads) once `blob.orphan_grace` old
+    /// ([`BlobSweeper`]); without it, no blob is ever deleted.
+    pub fn with_blobs(mut self, blobs: Arc<dyn BlobStore>) -> Self {
+        self.blobs = Some(blobs);
+        self
+    }
+
+    /// The `/v1` API routes, uploads going into `blobs` (at most `download.max_bytes` each,
+    /// `http.max_uploads` at once), to serve with [`Service::serve`].
     pub fn routes(&self, blobs: Arc<dyn BlobStore>) -> Router {
-        crate::api::router(self.engine.clone(), self.hub.clone(), blobs, self.max_upload_bytes)
+        let slots = self.upload_slots.clone();
+        crate::api::router(
+            self.engine.clone(),
+            self.hub.clone(),
+            blobs,
+            self.max_upload_bytes,
+            slots,
+            self.jobs.clone(),
+        )
     }
 
     /// The routes of the other services' user-facing APIs, forwarded to the URLs of
@@ -164,9 +200,17 @@ impl Coordinator {
     /// Runs the sweeper, every consumer and the gauge sampler until `shutdown`.
     pub async fn run(self, shutdown: Shutdown) -> Result<(), RunError> {
         let (bus, store) = (self.engine.bus().clone(), self.engine.store().clone());
-        let sampler = tokio::spawn(gauges::run(bus, store, gauges::SAMPLE_INTERVAL, shutdown.clone()));
+        let sampler = tokio::spawn(gauges::run(bus, store.clone(), gauges::SAMPLE_INTERVAL, shutdown.clone()));
+        let sweeper = self.blobs.map(|blobs| {
+            let sweeper = BlobSweeper::new(store, blobs, self.engine.clock().clone(), self.orphan_grace);
+            let stop = shutdown.clone();
+            tokio::spawn(async move { sweeper.run(BLOB_SWEEP_INTERVAL, stop).await })
+        });
         let outcome = loops::run(self.engine, self.hub, self.config, shutdown).await;
         sampler.abort();
+        if let Some(sweeper) = sweeper {
+            sweeper.abort();
+        }
         outcome
     }
 }

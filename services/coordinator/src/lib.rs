@@ -12,6 +12,7 @@
 //! - [`consumers`]: handlers of `tasks.submit`, `tasks.results` and the dead-letter queues.
 //! - [`reprocess`]: reprocessing jobs (`POST /v1/reprocess`).
 //! - [`retention`]: deletes finished tasks and old dead letters.
+//! - [`blob_sweep`]: deletes the blobs no task references (expired tasks', unsubmitted uploads).
 //! - [`describe`]: how a task is shown to people (its source, why it failed).
 //! - [`api`]: the HTTP API; [`events`]: the SSE fan-out; [`loops`]: the loops; [`gauges`]:
 //!   queue depth, consumer lag and dead-letter gauges;
@@ -19,6 +20,7 @@
 
 pub mod api;
 pub mod app;
+pub mod blob_sweep;
 pub mod consumers;
 pub mod control;
 pub mod dashboard;

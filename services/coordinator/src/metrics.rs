@@ -38,6 +38,9 @@ pub const SWEEP_ERRORS: &str = "imagepipe_coordinator_sweep_errors_total";
 pub const TASKS_EXPIRED: &str = "imagepipe_coordinator_tasks_expired_total";
 /// Archived dead letters deleted beyond `dlq.max_entries` or `dlq.max_age`.
 pub const DEAD_LETTERS_TRIMMED: &str = "imagepipe_coordinator_dead_letters_trimmed_total";
+/// Blobs deleted because no task referenced them past `blob.orphan_grace`, by `reason`
+/// (`released`: their last task expired; `orphan`: found by the listing).
+pub const BLOBS_DELETED: &str = "imagepipe_coordinator_blobs_deleted_total";
 
 /// Messages of a task queue not yet finished by its consumer (waiting and unacknowledged), as
 /// the broker counts them; label `queue`. Sampled every few seconds.
@@ -85,6 +88,11 @@ pub fn describe() {
         DEAD_LETTERS_TRIMMED,
         Unit::Count,
         "Archived dead letters deleted beyond dlq.max_entries or dlq.max_age."
+    );
+    describe_counter!(
+        BLOBS_DELETED,
+        Unit::Count,
+        "Blobs deleted when no task referenced them past blob.orphan_grace, by reason (released, orphan)."
     );
     describe_gauge!(QUEUE_DEPTH, Unit::Count, "Messages of a task queue not yet finished by its consumer, by queue.");
     describe_gauge!(

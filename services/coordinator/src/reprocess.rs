@@ -6,11 +6,20 @@
 //! the in-flight cap (it waits for room, so a backfill never floods the queues). Its progress
 //! is kept in the control store ([`ControlStore::put_job`]), so `GET /v1/reprocess/{id}`
 //! answers on every replica.
+//!
+//! [`Jobs`] keeps the jobs a coordinator runs, in its memory: one per selection (a request
+//! identical to a running job's gets that job), at most `coordinator.max_reprocess_jobs` at
+//! once. `DELETE /v1/reprocess/{id}` cancels one ([`Jobs::cancel`]): at once on the replica
+//! running it, else through the control store, which the job looks at between pages; it then
+//! ends `cancelled`.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use imagepipe_contracts::{Labels, Priority, Step};
 use imagepipe_runtime::control::ControlStore;
+use imagepipe_runtime::shutdown::Shutdown;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +34,8 @@ const PAGE: usize = 256;
 const ROOM_WAIT: Duration = Duration::from_millis(250);
 /// Progress is saved at least this often (and at the end).
 const SAVE_EVERY: Duration = Duration::from_secs(1);
+/// How long `DELETE /v1/reprocess/{id}` waits for a job of this replica to stop.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
 
 /// The first step to run again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -132,6 +143,8 @@ pub enum JobStatus {
     Done,
     /// It stopped early (the store failed, or its coordinator stopped); `error` says why.
     Failed,
+    /// `DELETE /v1/reprocess/{id}` stopped it; the tasks it reprocessed so far go on.
+    Cancelled,
 }
 
 /// A reprocessing run and its progress (`GET /v1/reprocess/{id}`).
@@ -191,42 +204,181 @@ impl ReprocessRequest {
     }
 }
 
-/// Starts job `id` for `request` in the background; its first record is saved before this
-/// returns.
-pub async fn start(engine: Engine, request: ReprocessRequest) -> Result<ReprocessJob, String> {
-    let job = ReprocessJob {
-        id: format!("rp_{}", uuid::Uuid::new_v4().simple()),
-        request,
-        status: JobStatus::Running,
-        scanned: 0,
-        matched: 0,
-        queued: 0,
-        skipped: 0,
-        started_at: engine.clock().unix_ms(),
-        finished_at: None,
-        error: None,
-    };
-    save(engine.controls().store().as_ref(), &job).await?;
-    let running = job.clone();
-    tokio::spawn(async move {
-        let store = engine.controls().store().clone();
-        let mut job = running;
-        let outcome = run(&engine, &mut job).await;
-        job.finished_at = Some(engine.clock().unix_ms());
-        match outcome {
-            Ok(()) => job.status = JobStatus::Done,
-            Err(error) => {
-                tracing::warn!(job = %job.id, %error, "reprocessing stopped");
-                job.status = JobStatus::Failed;
-                job.error = Some(error);
+/// Why a job was not started or cancelled.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// As many jobs as `coordinator.max_reprocess_jobs` run already.
+    #[error(
+        "{max} reprocessing jobs run already (coordinator.max_reprocess_jobs): wait for one to end or cancel one (DELETE /v1/reprocess/{{id}})"
+    )]
+    TooMany {
+        /// The cap.
+        max: usize,
+    },
+    /// No job has this id (or its record is no longer kept).
+    #[error("no reprocessing job {0} (records are kept for 7 days)")]
+    Unknown(String),
+    /// The job is not running.
+    #[error("reprocessing job {id} is {status:?} already: only a running job is cancelled")]
+    NotRunning {
+        /// The job.
+        id: String,
+        /// How it ended.
+        status: JobStatus,
+    },
+    /// The control store failed.
+    #[error("control store: {0}")]
+    Store(String),
+}
+
+/// A job running in this process.
+struct Running {
+    /// Its [`selection`].
+    selection: String,
+    /// Its first record, for an answer while the saved one cannot be read.
+    job: ReprocessJob,
+    /// Triggered to stop it.
+    stop: Shutdown,
+    /// Triggered once its last record is saved.
+    ended: Shutdown,
+}
+
+/// The reprocessing jobs this coordinator runs (kept in its memory only); cheap to clone.
+#[derive(Clone)]
+pub struct Jobs {
+    running: Arc<Mutex<HashMap<String, Running>>>,
+    max: usize,
+}
+
+/// The key identical requests share: the request normalised (its labels sorted, its defaults
+/// filled in) as JSON.
+fn selection(request: &ReprocessRequest) -> String {
+    serde_json::to_string(request).expect("requests serialize")
+}
+
+/// Where a job's cancellation is asked in the control store (never a task id: those have no
+/// `:`).
+fn cancel_key(id: &str) -> String {
+    format!("reprocess:{id}")
+}
+
+impl Jobs {
+    /// No job running; at most `max` at once (`coordinator.max_reprocess_jobs`).
+    pub fn new(max: usize) -> Self {
+        Self { running: Arc::default(), max: max.max(1) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many jobs run in this process now.
+    pub fn running(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Registers `job` of selection `key` as running, unless a job of that selection runs
+    /// (then its first record) or the cap is reached.
+    fn reserve(
+        &self,
+        key: String,
+        job: &ReprocessJob,
+        stop: &Shutdown,
+        ended: &Shutdown,
+    ) -> Result<Option<ReprocessJob>, JobError> {
+        let mut running = self.lock();
+        if let Some(existing) = running.values().find(|r| r.selection == key) {
+            return Ok(Some(existing.job.clone()));
+        }
+        if running.len() >= self.max {
+            return Err(JobError::TooMany { max: self.max });
+        }
+        let entry = Running { selection: key, job: job.clone(), stop: stop.clone(), ended: ended.clone() };
+        running.insert(job.id.clone(), entry);
+        Ok(None)
+    }
+
+    /// Starts a job for `request` in the background (its first record is saved before this
+    /// returns) and says so with `true`; or, when a job of an identical request runs here, that
+    /// job as it is now, and `false`.
+    pub async fn start(&self, engine: Engine, request: ReprocessRequest) -> Result<(ReprocessJob, bool), JobError> {
+        let key = selection(&request);
+        let job = ReprocessJob {
+            id: format!("rp_{}", uuid::Uuid::new_v4().simple()),
+            request,
+            status: JobStatus::Running,
+            scanned: 0,
+            matched: 0,
+            queued: 0,
+            skipped: 0,
+            started_at: engine.clock().unix_ms(),
+            finished_at: None,
+            error: None,
+        };
+        let (stop, ended) = (Shutdown::new(), Shutdown::new());
+        if let Some(first) = self.reserve(key, &job, &stop, &ended)? {
+            let now = get(engine.controls().store().as_ref(), &first.id).await.map_err(JobError::Store)?;
+            return Ok((now.unwrap_or(first), false));
+        }
+        if let Err(e) = save(engine.controls().store().as_ref(), &job).await {
+            self.lock().remove(&job.id);
+            return Err(JobError::Store(e));
+        }
+        let (jobs, running) = (self.clone(), job.clone());
+        tokio::spawn(async move {
+            let store = engine.controls().store().clone();
+            let mut job = running;
+            let outcome = run(&engine, &mut job, &stop).await;
+            job.finished_at = Some(engine.clock().unix_ms());
+            match outcome {
+                Ok(Ran::ToTheEnd) => job.status = JobStatus::Done,
+                Ok(Ran::Cancelled) => job.status = JobStatus::Cancelled,
+                Err(error) => {
+                    tracing::warn!(job = %job.id, %error, "reprocessing stopped");
+                    job.status = JobStatus::Failed;
+                    job.error = Some(error);
+                }
             }
+            tracing::info!(job = %job.id, status = ?job.status, matched = job.matched, queued = job.queued, skipped = job.skipped, "reprocessing ended");
+            if let Err(error) = save(store.as_ref(), &job).await {
+                tracing::warn!(job = %job.id, %error, "saving the end of a reprocessing");
+            }
+            if job.status == JobStatus::Cancelled
+                && let Err(e) = store.clear_cancel(&cancel_key(&job.id)).await
+            {
+                tracing::debug!(job = %job.id, error = %imagepipe_runtime::error_chain(&e), "clearing a job's cancellation");
+            }
+            jobs.lock().remove(&job.id);
+            ended.trigger();
+        });
+        Ok((job, true))
+    }
+
+    /// Cancels running job `id`: one of this process stops at once (this waits a few seconds
+    /// for its `cancelled` record); one of another replica at its next page, through the
+    /// control store. The job as it is after.
+    pub async fn cancel(&self, engine: &Engine, id: &str) -> Result<ReprocessJob, JobError> {
+        let store = engine.controls().store().clone();
+        let here = self.lock().get(id).map(|r| (r.stop.clone(), r.ended.clone(), r.job.clone()));
+        if let Some((stop, ended, first)) = here {
+            stop.trigger();
+            if tokio::time::timeout(CANCEL_WAIT, ended.wait()).await.is_err() {
+                tracing::warn!(job = id, "a cancelled reprocessing has not stopped yet");
+            }
+            return Ok(get(store.as_ref(), id).await.map_err(JobError::Store)?.unwrap_or(first));
         }
-        tracing::info!(job = %job.id, matched = job.matched, queued = job.queued, skipped = job.skipped, "reprocessing ended");
-        if let Err(error) = save(store.as_ref(), &job).await {
-            tracing::warn!(job = %job.id, %error, "saving the end of a reprocessing");
+        let job =
+            get(store.as_ref(), id).await.map_err(JobError::Store)?.ok_or_else(|| JobError::Unknown(id.to_owned()))?;
+        if job.status != JobStatus::Running {
+            return Err(JobError::NotRunning { id: id.to_owned(), status: job.status });
         }
-    });
-    Ok(job)
+        let now = engine.clock().unix_ms();
+        store
+            .request_cancel(&cancel_key(id), now)
+            .await
+            .map_err(|e| JobError::Store(imagepipe_runtime::error_chain(&e)))?;
+        Ok(job)
+    }
 }
 
 /// Job `id`'s record, while kept.
@@ -268,7 +420,29 @@ impl<'a> Pages<'a> {
     }
 }
 
-async fn run(engine: &Engine, job: &mut ReprocessJob) -> Result<(), String> {
+/// How a job's run ended without an error.
+enum Ran {
+    /// Every task was looked at.
+    ToTheEnd,
+    /// It was cancelled.
+    Cancelled,
+}
+
+/// Whether job `id` was asked to stop: here (`stop`) or through the control store.
+async fn cancelled(engine: &Engine, id: &str, stop: &Shutdown) -> Result<bool, String> {
+    if stop.is_triggered() {
+        return Ok(true);
+    }
+    let asked = engine
+        .controls()
+        .store()
+        .cancelled(&[cancel_key(id)], engine.clock().unix_ms())
+        .await
+        .map_err(|e| imagepipe_runtime::error_chain(&e))?;
+    Ok(asked.first().copied().unwrap_or(false))
+}
+
+async fn run(engine: &Engine, job: &mut ReprocessJob, stop: &Shutdown) -> Result<Ran, String> {
     let request = job.request.clone();
     let current_model = match request.filter.model.as_deref() {
         Some("not-current") => latest_model(engine).await?,
@@ -278,13 +452,21 @@ async fn run(engine: &Engine, job: &mut ReprocessJob) -> Result<(), String> {
     let mut saved = tokio::time::Instant::now();
     let mut pages = Pages::new(engine, request.filter.state.map(FinishedState::state));
     while let Some(tasks) = pages.next().await? {
+        if cancelled(engine, &job.id, stop).await? {
+            return Ok(Ran::Cancelled);
+        }
         for task in tasks {
+            if stop.is_triggered() {
+                return Ok(Ran::Cancelled);
+            }
             job.scanned += 1;
             if !request.matches(&task, current_model.as_deref()) {
                 continue;
             }
             job.matched += 1;
-            wait_for_room(engine).await?;
+            if !wait_for_room(engine, &job.id, stop).await? {
+                return Ok(Ran::Cancelled);
+            }
             // A cancellation of its last run's step must not stop the new generation's.
             store.clear_cancel(&task.id).await.map_err(|e| imagepipe_runtime::error_chain(&e))?;
             let input = Input::Reprocess { from: request.from.step(), priority: Some(request.priority) };
@@ -300,7 +482,7 @@ async fn run(engine: &Engine, job: &mut ReprocessJob) -> Result<(), String> {
             saved = tokio::time::Instant::now();
         }
     }
-    Ok(())
+    Ok(Ran::ToTheEnd)
 }
 
 /// The model of the most recent analysis among the completed tasks.
@@ -319,13 +501,15 @@ async fn latest_model(engine: &Engine) -> Result<Option<String>, String> {
     Ok(latest.map(|(_, model)| model))
 }
 
-/// Waits until the in-flight cap has room.
-async fn wait_for_room(engine: &Engine) -> Result<(), String> {
+/// Waits until the in-flight cap has room (true), or job `id` is cancelled meanwhile (false).
+async fn wait_for_room(engine: &Engine, id: &str, stop: &Shutdown) -> Result<bool, String> {
     loop {
         if engine.has_room().await.map_err(|e| imagepipe_runtime::error_chain(&e))? {
-            return Ok(());
+            return Ok(true);
         }
-        tokio::time::sleep(ROOM_WAIT).await;
+        if !stop.sleep(ROOM_WAIT).await || cancelled(engine, id, stop).await? {
+            return Ok(false);
+        }
     }
 }
 

@@ -37,7 +37,15 @@ async fn serve_on(store: Arc<dyn TaskStore>, max_in_flight: u64) -> Server {
     let engine = engine(store, &bus, &clock, max_in_flight);
     let blobs = Arc::new(LocalBlobStore::new(dir.path().join("blobs")));
     let routes = ApiRoutes::new(None);
-    routes.add(api::router(engine.clone(), EventHub::new(64, 2), blobs, 1024 * 1024));
+    let slots = imagepipe_runtime::http::UploadSlots::new(8, std::time::Duration::from_secs(2));
+    routes.add(api::router(
+        engine.clone(),
+        EventHub::new(64, 2),
+        blobs,
+        1024 * 1024,
+        slots,
+        imagepipe_coordinator::reprocess::Jobs::new(4),
+    ));
     let metrics = imagepipe_runtime::metrics::install().unwrap();
     let bound = HealthServer::new(Readiness::new(), metrics).api(routes).bind("127.0.0.1:0".parse().unwrap()).await;
     let bound = bound.unwrap();

@@ -1,6 +1,7 @@
 //! Nothing the coordinator keeps grows for ever: finished tasks go after `coordinator.retention`
-//! (on both stores, with a manual clock), the dead-letter archive stays within `dlq.*`, and a
-//! stopped coordinator leaves no `/v1/events` consumer on NATS.
+//! (on both stores, with a manual clock), the dead-letter archive stays within `dlq.*`, blobs
+//! no task references go after `blob.orphan_grace` (on both stores and both blob backends), and
+//! a stopped coordinator leaves no `/v1/events` consumer on NATS.
 
 mod common;
 
@@ -8,10 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use imagepipe_blob::{BlobKey, BlobStore, LocalBlobStore, ObjectBlobStore};
 use imagepipe_bus::NatsConfig;
 use imagepipe_bus::nats::NatsBus;
 use imagepipe_contracts::names::{self, queues};
+use imagepipe_contracts::step::StepOutput;
 use imagepipe_contracts::{Step, SubmitTask};
+use imagepipe_contracts::{StepOutcome, StepResult};
+use imagepipe_coordinator::blob_sweep::{BlobSweeper, Swept};
 use imagepipe_coordinator::consumers::DeadLetterArchiver;
 use imagepipe_coordinator::engine::{Handled, Origin};
 use imagepipe_coordinator::events::EventHub;
@@ -22,7 +27,7 @@ use imagepipe_coordinator::store::embedded::EmbeddedStore;
 use imagepipe_coordinator::store::redis::RedisStore;
 use imagepipe_coordinator::task::TaskState;
 use imagepipe_coordinator::{Input, Task};
-use imagepipe_runtime::clock::ManualClock;
+use imagepipe_runtime::clock::{Clock, ManualClock, SystemClock};
 use imagepipe_runtime::config::WorkerConfig;
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::worker::{Handler, LoopConfig, Outcome};
@@ -110,6 +115,104 @@ async fn finished_tasks_and_dead_letters_expire_in_redis() {
     let prefix = unique_prefix("retention");
     let _cleanup = RedisCleanup(prefix.clone());
     expires_on(Arc::new(RedisStore::connect(REDIS, &prefix, GRACE).await.unwrap())).await;
+}
+
+/// Uploads `bytes`; the key.
+async fn put(blobs: &dyn BlobStore, bytes: &'static [u8]) -> BlobKey {
+    blobs.put(bytes::Bytes::from_static(bytes)).await.unwrap()
+}
+
+/// Runs task `id`, submitted as uploaded blob `upload`, to completion: its metadata step wrote
+/// `thumbnail`.
+async fn complete_upload(
+    engine: &imagepipe_coordinator::engine::Engine,
+    id: &str,
+    upload: &BlobKey,
+    thumbnail: &BlobKey,
+) {
+    let submit = SubmitTask { task_id: Some(id.into()), blob: Some(upload.to_string()), ..SubmitTask::default() };
+    assert!(engine.submit(&submit, Origin::Http, String::new).await.unwrap().created);
+    engine.start_queued().await.unwrap();
+    for step in Step::ALL {
+        let output = match output(step) {
+            StepOutput::Download(mut download) => {
+                download.blob_key = upload.to_string();
+                StepOutput::Download(download)
+            }
+            StepOutput::Metadata(mut metadata) => {
+                metadata.thumbnail_key = thumbnail.to_string();
+                StepOutput::Metadata(metadata)
+            }
+            other => other,
+        };
+        let result = StepResult { task_id: id.into(), step, attempt: 1, outcome: StepOutcome::Ok { output } };
+        let handled = engine.handle(id, Input::Result(Box::new(result))).await.unwrap();
+        assert!(matches!(handled, Handled::Applied(_)), "{step}: {handled:?}");
+    }
+}
+
+async fn exists(blobs: &dyn BlobStore, keys: &[&BlobKey]) -> Vec<bool> {
+    let mut found = Vec::new();
+    for key in keys {
+        found.push(blobs.exists(key).await.unwrap());
+    }
+    found
+}
+
+/// An upload never submitted and a derivative no result recorded go once `blob.orphan_grace`
+/// old; a task's upload and derivatives stay while the task does and go when it expires, but
+/// for a blob another task still references. The blobs' times are real: the clock starts a
+/// second after the real time (every blob is written within that second) and is moved by hand.
+async fn blobs_follow_their_tasks_on(store: Arc<dyn TaskStore>, blobs: Arc<dyn BlobStore>) {
+    let grace = 24 * HOUR;
+    let bus = memory_bus();
+    let clock = ManualClock::at_unix_ms(SystemClock.unix_ms() + 1_000);
+    let engine = engine(store.clone(), &bus, &clock, 10);
+    let expirer = Expirer::new(store.clone(), Arc::new(clock.clone()), retention());
+    let sweeper = BlobSweeper::new(store.clone(), blobs.clone(), Arc::new(clock.clone()), grace);
+
+    let never_submitted = put(&*blobs, b"an upload nobody submitted").await;
+    let stray = put(&*blobs, b"a thumbnail of an attempt whose result was lost").await;
+    let (upload, thumbnail) = (put(&*blobs, b"an uploaded photo").await, put(&*blobs, b"its thumbnail").await);
+    let shared = put(&*blobs, b"a photo uploaded twice").await;
+    complete_upload(&engine, "tsk_blob_a", &upload, &thumbnail).await;
+    complete_upload(&engine, "tsk_blob_b", &shared, &thumbnail).await;
+
+    assert_eq!(sweeper.pass().await.unwrap(), Swept::default(), "everything is younger than the grace");
+    clock.advance(grace - Duration::from_secs(2));
+    assert_eq!(sweeper.pass().await.unwrap(), Swept::default(), "kept until the grace has passed");
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(sweeper.pass().await.unwrap(), Swept { released: 0, orphans: 2 });
+    let all = [&never_submitted, &stray, &upload, &thumbnail, &shared];
+    assert_eq!(exists(&*blobs, &all).await, [false, false, true, true, true], "the unreferenced ones went");
+
+    // The second upload is submitted again a day later: the same blob, now two tasks'.
+    let other_thumbnail = put(&*blobs, b"the thumbnail of the second run").await;
+    complete_upload(&engine, "tsk_blob_c", &shared, &other_thumbnail).await;
+    // A one-hour retention: tsk_blob_a and tsk_blob_b expire, tsk_blob_c (finished now) stays.
+    assert_eq!(expirer.pass().await.unwrap().tasks, 2);
+    assert_eq!(sweeper.pass().await.unwrap(), Swept { released: 2, orphans: 0 }, "tsk_blob_a's upload, the thumbnail");
+    assert_eq!(exists(&*blobs, &all[2..]).await, [false, false, true], "tsk_blob_c references the upload");
+    clock.advance(HOUR);
+    assert_eq!(expirer.pass().await.unwrap().tasks, 1);
+    assert_eq!(sweeper.pass().await.unwrap(), Swept { released: 2, orphans: 0 });
+    assert!(blobs.list(None, 10).await.unwrap().is_empty(), "nothing is left");
+}
+
+#[tokio::test]
+async fn blobs_follow_their_tasks_in_the_embedded_store_and_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(EmbeddedStore::open(dir.path(), GRACE).unwrap());
+    blobs_follow_their_tasks_on(store, Arc::new(LocalBlobStore::new(dir.path().join("blobs")))).await;
+}
+
+#[tokio::test]
+async fn blobs_follow_their_tasks_in_redis_and_an_object_store() {
+    let prefix = unique_prefix("blob-sweep");
+    let _cleanup = RedisCleanup(prefix.clone());
+    let store = Arc::new(RedisStore::connect(REDIS, &prefix, GRACE).await.unwrap());
+    let objects = Arc::new(object_store::memory::InMemory::new());
+    blobs_follow_their_tasks_on(store, Arc::new(ObjectBlobStore::new(objects, "blobs"))).await;
 }
 
 /// The coordinator's `/v1/events` group on NATS 2.9 exists while a client watches (not before),

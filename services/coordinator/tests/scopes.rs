@@ -162,8 +162,7 @@ async fn a_forwarded_request_carries_the_callers_scope() {
     let upstream_url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
 
-    let mut settings = Settings::default();
-    settings.http = http();
+    let mut settings = Settings { http: http(), ..Settings::default() };
     settings.coordinator.search_url = Some(upstream_url);
     let routes = ApiRoutes::with_access(Access::from_config(&settings.http).unwrap());
     routes.add(Forwarding::new(&settings).router(&[]));

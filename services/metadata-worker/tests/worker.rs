@@ -205,6 +205,12 @@ impl BlobStore for ReadOnlyStore {
     async fn delete(&self, key: &BlobKey) -> Result<(), BlobError> {
         self.0.delete(key).await
     }
+    async fn modified(&self, key: &BlobKey) -> Result<Option<std::time::SystemTime>, BlobError> {
+        self.0.modified(key).await
+    }
+    async fn list(&self, after: Option<&BlobKey>, max: usize) -> Result<Vec<imagepipe_blob::StoredBlob>, BlobError> {
+        self.0.list(after, max).await
+    }
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use imagepipe_secret::Secret;
 use object_store::aws::AmazonS3Builder;
@@ -30,11 +31,21 @@ pub struct BlobConfig {
     pub dir: PathBuf,
     /// S3 settings.
     pub s3: S3Config,
+    /// How long a blob no task references is kept after it was last written (uploaded, or
+    /// stored by a worker) before the coordinator deletes it: submit an upload within it. The
+    /// blobs of an expired task go at once when they are this old.
+    #[serde(with = "humantime_serde")]
+    pub orphan_grace: Duration,
 }
 
 impl Default for BlobConfig {
     fn default() -> Self {
-        Self { kind: BlobKind::Local, dir: PathBuf::from(".imagepipe/blobs"), s3: S3Config::default() }
+        Self {
+            kind: BlobKind::Local,
+            dir: PathBuf::from(".imagepipe/blobs"),
+            s3: S3Config::default(),
+            orphan_grace: Duration::from_secs(24 * 3600),
+        }
     }
 }
 
@@ -76,6 +87,12 @@ pub enum BlobConfigError {
 impl BlobConfig {
     /// Checks the values the chosen backend needs.
     pub fn validate(&self) -> Result<(), BlobConfigError> {
+        if self.orphan_grace.is_zero() {
+            return Err(BlobConfigError::Invalid {
+                key: "blob.orphan_grace",
+                reason: "must be longer than zero (e.g. 24h): an upload needs time to be submitted".into(),
+            });
+        }
         match self.kind {
             BlobKind::Local if self.dir.as_os_str().is_empty() => {
                 Err(BlobConfigError::Invalid { key: "blob.dir", reason: "must not be empty".into() })

@@ -1,14 +1,16 @@
 //! Blobs as files in a directory: `<dir>/<hex[0..2]>/<hex>`, written to a temporary file,
-//! fsynced and renamed into place, so a reader never sees a partial blob.
+//! fsynced and renamed into place, so a reader never sees a partial blob. A file's modification
+//! time is when its blob was last put.
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 
-use crate::{BlobError, BlobKey, BlobStore};
+use crate::{BlobError, BlobKey, BlobStore, StoredBlob};
 
 /// A [`BlobStore`] in a local directory.
 #[derive(Debug, Clone)]
@@ -29,6 +31,38 @@ impl LocalBlobStore {
     }
 }
 
+/// Sets the modification time of the file at `path` to now (an upload of a stored blob renews it).
+async fn touch(path: PathBuf) -> std::io::Result<()> {
+    let touched = tokio::task::spawn_blocking(move || {
+        std::fs::File::options().append(true).open(&path)?.set_modified(SystemTime::now())
+    });
+    match touched.await {
+        Ok(result) => result,
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
+    }
+}
+
+/// The names in directory `dir` for which `keep` holds, sorted; none when it does not exist.
+async fn sorted_names(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<String>, BlobError> {
+    let mut entries = match tokio::fs::read_dir(dir).await {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(dir)(e)),
+    };
+    let mut names = Vec::new();
+    while let Some(entry) = entries.next_entry().await.map_err(io(dir))? {
+        if let Some(name) = entry.file_name().to_str().filter(|n| keep(n)) {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort_unstable();
+    Ok(names)
+}
+
+fn is_hex(name: &str, len: usize) -> bool {
+    name.len() == len && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
     move |source| BlobError::Io { path: path.display().to_string(), source }
 }
@@ -39,6 +73,7 @@ impl BlobStore for LocalBlobStore {
         let key = BlobKey::compute(&bytes).await;
         let path = self.path_of(&key);
         if tokio::fs::try_exists(&path).await.map_err(io(&path))? {
+            touch(path.clone()).await.map_err(io(&path))?;
             return Ok(key);
         }
         let parent = path.parent().expect("blob paths have a parent");
@@ -84,6 +119,41 @@ impl BlobStore for LocalBlobStore {
             _ => Ok(()),
         }
     }
+
+    async fn modified(&self, key: &BlobKey) -> Result<Option<SystemTime>, BlobError> {
+        let path = self.path_of(key);
+        match tokio::fs::metadata(&path).await {
+            Ok(meta) => meta.modified().map(Some).map_err(io(&path)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+
+    /// Reads one shard directory (`<hex[0..2]>`) at a time, from the shard of `after` on, until
+    /// `max` blobs are found; temporary files are skipped.
+    async fn list(&self, after: Option<&BlobKey>, max: usize) -> Result<Vec<StoredBlob>, BlobError> {
+        let first_shard = after.map(|k| &k.hex()[..2]);
+        let shards = sorted_names(&self.dir, |n| is_hex(n, 2) && first_shard.is_none_or(|f| n >= f)).await?;
+        let mut found = Vec::new();
+        for shard in shards {
+            let dir = self.dir.join(&shard);
+            let after_hex = after.map(BlobKey::hex);
+            let names =
+                sorted_names(&dir, |n| is_hex(n, 64) && n.starts_with(&shard) && after_hex.is_none_or(|a| n > a))
+                    .await?;
+            for name in names {
+                if found.len() == max {
+                    return Ok(found);
+                }
+                let key: BlobKey = format!("sha256:{name}").parse().expect("64 lowercase hex digits are a key");
+                // A blob deleted since the directory was read is simply not listed.
+                if let Some(modified) = self.modified(&key).await? {
+                    found.push(StoredBlob { key, modified });
+                }
+            }
+        }
+        Ok(found)
+    }
 }
 
 #[cfg(test)]
@@ -121,5 +191,37 @@ mod tests {
         let key = store.put(Bytes::from_static(b"original")).await.unwrap();
         std::fs::write(store.path_of(&key), b"tampered").unwrap();
         assert!(matches!(store.get(&key).await, Err(BlobError::Corrupt { .. })));
+    }
+
+    #[tokio::test]
+    async fn blobs_are_listed_in_key_order_page_by_page_and_a_put_renews_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalBlobStore::new(dir.path());
+        assert!(store.list(None, 10).await.unwrap().is_empty(), "no directory yet: nothing stored");
+        let mut keys = Vec::new();
+        for i in 0..40u8 {
+            keys.push(store.put(Bytes::from(vec![i])).await.unwrap());
+        }
+        keys.sort();
+        std::fs::write(store.path_of(&keys[0]).with_extension("tmp"), b"half written").unwrap();
+        let (mut listed, mut after) = (Vec::new(), None);
+        loop {
+            let page = store.list(after.as_ref(), 7).await.unwrap();
+            assert!(page.len() <= 7);
+            let Some(last) = page.last() else { break };
+            after = Some(last.key.clone());
+            listed.extend(page.into_iter().map(|b| b.key));
+        }
+        assert_eq!(listed, keys, "every blob once, in key order, no temporary file");
+
+        let long_ago = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        std::fs::File::options().append(true).open(store.path_of(&keys[1])).unwrap().set_modified(long_ago).unwrap();
+        assert_eq!(store.modified(&keys[1]).await.unwrap(), Some(long_ago));
+        let bytes = store.get(&keys[1]).await.unwrap();
+        store.put(bytes).await.unwrap();
+        let renewed = store.modified(&keys[1]).await.unwrap().unwrap();
+        assert!(renewed.elapsed().unwrap() < std::time::Duration::from_secs(60), "an upload renews the blob");
+        store.delete(&keys[1]).await.unwrap();
+        assert_eq!(store.modified(&keys[1]).await.unwrap(), None);
     }
 }

@@ -2,13 +2,15 @@
 //! Ceph, R2, ...), for deployments on several hosts.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectStore, PutPayload};
+use object_store::{ObjectMeta, ObjectStore, PutPayload};
 
-use crate::{BlobError, BlobKey, BlobStore};
+use crate::{BlobError, BlobKey, BlobStore, StoredBlob};
 
 /// A [`BlobStore`] over an [`ObjectStore`], keys under `<prefix>/<hex[0..2]>/<hex>`.
 #[derive(Debug, Clone)]
@@ -32,6 +34,24 @@ impl ObjectBlobStore {
             Path::from(format!("{}/{}/{hex}", self.prefix, &hex[..2]))
         }
     }
+}
+
+/// When an object was last written, as a [`SystemTime`].
+fn written_at(meta: &ObjectMeta) -> SystemTime {
+    let ms = meta.last_modified.timestamp_millis();
+    match u64::try_from(ms) {
+        Ok(ms) => SystemTime::UNIX_EPOCH + Duration::from_millis(ms),
+        Err(_) => SystemTime::UNIX_EPOCH,
+    }
+}
+
+/// The blob key an object path ends in (`.../<hex[0..2]>/<hex>`), if it is one.
+fn key_of(path: &Path) -> Option<BlobKey> {
+    let mut parts: Vec<_> = path.parts().collect();
+    let hex = parts.pop()?;
+    let shard = parts.pop()?;
+    let key: BlobKey = format!("sha256:{}", hex.as_ref()).parse().ok()?;
+    (shard.as_ref() == &key.hex()[..2]).then_some(key)
 }
 
 fn failed(path: &Path, source: object_store::Error) -> BlobError {
@@ -78,6 +98,34 @@ impl BlobStore for ObjectBlobStore {
             Err(e) => Err(failed(&path, e)),
         }
     }
+
+    async fn modified(&self, key: &BlobKey) -> Result<Option<SystemTime>, BlobError> {
+        let path = self.path_of(key);
+        match self.store.head(&path).await {
+            Ok(meta) => Ok(Some(written_at(&meta))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(failed(&path, e)),
+        }
+    }
+
+    /// One listing request from the object after `after` (object stores list in key order,
+    /// and a blob's path sorts as its key); objects that are not blobs are skipped.
+    async fn list(&self, after: Option<&BlobKey>, max: usize) -> Result<Vec<StoredBlob>, BlobError> {
+        let prefix = (!self.prefix.is_empty()).then(|| Path::from(self.prefix.as_str()));
+        let listing = match after {
+            Some(key) => self.store.list_with_offset(prefix.as_ref(), &self.path_of(key)),
+            None => self.store.list(prefix.as_ref()),
+        };
+        let at = prefix.clone().unwrap_or_default();
+        listing
+            .try_filter_map(|meta| async move {
+                Ok(key_of(&meta.location).map(|key| StoredBlob { key, modified: written_at(&meta) }))
+            })
+            .take(max)
+            .try_collect()
+            .await
+            .map_err(|e| failed(&at, e))
+    }
 }
 
 #[cfg(test)]
@@ -112,5 +160,26 @@ mod tests {
         blobs.delete(&key).await.unwrap();
         assert!(matches!(blobs.get(&key).await, Err(BlobError::NotFound(_))));
         assert!(!blobs.exists(&key).await.unwrap());
+        assert_eq!(blobs.modified(&key).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn blobs_are_listed_in_key_order_page_by_page_skipping_other_objects() {
+        let (memory, blobs) = store();
+        let mut keys = Vec::new();
+        for bytes in [&b"one"[..], b"two", b"three", b"four"] {
+            keys.push(blobs.put(Bytes::copy_from_slice(bytes)).await.unwrap());
+        }
+        keys.sort();
+        memory.put(&Path::from("blobs/README"), PutPayload::from_static(b"not a blob")).await.unwrap();
+        memory.put(&Path::from("elsewhere/x"), PutPayload::from_static(b"outside the prefix")).await.unwrap();
+        let first = blobs.list(None, 3).await.unwrap();
+        assert_eq!(first.iter().map(|b| b.key.clone()).collect::<Vec<_>>(), keys[..3]);
+        let rest = blobs.list(Some(&first[2].key), 3).await.unwrap();
+        assert_eq!(rest.iter().map(|b| b.key.clone()).collect::<Vec<_>>(), keys[3..]);
+        assert!(blobs.list(Some(&keys[3]), 3).await.unwrap().is_empty());
+        let modified = blobs.modified(&keys[0]).await.unwrap().unwrap();
+        assert_eq!(first[0].modified, modified);
+        assert!(modified.elapsed().unwrap() < Duration::from_secs(60), "{modified:?}");
     }
 }

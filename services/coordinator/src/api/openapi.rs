@@ -11,7 +11,7 @@ use super::blobs::Uploaded;
 use super::dlq_replay::{ReplayFilter, ReplayReport};
 use super::forward::Upstream;
 use super::queue_control::{ConcurrencyRequest, QueueView, QueuesView};
-use super::{Accepted, ApiError, CancelRequest, History, JSON_BODY_BYTES, MAX_LIMIT, Replayed, TaskView};
+use super::{Accepted, ApiError, CancelRequest, History, JSON_BODY_BYTES, MAX_LIMIT, Replayed, StartedJob, TaskView};
 use crate::api::DeadLetterListing;
 use crate::reprocess::{ReprocessJob, ReprocessRequest};
 use crate::store::TaskPage;
@@ -67,6 +67,7 @@ pub fn document() -> Value {
     schemas.add::<ConcurrencyRequest>("ConcurrencyRequest");
     schemas.add::<ReprocessRequest>("ReprocessRequest");
     schemas.add::<ReprocessJob>("ReprocessJob");
+    schemas.add::<StartedJob>("StartedJob");
     schemas.add::<ApiError>("Error");
     schemas.add::<BatchResponse>("BatchResponse");
     schemas.add::<ReplayFilter>("ReplayFilter");
@@ -86,6 +87,13 @@ pub fn document() -> Value {
     let label_caps =
         (imagepipe_contracts::command::MAX_LABEL_KEY_LEN, imagepipe_contracts::command::MAX_LABEL_VALUE_LEN);
     let too_large = |bytes: String| error(&format!("The body is larger than {bytes} (the message names the limit)"));
+    let busy = |limit: &str| {
+        let mut answer = error(&format!("Busy: {limit}; try again after Retry-After"));
+        answer["headers"] = json!({ "Retry-After": {
+            "description": "Seconds to wait before trying again", "schema": { "type": "integer", "minimum": 1 }
+        } });
+        answer
+    };
     // An empty `status` is no filter, as an absent one.
     let states: Vec<&str> = TaskState::ALL.iter().map(|s| s.as_str()).chain([""]).collect();
     let task_links: Map<String, Value> = ["getTask", "getTaskHistory", "cancelTask"]
@@ -246,7 +254,8 @@ pub fn document() -> Value {
                     },
                     "400": error("An empty body"),
                     "413": too_large("download.max_bytes".to_owned()),
-                    "415": error("The bytes are not an image (the message says what they look like)")
+                    "415": error("The bytes are not an image (the message says what they look like); judged by the first bytes, before the rest is read"),
+                    "503": busy("http.max_uploads uploads are being received at once")
                 }
             }
         },
@@ -319,7 +328,14 @@ pub fn document() -> Value {
                     "application/json": { "schema": { "type": "object", "required": ["blobKey"],
                         "properties": { "blobKey": { "type": "string", "description": "A stored blob, sha256:<hex>" } } } }
                 } },
-                "responses": { "200": { "description": "The most similar tasks, closest first", "content": { "application/json": { "schema": { "type": "object" } } } } }
+                "responses": {
+                    "200": { "description": "The most similar tasks, closest first", "content": { "application/json": { "schema": { "type": "object" } } } },
+                    "400": error("An empty body, a bad limit or blobKey, or an image the model cannot read"),
+                    "404": error("No blob of that blobKey"),
+                    "413": too_large("download.max_bytes (a few KiB for a JSON body)".to_owned()),
+                    "415": error("The bytes are not an image (the message says what they look like); judged by the first bytes, before the rest is read"),
+                    "503": busy("http.max_uploads searches at once, every model slot taken for similarity.model_wait, or the model not loaded (model_unavailable, without Retry-After)")
+                }
             }
         },
         "/v1/duplicates": {
@@ -424,18 +440,34 @@ pub fn document() -> Value {
                 "example": { "from": "analyze", "select": "all", "filter": { "model": "not-current" }, "priority": "low" }
             } } },
             "responses": {
-                "202": ok("The job, started", "ReprocessJob"),
+                "200": ok("A job of an identical request runs already: that job (`created` false)", "StartedJob"),
+                "202": ok("The job, started (`created` true)", "StartedJob"),
                 "400": error("A malformed request (the message names the field)"),
                 "413": too_large(format!("{JSON_BODY_BYTES} bytes")),
+                "429": error("coordinator.max_reprocess_jobs jobs run already: wait for one to end or cancel one"),
                 "503": error("The control state could not be written")
             }
         } },
-        "/v1/reprocess/{id}": { "get": {
-            "operationId": "getReprocess",
-            "summary": "A reprocessing job's progress",
-            "parameters": [id_param("Job id")],
-            "responses": { "200": ok("The job", "ReprocessJob"), "400": error("Not a job id"), "404": error("No such job (kept 7 days)") }
-        } }
+        "/v1/reprocess/{id}": {
+            "get": {
+                "operationId": "getReprocess",
+                "summary": "A reprocessing job's progress",
+                "parameters": [id_param("Job id")],
+                "responses": { "200": ok("The job", "ReprocessJob"), "400": error("Not a job id"), "404": error("No such job (kept 7 days)") }
+            },
+            "delete": {
+                "operationId": "cancelReprocess",
+                "summary": "Cancel a running reprocessing job (the tasks it reprocessed so far go on)",
+                "parameters": [id_param("Job id")],
+                "responses": {
+                    "202": ok("The job: `cancelled` once stopped, still `running` while the replica running it stops it", "ReprocessJob"),
+                    "400": error("Not a job id"),
+                    "404": error("No such job (kept 7 days)"),
+                    "409": error("The job is not running (done, failed or cancelled)"),
+                    "503": error("The control state could not be read or written")
+                }
+            }
+        }
     });
     for (path, item) in control.as_object().expect("an object") {
         paths[path] = item.clone();

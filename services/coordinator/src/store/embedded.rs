@@ -4,7 +4,9 @@
 //! file survives restarts. The wake index has the same semantics as the Redis store's, so the
 //! same suite runs against both. Finished tasks are indexed by the time of their last
 //! transition (`finished`), and [`TaskStore::expire_finished`] deletes the old ones in batches,
-//! each batch one write transaction.
+//! each batch one write transaction. The blob reference index is two tables, `blob_refs`
+//! (`<blob key>\0<task id>`) and `task_blobs` (`<task id>\0<blob key>`), and the keys its
+//! expiries released wait in `released_blobs`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -18,7 +20,7 @@ use redb::{
 
 use super::{
     Applied, Created, DeadLetter, DeadLetterPage, ListOrder, ListQuery, Listing, Settled, StoreError, TaskPage,
-    TaskStore, decode, encode, make_cursor, parse_cursor, wake_at,
+    TaskStore, blob_keys, decode, encode, make_cursor, parse_cursor, wake_at,
 };
 use crate::machine::Decision;
 use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
@@ -37,6 +39,12 @@ const DEAD_LETTERS: TableDefinition<&str, &[u8]> = TableDefinition::new("dead_le
 const DEAD_LETTER_ORDER: TableDefinition<&str, ()> = TableDefinition::new("dead_letter_order");
 /// Finished tasks: `<last transition, 20 digits>\0<id>`.
 const FINISHED: TableDefinition<&str, ()> = TableDefinition::new("finished");
+/// The tasks that reference a blob: `<blob key>\0<task id>`.
+const BLOB_REFS: TableDefinition<&str, ()> = TableDefinition::new("blob_refs");
+/// The blobs a task references: `<task id>\0<blob key>`.
+const TASK_BLOBS: TableDefinition<&str, ()> = TableDefinition::new("task_blobs");
+/// Blob keys whose last referencing task expired, for the blob sweeper.
+const RELEASED_BLOBS: TableDefinition<&str, ()> = TableDefinition::new("released_blobs");
 
 /// Separates the parts of a composite key; ids never contain it.
 const SEP: char = '\u{0}';
@@ -62,10 +70,14 @@ impl EmbeddedStore {
             for table in [BY_STATE, BY_CREATION, DUE_ORDER, CLAIMED_ORDER, DEAD_LETTER_ORDER, FINISHED] {
                 txn.open_table(table).map_err(|e| err("opening", e))?;
             }
+            for table in [TASK_BLOBS, RELEASED_BLOBS] {
+                txn.open_table(table).map_err(|e| err("opening", e))?;
+            }
             txn.open_table(IDEMPOTENCY).map_err(|e| err("opening", e))?;
             txn.open_table(DUE).map_err(|e| err("opening", e))?;
             txn.open_table(CLAIMED).map_err(|e| err("opening", e))?;
             index_finished_tasks(&txn)?;
+            index_blob_references(&txn)?;
         }
         txn.commit().map_err(|e| err("opening", e))?;
         Ok(Self { db, relay_grace })
@@ -186,6 +198,9 @@ fn write_transition(
         finished.insert(at_key(task.updated_at, &task.id).as_str(), ()).map_err(|e| err("indexing", e))?;
     }
     drop((tasks, history, outbox, by_state));
+    let known = previous.map(blob_keys).unwrap_or_default();
+    let added: Vec<&str> = blob_keys(task).into_iter().filter(|k| !known.contains(k)).collect();
+    reference_blobs(txn, &task.id, &added)?;
     if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, grace) {
         due_add_lt(txn, &task.id, at)?;
     }
@@ -212,11 +227,68 @@ fn index_finished_tasks(txn: &WriteTransaction) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Records that task `id` references the blobs `keys`.
+fn reference_blobs(txn: &WriteTransaction, id: &str, keys: &[&str]) -> Result<(), StoreError> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let op = "indexing blob references";
+    let mut refs = txn.open_table(BLOB_REFS).map_err(|e| err(op, e))?;
+    let mut of_task = txn.open_table(TASK_BLOBS).map_err(|e| err(op, e))?;
+    for key in keys {
+        refs.insert(key2(key, id).as_str(), ()).map_err(|e| err(op, e))?;
+        of_task.insert(key2(id, key).as_str(), ()).map_err(|e| err(op, e))?;
+    }
+    Ok(())
+}
+
+/// Fills the blob reference index from the tasks when it is empty (a store written before it
+/// was kept), so that no blob of a task written back then looks unreferenced.
+fn index_blob_references(txn: &WriteTransaction) -> Result<(), StoreError> {
+    let op = "indexing blob references";
+    if !txn.open_table(BLOB_REFS).map_err(|e| err(op, e))?.is_empty().map_err(|e| err(op, e))? {
+        return Ok(());
+    }
+    let tasks: Vec<Task> = {
+        let table = txn.open_table(TASKS).map_err(|e| err(op, e))?;
+        let mut tasks = Vec::new();
+        for row in table.iter().map_err(|e| err(op, e))? {
+            let (id, json) = row.map_err(|e| err(op, e))?;
+            tasks.push(decode("task", id.value(), json.value())?);
+        }
+        tasks
+    };
+    for task in &tasks {
+        reference_blobs(txn, &task.id, &blob_keys(task).into_iter().collect::<Vec<_>>())?;
+    }
+    Ok(())
+}
+
+/// Drops the blob references of task `id`; the blobs no task references any more are released.
+fn unreference_blobs(txn: &WriteTransaction, id: &str) -> Result<(), StoreError> {
+    let op = "expiring a task";
+    let mut of_task = txn.open_table(TASK_BLOBS).map_err(|e| err(op, e))?;
+    let mut refs = txn.open_table(BLOB_REFS).map_err(|e| err(op, e))?;
+    let mut released = txn.open_table(RELEASED_BLOBS).map_err(|e| err(op, e))?;
+    for entry in prefixed(&of_task, id)? {
+        of_task.remove(entry.as_str()).map_err(|e| err(op, e))?;
+        let key = id_of(&entry);
+        refs.remove(key2(key, id).as_str()).map_err(|e| err(op, e))?;
+        let lo = format!("{key}{SEP}");
+        let hi = format!("{key}{SEP_END}");
+        if refs.range(lo.as_str()..hi.as_str()).map_err(|e| err(op, e))?.next().is_none() {
+            released.insert(key, ()).map_err(|e| err(op, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Deletes every row of finished `task` but its finished entry.
 fn forget_task(txn: &WriteTransaction, task: &Task) -> Result<(), StoreError> {
     let op = "expiring a task";
     let id = task.id.as_str();
     txn.open_table(TASKS).map_err(|e| err(op, e))?.remove(id).map_err(|e| err(op, e))?;
+    unreference_blobs(txn, id)?;
     for table in [HISTORY, OUTBOX] {
         let mut table = txn.open_table(table).map_err(|e| err(op, e))?;
         for key in prefixed(&table, id)? {
@@ -656,6 +728,37 @@ impl TaskStore for EmbeddedStore {
         })
         .await
     }
+
+    async fn referenced_blobs(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
+        let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+        self.run("reading blob references", move |db, _| {
+            let op = "reading blob references";
+            let txn = db.begin_read().map_err(|e| err(op, e))?;
+            let refs = txn.open_table(BLOB_REFS).map_err(|e| err(op, e))?;
+            keys.iter()
+                .map(|key| {
+                    let (lo, hi) = (format!("{key}{SEP}"), format!("{key}{SEP_END}"));
+                    Ok(refs.range(lo.as_str()..hi.as_str()).map_err(|e| err(op, e))?.next().is_some())
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn take_released_blobs(&self, max: usize) -> Result<Vec<String>, StoreError> {
+        self.run("taking released blobs", move |db, _| {
+            write(db, "taking released blobs", |txn| {
+                let op = "taking released blobs";
+                let mut released = txn.open_table(RELEASED_BLOBS).map_err(|e| err(op, e))?;
+                let (keys, _) = range_keys(&released, "", "\u{7f}", max)?;
+                for key in &keys {
+                    released.remove(key.as_str()).map_err(|e| err(op, e))?;
+                }
+                Ok(keys)
+            })
+        })
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -681,7 +784,9 @@ mod tests {
         for table in [TASKS, HISTORY, OUTBOX, DEAD_LETTERS] {
             rows.push((table.name().to_owned(), txn.open_table(table).unwrap().len().unwrap()));
         }
-        for table in [BY_STATE, BY_CREATION, DUE_ORDER, CLAIMED_ORDER, DEAD_LETTER_ORDER, FINISHED] {
+        for table in
+            [BY_STATE, BY_CREATION, DUE_ORDER, CLAIMED_ORDER, DEAD_LETTER_ORDER, FINISHED, BLOB_REFS, TASK_BLOBS]
+        {
             rows.push((table.name().to_owned(), txn.open_table(table).unwrap().len().unwrap()));
         }
         for table in [DUE, CLAIMED] {
@@ -712,6 +817,20 @@ mod tests {
         let (store, _dir) = make("timings").await;
         let timings = suite::time_listings(&store, 100_000).await;
         assert!(timings[0].1 < 50.0, "{timings:?}");
+    }
+
+    #[tokio::test]
+    async fn tasks_written_before_blob_references_were_kept_keep_their_blobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), suite::RELAY_GRACE).unwrap();
+        let keys = suite::write_a_blob_task(&store).await;
+        let txn = store.db.database().begin_write().unwrap();
+        txn.delete_table(BLOB_REFS).unwrap();
+        txn.delete_table(TASK_BLOBS).unwrap();
+        txn.commit().unwrap();
+        drop(store);
+        let reopened = EmbeddedStore::open(dir.path(), suite::RELAY_GRACE).unwrap();
+        suite::check_blobs_referenced(&reopened, &keys).await;
     }
 
     #[tokio::test]

@@ -15,6 +15,14 @@
 //! every record and index entry of a task once it is older than the retention, and
 //! [`TaskStore::trim_dead_letters`] keeps the dead-letter archive within its limits; every
 //! archived body is cut to [`DEAD_LETTER_BODY_BYTES`].
+//!
+//! A *blob reference index* records which tasks reference which blobs ([`blob_keys`]: the
+//! uploaded source, the downloaded image, every derivative), added with each write of a task
+//! and kept while the task lives (a derivative a reprocessing replaced stays referenced until
+//! its task expires). Expiring a task drops its references, and a blob it was the last task to
+//! reference becomes *released* ([`TaskStore::take_released_blobs`]): the blob sweeper
+//! ([`crate::blob_sweep`]) deletes it, and any other blob [`TaskStore::referenced_blobs`] says
+//! no task references, once it is older than `blob.orphan_grace`.
 
 pub mod embedded;
 pub mod redis;
@@ -22,6 +30,7 @@ pub mod redis;
 pub(crate) mod suite;
 
 use std::borrow::Cow;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -30,6 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::machine::Decision;
 use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
+use imagepipe_contracts::ImageSource;
 
 /// A store operation that failed; the coordinator retries it or surfaces it.
 #[derive(Debug, thiserror::Error)]
@@ -364,6 +374,33 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// How many dead letters the archive holds (the DLQ size gauge).
     async fn count_dead_letters(&self) -> Result<u64, StoreError>;
+
+    /// Whether a stored task references each of `keys` (blob keys, `sha256:<hex>`), in order:
+    /// one written with it among its [`blob_keys`] and not expired since.
+    async fn referenced_blobs(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError>;
+
+    /// Takes up to `max` blob keys that the expiry of their last referencing task released
+    /// (each key is handed out once; one taken and not deleted is found again by the blob
+    /// sweeper's listing).
+    async fn take_released_blobs(&self, max: usize) -> Result<Vec<String>, StoreError>;
+}
+
+/// The blobs `task` references: its uploaded source, its downloaded image, and every derivative
+/// its metadata output names (thumbnails, the preview).
+pub fn blob_keys(task: &Task) -> BTreeSet<&str> {
+    let mut keys = BTreeSet::new();
+    if let ImageSource::Blob(key) = &task.source {
+        keys.insert(key.as_str());
+    }
+    if let Some(download) = &task.outputs.download {
+        keys.insert(download.blob_key.as_str());
+    }
+    if let Some(metadata) = &task.outputs.metadata {
+        keys.insert(metadata.thumbnail_key.as_str());
+        keys.extend(metadata.thumbnails.iter().map(|t| t.key.as_str()));
+        keys.extend(metadata.preview_key.as_deref());
+    }
+    keys
 }
 
 /// When a task needs attention after a write: its timer, or `now + relay_grace` when it has

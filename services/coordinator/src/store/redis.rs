@@ -14,6 +14,9 @@
 //! | `P:{P:idx}:due`, `P:{P:idx}:claimed` | sorted sets: wake time, lease end | the index slot |
 //! | `P:{P:idx}:finished` | sorted set: finished tasks, score = time of the last transition | the index slot |
 //! | `P:{P:dlq}:entries`, `P:{P:dlq}:order` | dead-letter archive | the DLQ slot |
+//! | `P:{P:idx}:blob:<key>`, `P:{P:idx}:task_blobs:<id>` | sets: the tasks referencing a blob, the blobs a task references | the index slot |
+//! | `P:{P:idx}:released_blobs` | set: blobs whose last referencing task expired | the index slot |
+//! | `P:{P:idx}:blob_refs_built` | string: the blob references of the tasks written before they were kept are in | the index slot |
 //!
 //! # Atomicity across slots
 //!
@@ -39,8 +42,8 @@
 //! other index commands). [`TaskStore::expire_finished`] takes the entries older than the
 //! retention, reads each task and deletes, in this order: its index entries (only those scored
 //! with its creation time, so a new task that reuses the id keeps its own), its idempotency key
-//! (only while it names the task), its keys (only at the version read), and last its finished
-//! entry. A crash between the steps leaves the finished entry, so the next sweep finishes the
+//! (only while it names the task), its blob references (releasing the blobs no other task
+//! references), its keys (only at the version read), and last its finished entry. A crash between the steps leaves the finished entry, so the next sweep finishes the
 //! job. An entry whose task is not finished (its terminal write lost the compare-and-set) or is
 //! gone is dropped; one scored earlier than its task finished (a store written before the set
 //! was kept is indexed by creation time) is scored again.
@@ -53,7 +56,7 @@ use redis::{AsyncCommands, Script};
 
 use super::{
     Applied, Created, DeadLetter, DeadLetterPage, ListOrder, ListQuery, Listing, Settled, StoreError, TaskPage,
-    TaskStore, decode, encode, make_cursor, parse_cursor, rank, wake_at,
+    TaskStore, blob_keys, decode, encode, make_cursor, parse_cursor, rank, wake_at,
 };
 use crate::machine::Decision;
 use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
@@ -109,6 +112,18 @@ end
 return 0
 "#;
 
+/// Drops task ARGV[1]'s blob references: KEYS[1] its set of blobs, KEYS[2] the released set,
+/// KEYS[3..] the reference sets of the blobs ARGV[2..]; a blob left without references is
+/// released.
+const UNREFERENCE: &str = r#"
+for i = 3, #KEYS do
+  redis.call('SREM', KEYS[i], ARGV[1])
+  if redis.call('SCARD', KEYS[i]) == 0 then redis.call('SADD', KEYS[2], ARGV[i - 1]) end
+end
+redis.call('DEL', KEYS[1])
+return 0
+"#;
+
 /// Deletes the idempotency key KEYS[1] while it names task ARGV[1].
 const RELEASE_KEY: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -160,6 +175,7 @@ pub struct RedisStore {
     release_key: Script,
     forget: Script,
     trim_dead_letters: Script,
+    unreference: Script,
 }
 
 /// A score bound of a `ZRANGEBYSCORE`: `open` (`-inf` / `+inf`) at the end of the `u64` range.
@@ -200,10 +216,58 @@ impl RedisStore {
             release_key: Script::new(RELEASE_KEY),
             forget: Script::new(FORGET),
             trim_dead_letters: Script::new(TRIM_DEAD_LETTERS),
+            unreference: Script::new(UNREFERENCE),
         };
         store.build_in_flight_set().await?;
         store.build_finished_set().await?;
+        store.build_blob_references().await?;
         Ok(store)
+    }
+
+    /// Indexes the blob references of every task unless they are in (a store written before
+    /// they were kept): page by page through the creation index, then the marker. Replicas that
+    /// start together may both do it; the index is a set.
+    async fn build_blob_references(&self) -> Result<(), StoreError> {
+        const PAGE: isize = 500;
+        let mut conn = self.conn.clone();
+        let marker = self.index_key("blob_refs_built");
+        let built: bool = conn.exists(&marker).await.map_err(redis_err("indexing blob references"))?;
+        if built {
+            return Ok(());
+        }
+        let mut start = 0;
+        loop {
+            let ids: Vec<String> = conn
+                .zrange(self.index_key("all"), start, start + PAGE - 1)
+                .await
+                .map_err(redis_err("indexing blob references"))?;
+            let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            let tasks = self.get_many(&refs).await?;
+            let mut pipe = redis::pipe();
+            for task in tasks.iter().flatten() {
+                self.queue_blob_references(&mut pipe, task);
+            }
+            if !pipe.is_empty() {
+                pipe.query_async::<()>(&mut conn).await.map_err(redis_err("indexing blob references"))?;
+            }
+            if ids.len() < PAGE as usize {
+                break;
+            }
+            start += PAGE;
+        }
+        conn.set::<_, _, ()>(&marker, 1).await.map_err(redis_err("indexing blob references"))
+    }
+
+    /// Adds to `pipe` the records that `task` references its [`blob_keys`].
+    fn queue_blob_references(&self, pipe: &mut redis::Pipeline, task: &Task) {
+        let keys = blob_keys(task);
+        if keys.is_empty() {
+            return;
+        }
+        pipe.sadd(self.task_blobs_key(&task.id), &keys).ignore();
+        for key in keys {
+            pipe.sadd(self.blob_key(key), &task.id).ignore();
+        }
     }
 
     /// Builds the finished set from the terminal states' sets when it does not exist (a store
@@ -261,6 +325,14 @@ impl RedisStore {
         format!("{p}:{{{p}:idx}}:{name}", p = self.prefix)
     }
 
+    fn blob_key(&self, key: &str) -> String {
+        self.index_key(&format!("blob:{key}"))
+    }
+
+    fn task_blobs_key(&self, id: &str) -> String {
+        self.index_key(&format!("task_blobs:{id}"))
+    }
+
     fn state_key(&self, state: TaskState) -> String {
         self.index_key(&format!("state:{}", state.as_str()))
     }
@@ -291,6 +363,7 @@ impl RedisStore {
             if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, self.relay_grace) {
                 pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(&task.id).ignore();
             }
+            self.queue_blob_references(&mut pipe, task);
         }
         pipe.cmd("EXEC").ignore();
         let mut invocations = Vec::with_capacity(decisions.len());
@@ -394,6 +467,13 @@ impl RedisStore {
                 .await
                 .map_err(redis_err("expiring"))?;
         }
+        let blobs: Vec<String> = conn.smembers(self.task_blobs_key(&task.id)).await.map_err(redis_err("expiring"))?;
+        let mut unreference = self.unreference.key(self.task_blobs_key(&task.id));
+        unreference.key(self.index_key("released_blobs")).arg(&task.id);
+        for key in &blobs {
+            unreference.key(self.blob_key(key)).arg(key);
+        }
+        unreference.invoke_async::<()>(&mut conn).await.map_err(redis_err("expiring"))?;
         let deleted: i64 = self
             .forget
             .key(self.task_key(&task.id))
@@ -748,6 +828,29 @@ impl TaskStore for RedisStore {
     async fn count_dead_letters(&self) -> Result<u64, StoreError> {
         self.conn.clone().zcard(self.dlq_key("order")).await.map_err(redis_err("counting dead letters"))
     }
+
+    async fn referenced_blobs(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.exists(self.blob_key(key));
+        }
+        pipe.query_async(&mut self.conn.clone()).await.map_err(redis_err("reading blob references"))
+    }
+
+    async fn take_released_blobs(&self, max: usize) -> Result<Vec<String>, StoreError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        redis::cmd("SPOP")
+            .arg(self.index_key("released_blobs"))
+            .arg(max)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err("taking released blobs"))
+    }
 }
 
 #[cfg(test)]
@@ -862,9 +965,25 @@ pub(crate) mod tests {
     async fn an_expired_task_leaves_no_key_behind() {
         let (store, _cleanup) = make("expired").await;
         suite::expire_the_only_task(&store).await;
-        let keys: Vec<String> =
+        let mut keys: Vec<String> =
             redis::cmd("KEYS").arg(format!("{}:*", store.prefix)).query_async(&mut store.conn.clone()).await.unwrap();
-        assert!(keys.is_empty(), "left behind: {keys:?}");
+        keys.sort();
+        // The store's own marker, and the task's blobs, released for the blob sweeper.
+        assert_eq!(keys, [store.index_key("blob_refs_built"), store.index_key("released_blobs")]);
+        assert!(!store.take_released_blobs(10).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn tasks_written_before_blob_references_were_kept_keep_their_blobs() {
+        let (store, _cleanup) = make("legacy-blobs").await;
+        let keys = suite::write_a_blob_task(&store).await;
+        let mut conn = store.conn.clone();
+        let mut dropped = vec![store.index_key("blob_refs_built"), store.task_blobs_key("tsk_blob_legacy")];
+        dropped.extend(keys.iter().map(|k| store.blob_key(k)));
+        let () = conn.del(&dropped).await.unwrap();
+        assert_eq!(store.referenced_blobs(&[keys[0].as_str()]).await.unwrap(), [false]);
+        let again = RedisStore::connect(URL, &store.prefix, suite::RELAY_GRACE).await.unwrap();
+        suite::check_blobs_referenced(&again, &keys).await;
     }
 
     #[tokio::test]

@@ -42,6 +42,7 @@ macro_rules! store_suite {
             finished_tasks_expire_after_retention,
             expiry_takes_batches_and_spares_unfinished_tasks,
             dead_letters_are_capped_by_age_count_and_body_size,
+            blob_references_follow_their_tasks,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {
@@ -765,4 +766,101 @@ pub async fn time_listings(store: &impl TaskStore, n: u64) -> Vec<(&'static str,
         timings.push((name, runs[10]));
     }
     timings
+}
+
+/// A blob key made of one repeated hex digit.
+fn blob(digit: char) -> String {
+    format!("sha256:{}", digit.to_string().repeat(64))
+}
+
+/// Runs task `id`, uploaded as blob `source`, to completion at `done`: its metadata step wrote
+/// `thumbnail` and `preview`.
+async fn complete_upload(store: &impl TaskStore, id: &str, source: &str, thumbnail: &str, preview: &str, done: u64) {
+    use imagepipe_contracts::step::{StepOutput, Thumbnail};
+    let submit = SubmitTask { blob: Some(source.to_owned()), ..SubmitTask::default() };
+    let d = machine::create(id.into(), &submit, submit.validate().unwrap(), TraceId::random(), T0);
+    assert_eq!(store.create(&d).await.unwrap(), Created::New);
+    let mut task = start(store, &d.task, T0).await;
+    for step in imagepipe_contracts::Step::ALL {
+        let output = match crate::machine::tests::output(step) {
+            StepOutput::Download(mut download) => {
+                download.blob_key = source.to_owned();
+                StepOutput::Download(download)
+            }
+            StepOutput::Metadata(mut metadata) => {
+                metadata.thumbnail_key = thumbnail.to_owned();
+                let derivative = |name: &str, key: &str| Thumbnail {
+                    name: name.into(),
+                    key: key.into(),
+                    format: "webp".into(),
+                    width: 1,
+                    height: 1,
+                    size: 1,
+                };
+                metadata.thumbnails = vec![derivative("thumbnail", thumbnail), derivative("preview", preview)];
+                metadata.preview_key = Some(preview.to_owned());
+                StepOutput::Metadata(metadata)
+            }
+            other => other,
+        };
+        let result = StepResult {
+            task_id: id.into(),
+            step,
+            attempt: task.current_attempt(),
+            outcome: StepOutcome::Ok { output },
+        };
+        let d = next(&task, Input::Result(Box::new(result)), done);
+        assert_eq!(store.apply(&d).await.unwrap(), Applied::Yes);
+        task = d.task;
+    }
+    assert_eq!(task.state, TaskState::Completed);
+}
+
+pub async fn blob_references_follow_their_tasks(store: &impl TaskStore) {
+    let (upload, thumb_1, preview_1, thumb_2, preview_2, stray, unknown) =
+        (blob('a'), blob('b'), blob('c'), blob('d'), blob('e'), blob('f'), blob('0'));
+    let queued = SubmitTask { blob: Some(stray.clone()), ..SubmitTask::default() };
+    let d = machine::create("tsk_blob_queued".into(), &queued, queued.validate().unwrap(), TraceId::random(), T0);
+    assert_eq!(store.create(&d).await.unwrap(), Created::New);
+    let all = [&upload, &thumb_1, &preview_1, &thumb_2, &preview_2, &stray, &unknown].map(String::as_str);
+    assert_eq!(
+        store.referenced_blobs(&all).await.unwrap(),
+        [false, false, false, false, false, true, false],
+        "a queued upload's source is referenced from its creation"
+    );
+    // The same image uploaded twice: one blob, two tasks.
+    complete_upload(store, "tsk_blob_1", &upload, &thumb_1, &preview_1, T0 + 10).await;
+    complete_upload(store, "tsk_blob_2", &upload, &thumb_2, &preview_2, T0 + 20).await;
+    assert_eq!(store.referenced_blobs(&all).await.unwrap(), [true, true, true, true, true, true, false]);
+    assert!(store.take_released_blobs(10).await.unwrap().is_empty(), "nothing expired, nothing released");
+
+    assert_eq!(store.expire_finished(T0 + 10, 10).await.unwrap(), 1);
+    assert_eq!(
+        store.referenced_blobs(&all).await.unwrap(),
+        [true, false, false, true, true, true, false],
+        "the other task still references the upload"
+    );
+    let mut released = store.take_released_blobs(10).await.unwrap();
+    released.sort();
+    assert_eq!(released, [thumb_1.clone(), preview_1.clone()]);
+    assert!(store.take_released_blobs(10).await.unwrap().is_empty(), "each released key is handed out once");
+
+    assert_eq!(store.expire_finished(T0 + 20, 10).await.unwrap(), 1);
+    assert_eq!(store.take_released_blobs(1).await.unwrap().len(), 1, "at most `max`");
+    assert_eq!(store.take_released_blobs(10).await.unwrap().len(), 2, "the upload and the second's derivatives");
+    assert_eq!(store.referenced_blobs(&all).await.unwrap(), [false, false, false, false, false, true, false]);
+    assert!(store.referenced_blobs(&[]).await.unwrap().is_empty());
+}
+
+/// Writes a task uploaded as a blob and completed; returns its blob keys (for upgrade tests).
+pub async fn write_a_blob_task(store: &impl TaskStore) -> Vec<String> {
+    let (upload, thumbnail, preview) = (blob('1'), blob('2'), blob('3'));
+    complete_upload(store, "tsk_blob_legacy", &upload, &thumbnail, &preview, T0 + 10).await;
+    vec![upload, thumbnail, preview]
+}
+
+/// Checks that every one of `keys` is referenced.
+pub async fn check_blobs_referenced(store: &impl TaskStore, keys: &[String]) {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert_eq!(store.referenced_blobs(&keys).await.unwrap(), vec![true; keys.len()]);
 }

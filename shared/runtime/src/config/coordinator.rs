@@ -50,6 +50,9 @@ pub struct CoordinatorConfig {
     /// transition: then its record, history, indexes and idempotency key are deleted.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
+    /// Most reprocessing jobs (`POST /v1/reprocess`) one coordinator runs at once; one more is
+    /// refused with `429` until one ends or is cancelled.
+    pub max_reprocess_jobs: usize,
     /// Base URL of the tag indexer (`http://tag-indexer-worker:8080`): the coordinator's API
     /// forwards `GET /v1/search` there. Unset, that route answers `404 not_configured` naming
     /// this key; `imagepipe run` serves the search itself.
@@ -81,6 +84,7 @@ impl Default for CoordinatorConfig {
             sweep_interval: Duration::from_secs(1),
             dlq_groups: Vec::new(),
             retention: Duration::from_secs(7 * 24 * 3600),
+            max_reprocess_jobs: 4,
             search_url: None,
             stats_url: None,
             similarity_url: None,
@@ -114,6 +118,9 @@ impl CoordinatorConfig {
             deadline.map_or(Ok(()), |d| positive(key, d))?;
         }
         positive("coordinator.retention", self.retention)?;
+        if self.max_reprocess_jobs == 0 {
+            return Err(ConfigError::invalid("coordinator.max_reprocess_jobs", "must be at least 1"));
+        }
         for (key, url) in [
             ("coordinator.search_url", &self.search_url),
             ("coordinator.stats_url", &self.stats_url),
