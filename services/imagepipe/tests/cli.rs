@@ -522,7 +522,7 @@ async fn every_source_is_checked_before_any_is_submitted_and_a_bad_event_type_is
     for bad in ["bogus", "task.Completed", "task.completed,nope.*"] {
         let started = Instant::now();
         let err = usage_error(&imagepipe(args(&["watch", "--type", bad, "--api", &api])).await);
-        assert!(err.contains("--type") && err.contains(&format!("{:?}", bad.split(',').last().unwrap())), "{err}");
+        assert!(err.contains("--type") && err.contains(&format!("{:?}", bad.split(',').next_back().unwrap())), "{err}");
         assert!(started.elapsed() < Duration::from_secs(10), "an error, not a wait");
     }
     pipeline.stop().await.unwrap();
