@@ -12,7 +12,11 @@
 //! file, so no image item larger than that (primary, thumbnail, alpha, grid) gets anything
 //! allocated; the primary image's displayed size is then checked against `max_pixels`,
 //! `max_width` and `max_height`, and the bytes decoding will hold against `max_alloc_bytes`,
-//! before any pixel is decoded.
+//! before any pixel is decoded. libheif reads every metadata item (EXIF, XMP) whole while it
+//! parses the file, at the size the item's extents add up to, so those are read first ([`bmff`])
+//! and checked: no item may claim more bytes than the file has (extents over the same bytes),
+//! no metadata item more than [`MAX_METADATA_BLOCK`], all of them together no more than
+//! [`MAX_METADATA_BYTES`]; what they claim counts in [`HeifHeader::scratch_bytes`].
 //!
 //! **Failures.** Every libheif error maps onto [`ExtractError`] with libheif's message: a security
 //! limit is [`ExtractError::DecoderLimit`] (`pixel_limit`), anything else about the file is
@@ -24,8 +28,22 @@ use image::{ColorType, DynamicImage, ImageBuffer};
 use imagepipe_codec::heif::{HeifContext, HeifError, HeifHandle, ProfileType};
 use imagepipe_runtime::config::MetadataConfig;
 
+use crate::bmff;
 use crate::error::ExtractError;
 use crate::thumbnail;
+
+/// Most bytes one metadata item (EXIF, XMP) of a HEIF file may claim. A JPEG's EXIF lives in
+/// one APP1 segment, at most 64 KiB; HEIF items have no such bound, and camera EXIF blocks with
+/// maker notes stay well under this.
+pub const MAX_METADATA_BLOCK: u64 = 1 << 20;
+
+/// Most bytes all metadata items of one HEIF file may claim together.
+pub const MAX_METADATA_BYTES: u64 = 4 * MAX_METADATA_BLOCK;
+
+/// Item types libheif decodes as images (it reads their data when decoding, not when parsing);
+/// every other item is metadata to it.
+const IMAGE_ITEMS: [&[u8; 4]; 10] =
+    [b"hvc1", b"av01", b"grid", b"iden", b"iovl", b"jpeg", b"unci", b"vvc1", b"j2k1", b"avc1"];
 
 /// Which HEIF flavour a file is, by its brands (or, for the generic `mif1`/`msf1`, by its
 /// primary image's coding).
@@ -84,8 +102,8 @@ pub struct HeifHeader {
     pub upright: bool,
     /// Bytes of the decoded 8-bit RGB(A) image.
     pub pixel_bytes: u64,
-    /// Bytes libheif holds beside [`pixel_bytes`](Self::pixel_bytes) at the peak of decoding
-    /// ([`decoder_scratch`]).
+    /// Bytes held beside [`pixel_bytes`](Self::pixel_bytes) at the peak of decoding: the
+    /// decoder's ([`decoder_scratch`]) and the metadata items' twice (libheif's copy and ours).
     pub scratch_bytes: u64,
 }
 
@@ -103,7 +121,7 @@ pub fn sniff(bytes: &[u8]) -> Option<HeifKind> {
     const HEIC: [&[u8; 4]; 8] = [b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs"];
     const AVIF: [&[u8; 4]; 2] = [b"avif", b"avis"];
     const GENERIC: [&[u8; 4]; 2] = [b"mif1", b"msf1"];
-    let (kind, body) = boxes(bytes).next()?;
+    let (kind, body) = bmff::boxes(bytes).next()?;
     if &kind != b"ftyp" || body.len() < 8 {
         return None;
     }
@@ -126,18 +144,18 @@ pub fn sniff(bytes: &[u8]) -> Option<HeifKind> {
 /// does before it decodes anything.
 pub fn header(bytes: &[u8], settings: &MetadataConfig) -> Result<HeifHeader, ExtractError> {
     let kind = sniff(bytes).ok_or(ExtractError::UnsupportedFormat)?;
-    let context = read(bytes, kind, settings)?;
+    let (context, metadata) = read(bytes, kind, settings)?;
     let primary = context.primary().map_err(|e| failed(kind, e))?;
-    header_of(kind, &context, &primary, settings)
+    header_of(kind, &context, &primary, metadata, settings)
 }
 
 /// Decodes the primary image of `bytes` within `settings`' limits to 8-bit RGB, or RGBA when it
 /// has alpha, upright (see the module's notes on orientation), with its header.
 pub fn decode(bytes: &[u8], settings: &MetadataConfig, need: u32) -> Result<(DynamicImage, HeifHeader), ExtractError> {
     let kind = sniff(bytes).ok_or(ExtractError::UnsupportedFormat)?;
-    let context = read(bytes, kind, settings)?;
+    let (context, metadata) = read(bytes, kind, settings)?;
     let primary = context.primary().map_err(|e| failed(kind, e))?;
-    let header = header_of(kind, &context, &primary, settings)?;
+    let header = header_of(kind, &context, &primary, metadata, settings)?;
     let decoded = primary.decode_interleaved(header.has_alpha).map_err(|e| failed(kind, e))?;
     let decode_error = |reason: String| ExtractError::Decode { format: kind.name(), reason };
 
@@ -198,17 +216,68 @@ pub fn decoder_scratch(kind: HeifKind, pixels: u64, bit_depth: u8, alpha: bool) 
     }
 }
 
-/// A context that parsed `bytes` with libheif's image size limit at the configured edges.
-fn read<'a>(bytes: &'a [u8], kind: HeifKind, settings: &MetadataConfig) -> Result<HeifContext<'a>, ExtractError> {
+/// A context that parsed `bytes` with libheif's image size limit at the configured edges, once
+/// [`metadata_claim`] let it; with the bytes the metadata items claim.
+fn read<'a>(
+    bytes: &'a [u8],
+    kind: HeifKind,
+    settings: &MetadataConfig,
+) -> Result<(HeifContext<'a>, u64), ExtractError> {
+    let metadata = metadata_claim(bytes, kind)?;
     // libheif refuses an edge at or above its limit.
     let max_edge = settings.max_width.max(settings.max_height).saturating_add(1);
-    HeifContext::read(bytes, max_edge).map_err(|e| failed(kind, e))
+    let context = HeifContext::read(bytes, max_edge).map_err(|e| failed(kind, e))?;
+    Ok((context, metadata))
+}
+
+/// The bytes the metadata items of `bytes` claim together, checked as the module docs say
+/// before libheif allocates them.
+pub fn metadata_claim(bytes: &[u8], kind: HeifKind) -> Result<u64, ExtractError> {
+    let format = kind.name();
+    let Some(items) = bmff::items(bytes) else { return Ok(0) };
+    let claims = items.claims.clone().map_err(|e| ExtractError::Decode { format, reason: e.to_string() })?;
+    let file = bytes.len() as u64;
+    let mut metadata = 0u64;
+    for (id, claimed) in claims {
+        let kind = items.type_of(id);
+        let name = kind.map_or_else(|| "untyped".to_owned(), |k| String::from_utf8_lossy(&k).trim().to_owned());
+        if claimed > file {
+            return Err(ExtractError::Decode {
+                format,
+                reason: format!(
+                    "item {id} ({name}) claims {claimed} bytes, more than the file's {file}: its extents repeat the same bytes"
+                ),
+            });
+        }
+        if kind.is_some_and(|k| IMAGE_ITEMS.contains(&&k)) {
+            continue;
+        }
+        if claimed > MAX_METADATA_BLOCK {
+            return Err(ExtractError::DecoderLimit {
+                format,
+                limit: format!(
+                    "metadata item {id} ({name}) claims {claimed} bytes, over the {MAX_METADATA_BLOCK} a metadata block may have"
+                ),
+            });
+        }
+        metadata += claimed;
+        if metadata > MAX_METADATA_BYTES {
+            return Err(ExtractError::DecoderLimit {
+                format,
+                limit: format!(
+                    "the metadata items claim over {MAX_METADATA_BYTES} bytes together, the most a file may have"
+                ),
+            });
+        }
+    }
+    Ok(metadata)
 }
 
 fn header_of(
     kind: HeifKind,
     context: &HeifContext<'_>,
     primary: &HeifHandle<'_>,
+    metadata: u64,
     settings: &MetadataConfig,
 ) -> Result<HeifHeader, ExtractError> {
     let format = kind.name();
@@ -233,7 +302,7 @@ fn header_of(
     let (luma, chroma) = primary.bits_per_pixel();
     let bit_depth = u8::try_from(luma.max(chroma)).ok().filter(|&b| b > 0).unwrap_or(8);
     let pixel_bytes = pixels * if has_alpha { 4 } else { 3 };
-    let scratch_bytes = decoder_scratch(kind, pixels, bit_depth, has_alpha);
+    let scratch_bytes = decoder_scratch(kind, pixels, bit_depth, has_alpha).saturating_add(2 * metadata);
     let peak = pixel_bytes.saturating_add(scratch_bytes);
     if peak > settings.max_alloc_bytes {
         return Err(ExtractError::DecoderLimit {
@@ -241,7 +310,7 @@ fn header_of(
             limit: format!("decoding needs {peak} bytes, over the maximum of {}", settings.max_alloc_bytes),
         });
     }
-    let exif = match primary.metadata(c"Exif") {
+    let exif = match primary.metadata(c"Exif", MAX_METADATA_BLOCK as usize) {
         Ok(blocks) => blocks.iter().find_map(|block| exif_tiff(block)),
         Err(error) => {
             tracing::warn!(format, error = %error.message, "unreadable EXIF block; reported as absent");
@@ -296,71 +365,17 @@ fn failed(kind: HeifKind, error: HeifError) -> ExtractError {
     }
 }
 
-/// The top-level boxes of an ISO-BMFF file: (type, body). Stops at the first malformed box.
-fn boxes(bytes: &[u8]) -> impl Iterator<Item = ([u8; 4], &[u8])> {
-    let mut rest = bytes;
-    std::iter::from_fn(move || {
-        let size = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
-        let kind: [u8; 4] = rest.get(4..8)?.try_into().ok()?;
-        let (header, size) = match size {
-            0 => (8, rest.len()), // to the end of the file
-            1 => (16, usize::try_from(u64::from_be_bytes(rest.get(8..16)?.try_into().ok()?)).ok()?),
-            n => (8, n as usize),
-        };
-        if size < header || size > rest.len() {
-            // A truncated last box still shows its beginning (enough for `ftyp` and `meta`).
-            let body = rest.get(header..)?;
-            rest = &[];
-            return Some((kind, body));
-        }
-        let body = &rest[header..size];
-        rest = &rest[size..];
-        Some((kind, body))
-    })
-}
-
 /// For the generic brands: `Heic` or `Avif` by the coding of the primary item (`hvc1`, `av01`),
 /// or of any coded item when the primary is derived (a `grid`).
 fn primary_coding(bytes: &[u8]) -> Option<HeifKind> {
-    let (_, meta) = boxes(bytes).find(|(kind, _)| kind == b"meta")?;
-    let children = meta.get(4..)?; // version and flags
-    let mut primary = None;
-    let mut items: Vec<(u32, [u8; 4])> = Vec::new();
-    for (kind, body) in boxes(children) {
-        match &kind {
-            b"pitm" => {
-                primary = match body.first()? {
-                    0 => body.get(4..6).map(|b| u32::from(u16::from_be_bytes([b[0], b[1]]))),
-                    _ => body.get(4..8).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])),
-                }
-            }
-            b"iinf" => {
-                let skip = if *body.first()? == 0 { 6 } else { 8 };
-                for (kind, infe) in boxes(body.get(skip..)?) {
-                    if &kind != b"infe" {
-                        continue;
-                    }
-                    // infe version 2 (16-bit id) or 3 (32-bit id), then the protection index.
-                    let item = match infe.first()? {
-                        2 => infe.get(4..6).map(|b| u32::from(u16::from_be_bytes([b[0], b[1]]))).zip(infe.get(8..12)),
-                        3 => infe.get(4..8).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])).zip(infe.get(10..14)),
-                        _ => None,
-                    };
-                    if let Some((id, kind)) = item {
-                        items.push((id, kind.try_into().ok()?));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
+    let items = bmff::items(bytes)?;
     let coding = |kind: &[u8; 4]| match kind {
         b"hvc1" => Some(HeifKind::Heic),
         b"av01" => Some(HeifKind::Avif),
         _ => None,
     };
-    let primary = items.iter().find(|(id, _)| Some(*id) == primary).and_then(|(_, kind)| coding(kind));
-    primary.or_else(|| items.iter().find_map(|(_, kind)| coding(kind)))
+    let primary = items.primary.and_then(|id| items.type_of(id)).and_then(|kind| coding(&kind));
+    primary.or_else(|| items.types.iter().find_map(|(_, kind)| coding(kind)))
 }
 
 #[cfg(test)]

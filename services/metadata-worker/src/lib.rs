@@ -5,13 +5,15 @@
 //! `image.metadata_extracted` and reports the step.
 //!
 //! - [`decode`]: format detection and decoding under limits (pixel bombs fail before allocating).
-//! - [`heif`]: HEIC and AVIF through libheif, under the same limits, upright.
+//! - [`heif`]: HEIC and AVIF through libheif, under the same limits, upright; [`bmff`] reads
+//!   the boxes it checks before libheif parses the file.
 //! - [`exif`], [`frames`], [`colors`], [`phash`], [`thumbnail`]: one fact each.
 //! - [`extract`]: all of them from an image's bytes, pure CPU work.
 //! - [`handler`]: the step's [`StepHandler`](imagepipe_runtime::step::StepHandler): blob
 //!   store, blocking pool and memory budget (`metadata.memory_budget`).
 //! - [`run`]: the worker loop on a connected bus, for the binary, `imagepipe run` and tests.
 
+pub mod bmff;
 pub mod colors;
 pub mod decode;
 pub mod error;

@@ -443,3 +443,118 @@ fn with_ispe(heic: &[u8], width: u32, height: u32) -> Vec<u8> {
     assert!(found, "heif-enc writes an ispe property");
     bytes
 }
+
+/// `heic` (holding an EXIF item) with that item's extents replaced by `repeats` extents over
+/// the whole file: a small file whose EXIF item claims `repeats` × its length. The original
+/// `meta` box becomes a `free` box and the changed one is appended at the end of the file, so
+/// no file offset moves.
+fn with_repeated_exif_extents(heic: &[u8], repeats: u16) -> Vec<u8> {
+    let top = children(heic, 0, heic.len());
+    let meta = child(&top, b"meta");
+    let inside = children(heic, meta.body + 4, meta.end);
+    let iinf = child(&inside, b"iinf");
+    let skip = if heic[iinf.body] == 0 { 6 } else { 8 };
+    let exif_id = children(heic, iinf.body + skip, iinf.end)
+        .into_iter()
+        .find_map(|(_, infe)| {
+            assert_eq!(heic[infe.body], 2, "infe version 2");
+            let id = u16::from_be_bytes([heic[infe.body + 4], heic[infe.body + 5]]);
+            (&heic[infe.body + 8..infe.body + 12] == b"Exif").then_some(id)
+        })
+        .expect("the HEIC has an EXIF item");
+
+    let iloc = child(&inside, b"iloc");
+    let version = heic[iloc.body];
+    assert!(version < 2, "iloc version 0 or 1");
+    let (offset_size, length_size) = (usize::from(heic[iloc.body + 4] >> 4), usize::from(heic[iloc.body + 4] & 15));
+    let base_size = usize::from(heic[iloc.body + 5] >> 4);
+    let index_size = if version == 1 { usize::from(heic[iloc.body + 5] & 15) } else { 0 };
+    assert!(length_size == 4 || length_size == 8, "extent lengths are written");
+    let items = u16::from_be_bytes([heic[iloc.body + 6], heic[iloc.body + 7]]);
+    let mut pos = iloc.body + 8;
+    let mut exif_extents = None;
+    for _ in 0..items {
+        let id = u16::from_be_bytes([heic[pos], heic[pos + 1]]);
+        pos += 2 + if version == 1 { 2 } else { 0 } + 2 + base_size;
+        let count = usize::from(u16::from_be_bytes([heic[pos], heic[pos + 1]]));
+        let end = pos + 2 + count * (index_size + offset_size + length_size);
+        if id == exif_id {
+            exif_extents = Some((pos, end));
+        }
+        pos = end;
+    }
+    let (count_at, extents_end) = exif_extents.expect("the EXIF item is in iloc");
+    let entry = index_size + offset_size + length_size;
+    let delta = usize::from(repeats) * entry - (extents_end - count_at - 2);
+    let file_len = heic.len() + (meta.end - meta.start) + delta;
+
+    let mut new_meta = heic[meta.start..count_at].to_vec();
+    // Base offset 0: the extents' offsets are from the start of the file.
+    let base_at = new_meta.len() - base_size;
+    new_meta[base_at..].fill(0);
+    new_meta.extend_from_slice(&repeats.to_be_bytes());
+    for _ in 0..repeats {
+        // Offset 0, length: the whole file.
+        new_meta.extend(std::iter::repeat_n(0, index_size + offset_size));
+        new_meta.extend_from_slice(&(file_len as u64).to_be_bytes()[8 - length_size..]);
+    }
+    new_meta.extend_from_slice(&heic[extents_end..meta.end]);
+    let moved =
+        |at: BoxAt| BoxAt { start: at.start - meta.start, end: at.end - meta.start, body: at.body - meta.start };
+    add_to_size(&mut new_meta, moved(iloc), delta);
+    add_to_size(&mut new_meta, moved(meta), delta);
+
+    let mut bytes = heic.to_vec();
+    bytes[meta.start + 4..meta.start + 8].copy_from_slice(b"free");
+    bytes.extend_from_slice(&new_meta);
+    assert_eq!(bytes.len(), file_len);
+    bytes
+}
+
+/// A line of `/proc/self/status` in bytes (`VmHWM`: peak resident memory); `None` off Linux.
+fn status_bytes(name: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with(name))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[test]
+fn an_exif_item_claiming_more_than_the_file_is_refused_before_libheif_reads_it() {
+    let heic = heic_of_jpeg(&jpeg(&scene(64, 32), Some(camera_exif(1)), None));
+    assert!(decode(&heic).1.exif.is_some(), "heif-enc keeps the EXIF block");
+
+    // Its EXIF item once over the whole file: a claim within the file, read as before (not a
+    // TIFF structure any more, so reported as absent).
+    let once = with_repeated_exif_extents(&heic, 1);
+    let (_, header) = decode(&once);
+    assert_eq!(header.exif, None);
+    assert!(header.scratch_bytes >= 2 * once.len() as u64, "the block counts in the budget: {header:?}");
+
+    // 32 times (the most extents libheif reads of one item) over a file padded to 10 MiB: a
+    // claim of over 300 MiB.
+    let padding = vec![0u8; 10 << 20];
+    let padded = [&heic[..], &u32::try_from(padding.len() + 8).unwrap().to_be_bytes(), b"free", &padding].concat();
+    let bomb = with_repeated_exif_extents(&padded, 32);
+    let claimed = 32 * bomb.len() as u64;
+    assert!(claimed > 300 << 20, "{claimed}");
+    let resettable = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+    let before = status_bytes("VmHWM");
+    let error = failure(&bomb, &settings());
+    assert_eq!(error.code(), codes::DECODE_FAILED, "{error}");
+    let message = error.to_string();
+    assert!(message.contains("(Exif) claims") && message.contains(&claimed.to_string()), "{message}");
+    assert!(message.contains("extents repeat the same bytes"), "{message}");
+    if let (Some(before), Some(after), true) = (before, status_bytes("VmHWM"), resettable) {
+        assert!(after < before + (64 << 20), "peak resident memory grew from {before} to {after} bytes");
+    }
+
+    // A metadata item once over a file of more than a MiB: within the file, over the block
+    // limit, so `pixel_limit` naming it.
+    let padding = vec![0u8; heif::MAX_METADATA_BLOCK as usize];
+    let padded = [&heic[..], &u32::try_from(padding.len() + 8).unwrap().to_be_bytes(), b"free", &padding].concat();
+    let error = failure(&with_repeated_exif_extents(&padded, 1), &settings());
+    assert_eq!(error.code(), codes::PIXEL_LIMIT, "{error}");
+    let message = error.to_string();
+    assert!(message.contains("(Exif) claims") && message.contains(&heif::MAX_METADATA_BLOCK.to_string()), "{message}");
+}

@@ -63,6 +63,8 @@ struct Image {
 }
 
 const HEIF_ERROR_OK: heif_error_code = 0;
+/// `heif_error_Memory_allocation_error`.
+const HEIF_ERROR_MEMORY_ALLOCATION: heif_error_code = 6;
 /// `heif_suberror_Security_limit_exceeded`.
 const SUBERROR_SECURITY_LIMIT: c_int = 1000;
 const COLORSPACE_RGB: c_int = 1;
@@ -288,8 +290,9 @@ impl HeifHandle<'_> {
         }
     }
 
-    /// The raw metadata blocks of type `kind` (e.g. `c"Exif"`), as stored in the file.
-    pub fn metadata(&self, kind: &CStr) -> Result<Vec<Vec<u8>>, HeifError> {
+    /// The raw metadata blocks of type `kind` (e.g. `c"Exif"`), as stored in the file; a block
+    /// over `max_bytes` is a security-limit error, refused before anything is allocated for it.
+    pub fn metadata(&self, kind: &CStr, max_bytes: usize) -> Result<Vec<Vec<u8>>, HeifError> {
         // SAFETY: live handle; `kind` is NUL-terminated.
         let count = unsafe { heif_image_handle_get_number_of_metadata_blocks(self.raw(), kind.as_ptr()) };
         let mut ids = vec![0; usize::try_from(count).unwrap_or(0)];
@@ -303,6 +306,13 @@ impl HeifHandle<'_> {
             // SAFETY: live handle and an id libheif listed. The size is that of the item's
             // extents, which lie inside the file (libheif checks them against the input).
             let size = unsafe { heif_image_handle_get_metadata_size(self.raw(), id) };
+            if size > max_bytes {
+                return Err(HeifError {
+                    code: HEIF_ERROR_MEMORY_ALLOCATION,
+                    subcode: SUBERROR_SECURITY_LIMIT,
+                    message: format!("metadata block {id} has {size} bytes, over the limit of {max_bytes}"),
+                });
+            }
             let mut block = vec![0u8; size];
             if size > 0 {
                 // SAFETY: `block` has exactly the size libheif reported for this id.
