@@ -4,8 +4,9 @@
 //! model gives an image's predictions, tags and embedding (its pooled features, L2-normalised
 //! and int8-quantised: [`Embedding`]).
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use imagepipe_contracts::Embedding;
@@ -70,20 +71,39 @@ impl Classifier {
         &self.model
     }
 
+    /// The gate of its analysis slots (`ai.threads`), shared by its clones.
+    pub fn slots(&self) -> &PriorityGate {
+        &self.slots
+    }
+
     /// Analyses an image's bytes on the blocking pool, waiting for a free slot, then (its header
     /// read on the blocking pool) for its share of the memory budget; a header over the limits
     /// fails without waiting. An analysis abandoned by its caller keeps its slot and share until
     /// it ends.
     pub async fn analyze(&self, bytes: Bytes) -> Result<AnalysisOutput, AnalyzeError> {
-        let slot = self.slots.acquire().await;
+        self.analyze_by(bytes, None).await
+    }
+
+    /// [`Classifier::analyze`] for a caller who cannot wait long (a search by image): when the
+    /// slot, the memory and the core it needs are not all taken within `wait`,
+    /// [`AnalyzeError::Busy`], having taken nothing.
+    pub async fn analyze_within(&self, bytes: Bytes, wait: Duration) -> Result<AnalysisOutput, AnalyzeError> {
+        self.analyze_by(bytes, Some(wait)).await
+    }
+
+    /// [`Classifier::analyze`], waiting for the slot, the memory and a core until `wait` has
+    /// passed, when given.
+    async fn analyze_by(&self, bytes: Bytes, wait: Option<Duration>) -> Result<AnalysisOutput, AnalyzeError> {
+        let deadline = wait.map(|wait| (tokio::time::Instant::now() + wait, wait));
+        let slot = within(deadline, self.slots.acquire()).await?;
         let needed = tokio::task::spawn_blocking({
             let (bytes, max_pixels) = (bytes.clone(), self.settings.max_pixels);
             move || memory_needed(&bytes, max_pixels)
         })
         .await
         .map_err(crashed)??;
-        let memory = self.budget.acquire(needed).await;
-        let cpu = imagepipe_runtime::gate::cpu().acquire().await;
+        let memory = within(deadline, self.budget.acquire(needed)).await?;
+        let cpu = within(deadline, imagepipe_runtime::gate::cpu().acquire()).await?;
         let (model, settings) = (self.model.clone(), self.settings.clone());
         let started = Instant::now();
         let analysis = tokio::task::spawn_blocking(move || {
@@ -93,6 +113,18 @@ impl Classifier {
         .await;
         ::metrics::histogram!(metrics::ANALYZE_DURATION).record(started.elapsed().as_secs_f64());
         analysis.map_err(crashed)?
+    }
+}
+
+/// `wait`'s output, or [`AnalyzeError::Busy`] when `deadline` (with the wait it ends) passes
+/// first.
+async fn within<F: Future>(
+    deadline: Option<(tokio::time::Instant, Duration)>,
+    wait: F,
+) -> Result<F::Output, AnalyzeError> {
+    match deadline {
+        None => Ok(wait.await),
+        Some((at, waited)) => tokio::time::timeout_at(at, wait).await.map_err(|_| AnalyzeError::Busy { waited }),
     }
 }
 

@@ -120,6 +120,15 @@ pub enum AnalyzeError {
     /// The blocking task analysing the image panicked.
     #[error("the analysis crashed on this image")]
     Panicked,
+    /// A caller that waits a bounded time ([`Classifier::analyze_within`]) got no model slot
+    /// (`ai.threads`), memory or core within it.
+    ///
+    /// [`Classifier::analyze_within`]: crate::Classifier::analyze_within
+    #[error("the model stayed busy for {waited:?} (every slot of ai.threads taken, or ai.memory_budget spent)")]
+    Busy {
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
 }
 
 impl AnalyzeError {
@@ -128,12 +137,12 @@ impl AnalyzeError {
         match self {
             Self::UnsupportedFormat | Self::Decode(_) | Self::Empty { .. } => codes::DECODE_FAILED,
             Self::TooManyPixels { .. } => codes::PIXEL_LIMIT,
-            Self::Inference(_) | Self::Panicked | Self::Embedding { .. } => codes::INFERENCE_FAILED,
+            Self::Inference(_) | Self::Panicked | Self::Embedding { .. } | Self::Busy { .. } => codes::INFERENCE_FAILED,
         }
     }
 
     /// Whether another attempt on the same bytes may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Inference(_) | Self::Panicked)
+        matches!(self, Self::Inference(_) | Self::Panicked | Self::Busy { .. })
     }
 }

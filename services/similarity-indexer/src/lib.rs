@@ -32,6 +32,7 @@ use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
 use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
 use imagepipe_runtime::embedded::EmbeddedDb;
+use imagepipe_runtime::http::UploadSlots;
 use imagepipe_runtime::service::checks;
 use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
@@ -135,7 +136,7 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
     let settings = &service.settings;
     let live = Arc::new(LiveIndex::new(settings.similarity.clone()));
     let api = api(settings, service.bus.clone(), store.clone(), live.clone(), None, service.shutdown.clone()).await?;
-    service.serve(routes(api, settings.download.max_bytes));
+    service.serve(routes(api, settings.download.max_bytes, UploadSlots::from_config(&settings.http)));
     run(service.bus.clone(), settings, store, live, service.shutdown.clone()).await
 }
 

@@ -1,9 +1,11 @@
 //! The `similarity` section: when the similarity indexer calls two images near-duplicates, and
-//! when its vector index turns approximate.
+//! when its vector index turns approximate, how long a search by image waits for the model.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::{ConfigError, positive};
 
 /// The `similarity` section (the similarity indexer's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -21,11 +23,22 @@ pub struct SimilarityConfig {
     pub exact_limit: usize,
     /// Lowest cosine kept as a pair for `GET /v1/duplicates` (its `threshold` may not go lower).
     pub pair_floor: f64,
+    /// Longest a `POST /v1/search/similar` waits for a free model slot (`ai.threads`, shared
+    /// with the AI worker in `imagepipe run`) and its share of `ai.memory_budget`; then it is
+    /// answered `503 busy` with `Retry-After`.
+    #[serde(with = "humantime_serde")]
+    pub model_wait: Duration,
 }
 
 impl Default for SimilarityConfig {
     fn default() -> Self {
-        Self { phash_max_distance: 6, duplicate_threshold: 0.85, exact_limit: 50_000, pair_floor: 0.75 }
+        Self {
+            phash_max_distance: 6,
+            duplicate_threshold: 0.85,
+            exact_limit: 50_000,
+            pair_floor: 0.75,
+            model_wait: Duration::from_secs(5),
+        }
     }
 }
 
@@ -46,6 +59,6 @@ impl SimilarityConfig {
         if self.exact_limit == 0 {
             return Err(ConfigError::invalid("similarity.exact_limit", "must be at least 1"));
         }
-        Ok(())
+        positive("similarity.model_wait", self.model_wait)
     }
 }
