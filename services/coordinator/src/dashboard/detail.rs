@@ -20,6 +20,7 @@ use serde::Deserialize;
 
 use super::access::Viewer;
 use super::layout::{self, Section};
+use super::search::image_card;
 use super::tasks::{self, state_badge};
 use super::{Dashboard, format};
 use crate::api::{History, TaskView};
@@ -94,10 +95,7 @@ pub async fn similar(State(dashboard): State<Dashboard>, _viewer: Viewer, Path(i
         .await
         .map(|answer| above_floor(answer.results));
     let names = match &answer {
-        Ok((shown, _)) => {
-            let ids: Vec<&str> = shown.iter().map(|image| image.task_id.as_str()).collect();
-            tasks::fetch(&dashboard, &ids).await.into_iter().map(|task| (task.id.clone(), task)).collect()
-        }
+        Ok((shown, _)) => tasks::by_id(&dashboard, shown.iter().map(|image| image.task_id.as_str())).await,
         Err(_) => HashMap::new(),
     };
     Html(similar_images(&answer, &names).into_string()).into_response()
@@ -124,20 +122,11 @@ fn similar_images(answer: &Result<(Vec<SimilarImage>, usize), ApiError>, names: 
                 } @else {
                     ul.grid {
                         @for image in shown {
-                            @let task = names.get(&image.task_id);
-                            @let name = task.map_or_else(|| format!("task {}", image.task_id), describe::name);
                             li data-similar-task=(image.task_id) {
-                                a href=(format!("/tasks/{}", image.task_id)) title=[task.map(describe::source)] {
-                                    @match &image.thumbnail_key {
-                                        Some(key) => img src=(format!("/v1/blobs/{key}")) alt=(name) loading="lazy" width="128" height="128";,
-                                        None => span.no-thumb { "no thumbnail" },
-                                    }
-                                    span.caption {
-                                        span.name data-name { (name) }
-                                        "cosine " (format!("{:.3}", image.cosine))
-                                        @if let Some(distance) = image.phash_distance { " · pHash " (distance) }
-                                    }
-                                }
+                                (image_card(&image.task_id, names.get(&image.task_id), image.thumbnail_key.as_deref(), html! {
+                                    "cosine " (format!("{:.3}", image.cosine))
+                                    @if let Some(distance) = image.phash_distance { " · pHash " (distance) }
+                                }))
                             }
                         }
                     }

@@ -99,7 +99,7 @@ pub async fn submit(State(dashboard): State<Dashboard>, peer: Peer, headers: Hea
         Ok(cookie) => ([(header::SET_COOKIE, cookie)], Redirect::to(&next)).into_response(),
         Err(LoginRefused::WrongToken) => {
             tokio::time::sleep(WRONG_TOKEN_DELAY).await;
-            form_page(StatusCode::UNAUTHORIZED, &next, Some("That is not a token of this service."))
+            form_page(StatusCode::UNAUTHORIZED, &next, Some("That is not the token."))
         }
         Err(LoginRefused::TooManyFailures(wait)) => {
             let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);

@@ -4,6 +4,8 @@
 //! live through `/partials/task-rows?ids=...`. A tag filter asks the tag indexer (`/v1/search`)
 //! for the matching tasks, the best 50; the other filters are the store's (`/v1/tasks`).
 
+use std::collections::HashMap;
+
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::response::Html;
@@ -194,8 +196,14 @@ async fn by_tag(
         .collect())
 }
 
+/// The tasks of `ids` that exist, by id.
+pub(super) async fn by_id(dashboard: &Dashboard, ids: impl Iterator<Item = &str>) -> HashMap<String, Task> {
+    let ids: Vec<&str> = ids.collect();
+    fetch(dashboard, &ids).await.into_iter().map(|task| (task.id.clone(), task)).collect()
+}
+
 /// The tasks of `ids` that exist, in that order.
-pub(super) async fn fetch(dashboard: &Dashboard, ids: &[&str]) -> Vec<Task> {
+async fn fetch(dashboard: &Dashboard, ids: &[&str]) -> Vec<Task> {
     let found = join_all(ids.iter().map(|id| dashboard.api.get::<TaskView>(format!("/v1/tasks/{id}")))).await;
     found.into_iter().filter_map(Result::ok).map(|view| view.task).collect()
 }

@@ -104,17 +104,28 @@ impl Access {
         peer.client_ip(headers, &self.inner.proxies)
     }
 
-    /// `429 too_many_failures` with `Retry-After`, when the client used up its failed attempts.
-    fn throttled(&self, client: Option<IpAddr>) -> Option<Response> {
-        let wait = self.inner.throttle.retry_after(client?)?;
-        Some(too_many_failures(wait))
-    }
-
-    fn failed(&self, client: Option<IpAddr>, what: &str) {
-        if let Some(ip) = client {
-            self.inner.throttle.failed(ip);
+    /// The token `given` is, made as an attempt of `client` ([`Throttle::attempt`]): `Err` with
+    /// how long the client must wait when it used up its failed attempts; a wrong token counts
+    /// (and is logged as `what`).
+    fn attempt(
+        &self,
+        client: Option<IpAddr>,
+        given: &str,
+        what: &str,
+    ) -> Result<Option<&ScopedToken>, std::time::Duration> {
+        let mut found = None;
+        let mut find = || {
+            found = self.bearer(given);
+            found.is_some()
+        };
+        let known = match client {
+            Some(ip) => self.inner.throttle.attempt(ip, find)?,
+            None => find(),
+        };
+        if !known {
+            tracing::warn!(client = ?client, "{what}");
         }
-        tracing::warn!(client = ?client, "{what}");
+        Ok(found)
     }
 
     /// The caller of a `/v1` request from `peer`, or the answer refusing it: `403 cross_origin`
@@ -131,17 +142,18 @@ impl Access {
             return Caller::new(None, Scope::Admin).lowered_by(headers);
         }
         let client = self.client(peer, headers);
-        if let Some(refused) = self.throttled(client) {
-            return Err(refused);
-        }
         let caller = if let Some(given) = headers.get(header::AUTHORIZATION) {
-            let token = given.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).and_then(|t| self.bearer(t));
-            let Some(token) = token else {
-                self.failed(client, "an API request with a wrong bearer token");
-                return Err(unauthorized());
-            };
-            Caller::new(Some(&token.name), token.scope)
+            // Not `Bearer <token>` at all is a wrong token too.
+            let given = given.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default();
+            match self.attempt(client, given, "an API request with a wrong bearer token") {
+                Ok(Some(token)) => Caller::new(Some(&token.name), token.scope),
+                Ok(None) => return Err(unauthorized()),
+                Err(wait) => return Err(too_many_failures(wait)),
+            }
         } else {
+            if let Some(wait) = client.and_then(|ip| self.inner.throttle.retry_after(ip)) {
+                return Err(too_many_failures(wait));
+            }
             let Some((session, token)) = self.session(headers, now_ms) else { return Err(unauthorized()) };
             if session::is_state_changing(method) && !session.csrf_in(headers) {
                 let message =
@@ -175,13 +187,8 @@ impl Access {
         now_ms: u64,
     ) -> Result<HeaderValue, LoginRefused> {
         let client = self.client(peer, headers);
-        if let Some(wait) = client.and_then(|ip| self.inner.throttle.retry_after(ip)) {
-            return Err(LoginRefused::TooManyFailures(wait));
-        }
-        let Some(token) = self.bearer(given) else {
-            self.failed(client, "a dashboard login with a wrong token");
-            return Err(LoginRefused::WrongToken);
-        };
+        let token = self.attempt(client, given, "a dashboard login with a wrong token");
+        let token = token.map_err(LoginRefused::TooManyFailures)?.ok_or(LoginRefused::WrongToken)?;
         let session = Session::issue(&token.name, &token.token, now_ms);
         let secure = peer.forwarded_https(headers, &self.inner.proxies);
         tracing::info!(token = %token.name, "dashboard login");

@@ -54,18 +54,40 @@ impl Throttle {
 
     /// How long `ip` must still wait, when it used up its failures; `None` when it may try.
     pub fn retry_after(&self, ip: IpAddr) -> Option<Duration> {
-        let now = Instant::now();
         let windows = self.windows.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let window = windows.get(&key(ip))?;
+        self.wait(&windows, key(ip), Instant::now())
+    }
+
+    fn wait(&self, windows: &HashMap<IpAddr, Window>, key: IpAddr, now: Instant) -> Option<Duration> {
+        let window = windows.get(&key)?;
         let ends = window.started + self.window;
         (window.failures >= self.limit && ends > now).then(|| ends - now)
     }
 
-    /// Counts a failed attempt of `ip`.
-    pub fn failed(&self, ip: IpAddr) {
+    /// Makes the attempt `succeeds` of `ip` unless `ip` used up its failures (then `Err` with
+    /// how long it must still wait), and counts it when it fails. The table is held throughout,
+    /// so attempts made at once cannot slip past the limit together.
+    pub fn attempt(&self, ip: IpAddr, succeeds: impl FnOnce() -> bool) -> Result<bool, Duration> {
         let now = Instant::now();
         let key = key(ip);
         let mut windows = self.windows.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(wait) = self.wait(&windows, key, now) {
+            return Err(wait);
+        }
+        let succeeded = succeeds();
+        if !succeeded {
+            self.count(&mut windows, key, now);
+        }
+        Ok(succeeded)
+    }
+
+    /// Counts a failed attempt of `ip`.
+    pub fn failed(&self, ip: IpAddr) {
+        let mut windows = self.windows.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.count(&mut windows, key(ip), Instant::now());
+    }
+
+    fn count(&self, windows: &mut HashMap<IpAddr, Window>, key: IpAddr, now: Instant) {
         if !windows.contains_key(&key) && windows.len() >= self.capacity {
             windows.retain(|_, w| w.started + self.window > now);
             if windows.len() >= self.capacity
@@ -118,6 +140,24 @@ mod tests {
         assert_eq!(throttle.retry_after(guesser), None, "a new window");
         throttle.failed(guesser);
         assert_eq!(throttle.retry_after(guesser), None, "counting starts over");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_runs_only_while_the_address_may_try_and_counts_when_it_fails() {
+        let throttle = Throttle::new(2, MINUTE);
+        let guesser = ip("192.0.2.7");
+        assert_eq!(throttle.attempt(guesser, || true), Ok(true), "a success");
+        assert_eq!(throttle.attempt(guesser, || false), Ok(false));
+        assert_eq!(throttle.attempt(guesser, || false), Ok(false));
+        let mut ran = false;
+        assert_eq!(
+            throttle.attempt(guesser, || {
+                ran = true;
+                true
+            }),
+            Err(MINUTE)
+        );
+        assert!(!ran, "a blocked address's attempt is not made");
     }
 
     #[tokio::test(start_paused = true)]
