@@ -186,6 +186,12 @@ impl EventHub {
         self.fed.send_replace(fed);
     }
 
+    /// Whether events reach the hub now: false while a feeder that subscribes on demand has no
+    /// subscription in place (nobody watches).
+    pub fn is_fed(&self) -> bool {
+        *self.fed.borrow()
+    }
+
     /// Ends every stream, now and later: the coordinator is stopping.
     pub fn close(&self) {
         self.closed.trigger();

@@ -262,8 +262,15 @@ async fn a_stopped_coordinator_leaves_no_events_consumer_on_nats() {
             }
         }
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The hub starts fed; the feeder marks it unfed when it starts (after every other consumer
+    // is open) and feeds it only once subscribed: unfed and no group is the feeder waiting.
+    let started = tokio::time::Instant::now();
+    while hub.is_fed() {
+        assert!(started.elapsed() < Duration::from_secs(30), "the event feeder never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(events.consumer_info(&group).await.is_err(), "no group while nobody watches");
+    assert!(!hub.is_fed(), "no subscription while nobody watches");
     let watching = hub.watch().await.unwrap();
     exists(true).await;
     let info = events.consumer_info(&group).await.unwrap();
