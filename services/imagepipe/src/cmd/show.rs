@@ -3,13 +3,11 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
+use imagepipe_contracts::Step;
 use imagepipe_contracts::step::AnalysisOutput;
-use imagepipe_contracts::{ImageSource, Step};
 use imagepipe_coordinator::{Task, TaskState};
 
-/// The label `imagepipe submit` gives a task made from an uploaded file: the file's name, so
-/// `status` and `list` can show where the image came from (the blob key alone does not say).
-pub const FILE_LABEL: &str = "file";
+pub use imagepipe_coordinator::describe::{FILE_LABEL, attempts, failure_reason, source};
 
 /// How many tags a one-line summary shows.
 const SUMMARY_TAGS: usize = 5;
@@ -40,30 +38,6 @@ pub fn size(bytes: u64) -> String {
     }
 }
 
-/// `1 attempt`, `5 attempts`.
-pub fn attempts(n: u32) -> String {
-    format!("{n} attempt{}", if n == 1 { "" } else { "s" })
-}
-
-/// Where the task's image comes from: `coffee.jpg (uploaded, sha256:1f2e3d4c5b6a…)` for an
-/// upload (the name is its [`FILE_LABEL`]), or the URL with scheme, host and path only (user
-/// info, query and fragment may carry credentials).
-pub fn source(task: &Task) -> String {
-    match &task.source {
-        ImageSource::Url(url) => match url::Url::parse(url) {
-            Ok(url) => imagepipe_net::redacted_url(&url),
-            Err(_) => "(an unparsable URL)".to_owned(),
-        },
-        ImageSource::Blob(key) => {
-            let short = format!("{}…", key.chars().take("sha256:".len() + 12).collect::<String>());
-            match task.labels.get(FILE_LABEL) {
-                Some(name) => format!("{name} (uploaded, {short})"),
-                None => format!("uploaded {short}"),
-            }
-        }
-    }
-}
-
 /// `espresso (95%)`: the model's best label.
 pub fn top_label(analysis: &AnalysisOutput) -> Option<String> {
     analysis.predictions.first().map(|p| format!("{} ({:.0}%)", p.label, p.score * 100.0))
@@ -87,36 +61,6 @@ pub fn outcome(task: &Task) -> String {
     }
 }
 
-/// Why a task failed (`failed at download after 5 attempts: http_500: …`) or was cancelled
-/// (`cancelled: reason`); its state otherwise.
-pub fn failure_reason(task: &Task) -> String {
-    if let Some(f) = &task.failure {
-        return format!(
-            "failed at {} after {}: {}: {}",
-            f.step,
-            attempts(f.attempt),
-            f.error.code,
-            without_gave_up(&f.error.message)
-        );
-    }
-    match (task.state, &task.cancel_requested) {
-        (TaskState::Cancelled, Some(c)) => match &c.reason {
-            Some(reason) => format!("cancelled: {reason}"),
-            None => "cancelled".to_owned(),
-        },
-        (state, _) => state.to_string(),
-    }
-}
-
-/// `message` without the ` (gave up after 5 of 5 attempts)` the coordinator appends when a
-/// step ran out of attempts: [`failure_reason`] already says how many there were.
-fn without_gave_up(message: &str) -> &str {
-    match message.rfind(" (gave up after ") {
-        Some(at) if message.ends_with(" attempts)") => &message[..at],
-        _ => message,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,13 +76,5 @@ mod tests {
         assert_eq!(duration(340), "340 ms");
         assert_eq!(duration(1_240), "1.2 s");
         assert_eq!(size(71_300), "71.3 KB");
-        assert_eq!(attempts(1), "1 attempt");
-        assert_eq!(attempts(5), "5 attempts");
-    }
-
-    #[test]
-    fn the_coordinators_gave_up_note_is_not_repeated() {
-        assert_eq!(without_gave_up("server error (gave up after 5 of 5 attempts)"), "server error");
-        assert_eq!(without_gave_up("not found"), "not found");
     }
 }
