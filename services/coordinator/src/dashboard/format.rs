@@ -35,6 +35,12 @@ pub fn duration_ms(ms: f64) -> String {
     }
 }
 
+/// A count with its noun in the right number: `1 delivery`, `2 deliveries`, `0 letters`.
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// A `datetime-local` form value (`2026-11-26T08:13`, UTC) as Unix ms; `None` for an empty
 /// value, an error message for one that is no time.
 pub fn parse_form_time(value: &str, field: &str) -> Result<Option<u64>, String> {
@@ -63,6 +69,14 @@ mod tests {
         assert_eq!(duration_ms(1_240.0), "1.24 s");
         assert_eq!(duration_ms(125_000.0), "2 min 5 s");
         assert_eq!(duration_ms(11_520_000.0), "3 h 12 min");
+    }
+
+    #[test]
+    fn counts_take_the_singular_only_for_one() {
+        assert_eq!(count(1u32, "delivery", "deliveries"), "1 delivery");
+        assert_eq!(count(2u32, "delivery", "deliveries"), "2 deliveries");
+        assert_eq!(count(0u64, "letter", "letters"), "0 letters");
+        assert_eq!(count(1u64, "letter", "letters"), "1 letter");
     }
 
     #[test]

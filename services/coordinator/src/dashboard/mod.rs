@@ -60,6 +60,7 @@ impl Dashboard {
             .route("/partials/task-rows", get(tasks::rows))
             .route("/tasks/{id}", get(detail::page))
             .route("/partials/tasks/{id}", get(detail::partial))
+            .route("/partials/tasks/{id}/similar", get(detail::similar))
             .route("/search", get(search::page))
             .route("/dlq", get(dlq::page))
             .route("/login", get(login::form).post(login::submit))

@@ -8,6 +8,9 @@
   const FLUSH_MS = 250; // at most 4 refreshes per second
   const IDLE_REFRESH_MS = 5000; // the overview's queue figures change without events
   const MAX_ROWS = 50;
+  const SIMILAR_RETRY_MS = 2000; // while a task's similar images are not known yet
+  const SIMILAR_RETRIES = 30;
+  const FILE_LABEL = "file"; // the label naming an uploaded file (describe::FILE_LABEL)
 
   const csrfMeta = document.querySelector('meta[name="csrf-token"]');
   const csrf = csrfMeta ? csrfMeta.content : null;
@@ -201,6 +204,7 @@
       output.textContent = "Uploading…";
       try {
         const labels = parseLabels(form.elements.labels.value);
+        if (!(FILE_LABEL in labels)) labels[FILE_LABEL] = file.name;
         const blob = await api("POST", "/v1/blobs", file, file.type || "application/octet-stream");
         const accepted = await api("POST", "/v1/tasks", JSON.stringify({ blob: blob.key, labels, priority: form.elements.priority.value }));
         output.textContent = "";
@@ -224,17 +228,22 @@
 
   // ---- similar images ----------------------------------------------------------------------
 
+  // The results of a similar-image search at the holder's data-min-cosine or above (the
+  // server's detail::SIMILAR_FLOOR), and how many were below it.
   function renderSimilar(holder, results, emptyText) {
     holder.textContent = "";
-    if (!results || results.length === 0) {
+    const floor = Number(holder.dataset.minCosine || 0);
+    const shown = (results || []).filter((hit) => Number(hit.cosine) >= floor);
+    const hidden = (results || []).length - shown.length;
+    const note = (text) => {
       const p = document.createElement("p");
-      p.textContent = emptyText;
+      p.textContent = text;
       holder.appendChild(p);
-      return;
-    }
+    };
+    if (shown.length === 0) note(emptyText);
     const list = document.createElement("ul");
     list.className = "grid";
-    for (const hit of results) {
+    for (const hit of shown) {
       const item = document.createElement("li");
       const link = document.createElement("a");
       link.href = "/tasks/" + encodeURIComponent(hit.taskId);
@@ -254,20 +263,34 @@
       item.appendChild(link);
       list.appendChild(item);
     }
-    holder.appendChild(list);
+    if (shown.length > 0) holder.appendChild(list);
+    if (hidden > 0) {
+      note(hidden + (hidden === 1 ? " less similar image" : " less similar images") + " (cosine below " + floor + ") not shown.");
+    }
   }
 
+  // A task's similar images, rendered by the server (/partials/tasks/{id}/similar); asked
+  // again a little later while the server says they are not known yet.
+  let similarTries = 0;
   async function loadSimilar(holder) {
     holder.dataset.loaded = "true";
+    similarTries += 1;
     try {
-      const answer = await api("GET", "/v1/tasks/" + encodeURIComponent(holder.dataset.similar) + "/similar?limit=8");
-      renderSimilar(holder, answer.results, "No similar image yet.");
+      const response = await fetch("/partials/tasks/" + encodeURIComponent(holder.dataset.similar) + "/similar", { credentials: "same-origin" });
+      if (response.status === 401) { window.location.reload(); return; }
+      const html = await response.text();
+      if (!response.ok) throw new Error(response.status + " " + html.slice(0, 200));
+      holder.innerHTML = html;
     } catch (e) {
-      holder.dataset.loaded = "false";
       holder.textContent = "";
       const p = document.createElement("p");
+      p.dataset.similarPending = "";
       p.textContent = "Similar images unavailable: " + e.message;
       holder.appendChild(p);
+    }
+    if (holder.querySelector("[data-similar-pending]")) {
+      holder.dataset.loaded = "false";
+      if (similarTries < SIMILAR_RETRIES) setTimeout(() => { if (holder.dataset.loaded !== "true") loadSimilar(holder); }, SIMILAR_RETRY_MS);
     }
   }
 
@@ -313,7 +336,7 @@
       }
       try {
         const report = await api("POST", "/v1/dlq/replay", JSON.stringify(filter));
-        toast("Replayed " + (report.replayed || 0) + " of " + report.matched + " matching letters");
+        toast("Replayed " + (report.replayed || 0) + " of " + report.matched + (report.matched === 1 ? " matching letter" : " matching letters"));
         setTimeout(() => window.location.reload(), 800);
       } catch (e) {
         toast(e.message, "error");
