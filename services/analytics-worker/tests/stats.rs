@@ -479,9 +479,7 @@ async fn the_last_hour_is_served_in_its_documented_shape() {
         store.record(&update(EventType::TaskCompleted, task, at + 1_000)).await.unwrap();
     }
     store.record(&failed_with("d", T0 - 1_000, "http_404")).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(axum::serve(listener, api::routes(store)).into_future());
+    let addr = testing::serve_api(api::routes(store)).await;
 
     let (status, body) = get(addr, "/v1/stats").await;
     assert_eq!(status, 200, "{body}");
@@ -546,9 +544,7 @@ async fn events_are_counted_once_and_served_as_stats() {
     let bus = Bus::connect(&BusConfig::default()).await.unwrap();
     drop(bus.events.subscribe(subscription(&settings)).await.unwrap());
     let store: Arc<dyn StatsStore> = Arc::new(MemoryStore::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(axum::serve(listener, api::routes(store.clone())).into_future());
+    let addr = testing::serve_api(api::routes(store.clone())).await;
     let shutdown = Shutdown::new();
     let worker = tokio::spawn({
         let (bus, settings, shutdown, store) = (bus.clone(), settings.clone(), shutdown.clone(), store.clone());

@@ -146,9 +146,12 @@ async fn each_route_needs_its_scope() {
     }
 }
 
+/// The `Authorization` and `X-Imagepipe-Scope` headers an upstream saw, per request.
+type SeenHeaders = Arc<Mutex<Vec<(Option<String>, Option<String>)>>>;
+
 #[tokio::test]
 async fn a_forwarded_request_carries_the_callers_scope() {
-    let seen: Arc<Mutex<Vec<(Option<String>, Option<String>)>>> = Arc::default();
+    let seen: SeenHeaders = Arc::default();
     let record = seen.clone();
     let upstream = Router::new().route(
         "/v1/search",

@@ -73,10 +73,8 @@ async fn start() -> Indexer {
     let live = Arc::new(LiveIndex::new(settings.similarity.clone()));
     let shutdown = Shutdown::new();
     let api = api(&settings, bus.clone(), store.clone(), live.clone(), None, shutdown.clone()).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let slots = imagepipe_runtime::http::UploadSlots::new(8, Duration::from_secs(2));
-    tokio::spawn(axum::serve(listener, routes(api, 1 << 20, slots)).into_future());
+    let addr = testing::serve_api(routes(api, 1 << 20, slots)).await;
     let worker = tokio::spawn({
         let (bus, store, shutdown) = (bus.clone(), store.clone(), shutdown.clone());
         async move { run(bus, &settings, store, live, shutdown).await.unwrap() }

@@ -341,9 +341,7 @@ async fn events_become_searchable_with_thumbnails() {
     let bus = Bus::connect(&BusConfig::default()).await.unwrap();
     drop(bus.events.subscribe(subscription(&settings)).await.unwrap());
     let index: Arc<dyn TagIndex> = Arc::new(MemoryIndex::new());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(axum::serve(listener, api::routes(index.clone())).into_future());
+    let addr = testing::serve_api(api::routes(index.clone())).await;
     let shutdown = Shutdown::new();
     let worker = tokio::spawn({
         let (bus, settings, shutdown, index) = (bus.clone(), settings.clone(), shutdown.clone(), index.clone());

@@ -541,6 +541,19 @@ pub fn document() -> Value {
         for operation in operations.as_object_mut().expect("operations").values_mut() {
             let responses = operation["responses"].as_object_mut().expect("responses");
             responses.insert("401".into(), error("No or a wrong bearer token (with http.auth_token set)"));
+            responses.entry("403").or_insert_with(|| {
+                error(
+                    "The token's scope is below what the route needs (forbidden), a browser's cross-site request \
+                     (cross_origin) or a dashboard session without its CSRF token (csrf); without a token, a \
+                     loopback client naming another Host (forbidden_host)",
+                )
+            });
+            let mut throttled = error(
+                "Too many wrong tokens from this client address within http.auth_failure_window \
+                 (http.auth_failure_limit); wait Retry-After seconds",
+            );
+            throttled["headers"] = json!({ "Retry-After": { "schema": { "type": "integer" } } });
+            responses.entry("429").or_insert(throttled);
         }
     }
     let components = schemas.generator.take_definitions(true);
@@ -674,7 +687,9 @@ mod tests {
             for (method, operation) in operations.as_object().unwrap() {
                 let id = operation["operationId"].as_str().unwrap_or_else(|| panic!("{method} {path}: no operationId"));
                 assert!(ids.insert(id.to_owned()), "{id} twice");
-                assert!(operation["responses"].get("401").is_some(), "{method} {path}: 401");
+                for status in ["401", "403", "429"] {
+                    assert!(operation["responses"].get(status).is_some(), "{method} {path}: {status}");
+                }
                 for response in operation["responses"].as_object().unwrap().values() {
                     if let Some(links) = response.get("links").and_then(Value::as_object) {
                         linked.extend(links.values().map(|l| l["operationId"].as_str().unwrap().to_owned()));

@@ -88,3 +88,24 @@ pub async fn get_until(addr: SocketAddr, path: &str, token: Option<&str>, done: 
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Serves `routes` on a free loopback port the way a service serves its `/v1` routes: behind
+/// [`ApiRoutes`](super::ApiRoutes)' checks (Host rule, scopes), with no token, so a test of one
+/// service's routes meets the same edge its binary has. The server runs until the test ends.
+///
+/// # Panics
+///
+/// When no loopback port can be bound or metrics cannot be installed: a test failure.
+pub async fn serve_api(routes: axum::Router) -> SocketAddr {
+    let api = super::ApiRoutes::new(None);
+    api.add(routes);
+    let metrics = crate::metrics::install().expect("metrics for the server under test");
+    let bound = super::HealthServer::new(super::Readiness::new(), metrics)
+        .api(api)
+        .bind(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)))
+        .await
+        .expect("binding the server under test");
+    let addr = bound.local_addr();
+    tokio::spawn(bound.serve(crate::shutdown::Shutdown::new()));
+    addr
+}
