@@ -451,6 +451,9 @@ pub fn decide(task: &Task, input: &Input, ctx: &Context, policy: &Policy) -> Res
             }
         }
         Input::Resume => {
+            if task.state.is_terminal() {
+                return Err(illegal(format!("the task is already {}", task.state)));
+            }
             if task.state != TaskState::Paused {
                 if task.pause_requested.is_none() {
                     return Ok(Verdict::Ignore(Ignored::NotPaused));

@@ -311,7 +311,7 @@ async fn results_read_like_prose_in_submit_status_history_list_thumbnail_watch_a
     // Resuming (or pausing) a finished task is an error, as cancelling one is.
     for verb in ["resume", "pause", "cancel"] {
         let err = one_line_error(&imagepipe(args(&[verb, &id, "--api", &api])).await);
-        assert!(err.contains("already finished") || err.contains("409"), "{verb}: {err}");
+        assert!(err.contains("409") && err.contains("the task is already completed"), "{verb}: {err}");
     }
     let err = imagepipe(args(&["thumbnail", &id, "--name", "poster", "--api", &api])).await;
     assert!(

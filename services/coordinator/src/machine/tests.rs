@@ -725,14 +725,16 @@ fn cancelling_a_paused_task_cancels_it() {
 }
 
 #[test]
-fn pausing_a_finished_task_is_illegal() {
+fn pausing_or_resuming_a_finished_task_is_illegal() {
     let done = completed(Priority::Normal).task;
     let failed = apply(&apply(&new_task(), Input::Start, 0).task, permanent(Step::Download, 1), 1).task;
     let cancelled = apply(&new_task(), Input::Cancel { reason: None }, 1).task;
     for task in [done, failed, cancelled] {
-        let err = decide(&task, &pause(), &ctx(100), &policy()).unwrap_err();
-        assert_eq!(err.input, "pause");
-        assert!(err.reason.contains("already"), "{err}");
+        for (input, name) in [(pause(), "pause"), (Input::Resume, "resume")] {
+            let err = decide(&task, &input, &ctx(100), &policy()).unwrap_err();
+            assert_eq!(err.input, name);
+            assert!(err.reason.contains("already"), "{err}");
+        }
     }
 }
 
@@ -1147,6 +1149,7 @@ fn expected_illegal(task: &Task, input: &Input) -> Option<&'static str> {
     match input {
         Input::Cancel { .. } if task.state.is_terminal() => Some("cancel of a finished task"),
         Input::Pause { .. } if task.state.is_terminal() => Some("pause of a finished task"),
+        Input::Resume if task.state.is_terminal() => Some("resume of a finished task"),
         Input::Reprocess { .. } if !task.state.is_terminal() => Some("reprocessing of an unfinished task"),
         Input::Reprocess { from, .. } => {
             let outputs = &task.outputs;

@@ -24,17 +24,9 @@ pub struct PauseArgs {
 /// Pauses a task (at once when no step runs, else at the end of the running step), or resumes it;
 /// a task that already finished is an error.
 pub async fn run(api: &ApiArgs, args: PauseArgs, pause: bool) -> anyhow::Result<ExitCode> {
+    // A finished task is a 409 from the API (as for `cancel`): the client's error, exit 1.
     let view = api.client()?.pause(&args.id, pause, args.reason).await?;
-    // The API takes a resume of a finished task as a no-op; it is an error here, as `cancel`
-    // of a finished task is (a 409).
     let task = &view.task;
-    anyhow::ensure!(
-        !task.state.is_terminal(),
-        "task {} already finished ({}): there is nothing to {}",
-        task.id,
-        super::show::failure_reason(task),
-        if pause { "pause" } else { "resume" }
-    );
     if args.json {
         print_json(&view)?;
         return Ok(ExitCode::SUCCESS);

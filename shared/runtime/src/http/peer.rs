@@ -49,14 +49,24 @@ impl Peer {
         if !self.is_trusted(proxies) {
             return Some(peer);
         }
-        let forwarded: Vec<IpAddr> = headers
+        let hops: Vec<&str> = headers
             .get_all("x-forwarded-for")
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .map_while(|hop| hop.trim().parse::<IpAddr>().ok())
+            .map(str::trim)
             .collect();
-        Some(forwarded.into_iter().rev().find(|ip| !proxies.iter().any(|net| net.contains(ip))).unwrap_or(peer))
+        // From the right: the hops our proxies appended are trusted; the first one that is not
+        // is the client as the last proxy saw it. Whatever the client wrote lies further left
+        // and is never read, so a garbage entry cannot move its failures to another address.
+        for hop in hops.into_iter().rev() {
+            match hop.parse::<IpAddr>() {
+                Ok(ip) if proxies.iter().any(|net| net.contains(&ip)) => {}
+                Ok(ip) => return Some(ip),
+                Err(_) => break,
+            }
+        }
+        Some(peer)
     }
 
     /// Whether the client reached a trusted proxy over HTTPS (`X-Forwarded-Proto: https` from a
@@ -174,6 +184,12 @@ mod tests {
         assert_eq!(proxy.client_ip(&sent, &proxies), Some("198.51.100.4".parse().unwrap()), "the last untrusted hop");
         assert_eq!(stranger.client_ip(&sent, &proxies), Some("192.0.2.9".parse().unwrap()));
         assert_eq!(proxy.client_ip(&HeaderMap::new(), &proxies), Some("10.0.0.2".parse().unwrap()));
+        let garbage_first = headers(&[("x-forwarded-for", "not-an-address, 198.51.100.4")]);
+        assert_eq!(
+            proxy.client_ip(&garbage_first, &proxies),
+            Some("198.51.100.4".parse().unwrap()),
+            "what the client wrote before the proxy's hop is not read"
+        );
         assert!(proxy.forwarded_https(&sent, &proxies));
         assert!(!stranger.forwarded_https(&sent, &proxies));
         assert!(!proxy.forwarded_https(&sent, &[]), "no proxy trusted by default");
