@@ -19,7 +19,7 @@ use imagepipe_runtime::Shutdown;
 use imagepipe_runtime::http::testing::{Answer, request_with_body};
 use tempfile::TempDir;
 
-const WAIT: Duration = Duration::from_secs(20);
+const WAIT: Duration = Duration::from_secs(60);
 
 /// A running pipeline, its work directory, and the extra download replica of a NATS run.
 struct Running {

@@ -215,10 +215,11 @@ async fn search_similar(
 ) -> Result<Json<SimilarResponse>, ApiError> {
     let Query(query) = query?;
     let limit = limit(query.limit.as_deref(), DEFAULT_LIMIT, MAX_LIMIT)?;
+    // The body is judged first: what is not an image is a 415 whether or not a model is loaded.
+    let image = search_image(&api, request).await?;
     let model = api.model.as_ref().map_err(|why| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "model_unavailable", format!("the model is not loaded: {why}"))
     })?;
-    let image = search_image(&api, request).await?;
     let wait = api.live.config().model_wait;
     let analysis = model.analyze_within(image, wait).await.map_err(|e| match e {
         AnalyzeError::Busy { waited } => {

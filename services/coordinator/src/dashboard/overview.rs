@@ -91,7 +91,11 @@ fn queue_table(queues: &[QueueView], controls: bool) -> Markup {
                             td.num { (format!("{:.1}/s", queue.rate_per_sec)) }
                             td.num { @match queue.oldest_wait_ms { Some(ms) => (format::duration_ms(ms as f64)), None => "–" } }
                             td.num { (queue.consumers) }
-                            td { @if queue.paused { span.badge.paused { "paused" } } @else { span.badge.running { "running" } } }
+                            td {
+                                @if queue.pausing { span.badge.pausing title="a worker has not stopped taking messages yet" { "pausing" } }
+                                @else if queue.paused { span.badge.paused { "paused" } }
+                                @else { span.badge.running { "running" } }
+                            }
                             td {
                                 @let (verb, label) = if queue.paused { ("resume", "Resume") } else { ("pause", "Pause") };
                                 @if controls {
