@@ -689,13 +689,13 @@ fn resume_withdraws_a_pending_pause() {
 }
 
 #[test]
-fn resume_of_a_task_that_is_not_paused_is_ignored() {
+fn resume_of_an_unfinished_task_that_is_not_paused_is_ignored() {
     let queued = new_task();
     assert_eq!(verdict(&queued, Input::Resume, 1), Verdict::Ignore(Ignored::NotPaused));
     let running = apply(&queued, Input::Start, 0).task;
     assert_eq!(verdict(&running, Input::Resume, 1), Verdict::Ignore(Ignored::NotPaused));
     let done = completed(Priority::Normal).task;
-    assert_eq!(verdict(&done, Input::Resume, 10), Verdict::Ignore(Ignored::NotPaused));
+    assert!(decide(&done, &Input::Resume, &ctx(10), &policy()).is_err(), "a finished task's resume is refused");
 }
 
 #[test]
@@ -707,11 +707,7 @@ fn a_pause_pending_when_the_last_step_succeeds_ends_with_the_task() {
     let d = apply(&task, ok(Step::Analyze, 1), 4);
     assert_eq!(d.task.state, TaskState::Completed);
     assert!(d.task.pause_requested.is_none(), "a finished task has no pause pending");
-    assert_eq!(
-        verdict(&d.task, Input::Resume, 5),
-        Verdict::Ignore(Ignored::NotPaused),
-        "a resume changes no finished task"
-    );
+    assert!(decide(&d.task, &Input::Resume, &ctx(5), &policy()).is_err(), "a finished task has nothing to resume");
 }
 
 #[test]
