@@ -13,12 +13,14 @@ pub async fn run(config: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let telemetry = imagepipe_runtime::telemetry::init("imagepipe", &settings.log, &settings.telemetry)?;
     let stop = Shutdown::on_signals().context("installing signal handlers")?;
     let pipeline = Pipeline::start(settings).await.context("starting the pipeline")?;
-    eprintln!("imagepipe: every service running (Ctrl-C stops)");
+    // One write: the services' own log lines cannot land between its rows.
     let summary = pipeline.summary();
     let width = summary.iter().map(|(what, _)| what.len()).max().unwrap_or(0);
+    let mut text = String::from("imagepipe: every service running (Ctrl-C stops)\n");
     for (what, value) in summary {
-        eprintln!("  {what:<width$}  {value}");
+        text.push_str(&format!("  {what:<width$}  {value}\n"));
     }
+    eprint!("{text}");
     let outcome = pipeline.run_until(stop).await;
     telemetry.shutdown();
     outcome?;
