@@ -18,6 +18,7 @@ use crate::engine::{Engine, EngineError, Handled, Origin, Submission, SubmitFail
 use crate::machine::Input;
 use crate::metrics as m;
 use crate::retention::Expirer;
+use crate::slots::Slots;
 use crate::store::DeadLetter;
 use crate::task::TaskState;
 
@@ -50,7 +51,7 @@ pub fn derived_task_id(delivery: &Delivery) -> String {
 #[async_trait]
 impl BatchHandler for SubmitHandler {
     async fn handle_batch(&self, deliveries: &[Delivery], spans: &[Span]) -> Vec<Outcome> {
-        let mut outcomes: Vec<Option<Outcome>> = deliveries.iter().map(|_| None).collect();
+        let mut outcomes = Slots::new(deliveries.len());
         let mut submissions = Vec::with_capacity(deliveries.len());
         let mut decoded = Vec::with_capacity(deliveries.len());
         for (i, (delivery, span)) in deliveries.iter().zip(spans).enumerate() {
@@ -62,27 +63,30 @@ impl BatchHandler for SubmitHandler {
                 }
                 Err(e) => {
                     counter!(m::SUBMISSIONS_REJECTED, "origin" => "bus").increment(1);
-                    outcomes[i] = Some(Outcome::reject(e));
+                    outcomes.fill(i, Outcome::reject(e));
                 }
             }
         }
         let submitted = self.engine.submit_batch(&submissions, Origin::Bus).await;
         let mut queued = false;
         for (i, submitted) in decoded.into_iter().zip(submitted) {
-            outcomes[i] = Some(match submitted {
-                Ok(submitted) => {
-                    queued |= submitted.created && submitted.task.state == TaskState::Queued;
-                    Outcome::Ack
-                }
-                Err(SubmitFailure::Invalid(e)) => Outcome::reject(format!("invalid submit command: {e}")),
-                Err(e @ SubmitFailure::Conflict { .. }) => Outcome::reject(e),
-                Err(SubmitFailure::Store(e)) => Outcome::retry(e),
-            });
+            outcomes.fill(
+                i,
+                match submitted {
+                    Ok(submitted) => {
+                        queued |= submitted.created && submitted.task.state == TaskState::Queued;
+                        Outcome::Ack
+                    }
+                    Err(SubmitFailure::Invalid(e)) => Outcome::reject(format!("invalid submit command: {e}")),
+                    Err(e @ SubmitFailure::Conflict { .. }) => Outcome::reject(e),
+                    Err(SubmitFailure::Store(e)) => Outcome::retry(e),
+                },
+            );
         }
         if queued && let Err(e) = self.engine.start_queued().await {
             tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
         }
-        outcomes.into_iter().map(|o| o.expect("every delivery has an outcome")).collect()
+        outcomes.into_vec()
     }
 }
 
@@ -113,7 +117,7 @@ impl ResultHandler {
 #[async_trait]
 impl BatchHandler for ResultHandler {
     async fn handle_batch(&self, deliveries: &[Delivery], spans: &[Span]) -> Vec<Outcome> {
-        let mut outcomes: Vec<Option<Outcome>> = deliveries.iter().map(|_| None).collect();
+        let mut outcomes = Slots::new(deliveries.len());
         let (mut inputs, mut decoded) = (Vec::with_capacity(deliveries.len()), Vec::with_capacity(deliveries.len()));
         for (i, (delivery, span)) in deliveries.iter().zip(spans).enumerate() {
             match decode::<StepResult>(&delivery.message.payload) {
@@ -121,26 +125,29 @@ impl BatchHandler for ResultHandler {
                     inputs.push((result.task_id.clone(), Input::Result(Box::new(result)), span.clone()));
                     decoded.push(i);
                 }
-                Err(e) => outcomes[i] = Some(Outcome::reject(e)),
+                Err(e) => outcomes.fill(i, Outcome::reject(e)),
             }
         }
         let mut finished = false;
         for (i, handled) in decoded.into_iter().zip(self.engine.handle_batch(inputs).await) {
-            outcomes[i] = Some(match handled {
-                Ok(Handled::Applied(task)) => {
-                    finished |= task.state.is_terminal();
-                    Outcome::Ack
-                }
-                Ok(Handled::Ignored(_)) => Outcome::Ack,
-                Err(EngineError::UnknownTask(id)) => Outcome::reject(format!("step result for unknown task {id}")),
-                Err(EngineError::Illegal(illegal)) => Outcome::reject(illegal),
-                Err(e @ (EngineError::Store(_) | EngineError::Contention(_))) => Outcome::retry(e),
-            });
+            outcomes.fill(
+                i,
+                match handled {
+                    Ok(Handled::Applied(task)) => {
+                        finished |= task.state.is_terminal();
+                        Outcome::Ack
+                    }
+                    Ok(Handled::Ignored(_)) => Outcome::Ack,
+                    Err(EngineError::UnknownTask(id)) => Outcome::reject(format!("step result for unknown task {id}")),
+                    Err(EngineError::Illegal(illegal)) => Outcome::reject(illegal),
+                    Err(e @ (EngineError::Store(_) | EngineError::Contention(_))) => Outcome::retry(e),
+                },
+            );
         }
         if finished && let Err(e) = self.engine.start_queued().await {
             tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
         }
-        outcomes.into_iter().map(|o| o.expect("every delivery has an outcome")).collect()
+        outcomes.into_vec()
     }
 }
 

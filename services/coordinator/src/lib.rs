@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod queue_wait;
 pub mod reprocess;
 pub mod retention;
+mod slots;
 pub mod store;
 pub mod task;
 

@@ -137,6 +137,9 @@ async fn unacked_messages_come_back_after_the_server_restarts() {
         for delivery in in_flight {
             delivery.ack().await.expect("ack");
         }
+        // An ack is a publish the client may still hold in its buffer; only an ack the server
+        // has received is a promise that the message does not come back.
+        bus.queues.flush().await.expect("flush the acks");
         let expected: Vec<String> = unacked.iter().map(body).collect();
         drop(unacked);
 
