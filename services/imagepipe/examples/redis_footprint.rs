@@ -1,4 +1,4 @@
-//! Redis memory per finished task, measured (README, "Retention"): `TASKS` tasks (10,000 by
+//! Redis memory per finished task, measured (docs/performance.md, "Redis memory per task"): `TASKS` tasks (10,000 by
 //! default) run to completion through the real coordinator on the Redis store, the no-op
 //! stages of `imagepipe bench` and the three subscribers (notification, tag indexer,
 //! analytics, each deduplicating in Redis), all on the in-process bus. Then it sums

@@ -15,7 +15,7 @@
 //!   Counts read in the right number (`1 letter`, `1 delivery`), and the upload form's file
 //!   input is not cut.
 //!
-//! Every page is photographed into `$CARGO_TARGET_TMPDIR/dashboard/` (the README's screenshots
+//! Every page is photographed into `$CARGO_TARGET_TMPDIR/dashboard/` (docs/dashboard.md's screenshots
 //! come from there). Chromium resolves no name but loopback and fetches nothing in the
 //! background: no packet leaves the machine.
 

@@ -252,7 +252,7 @@ async fn an_unreachable_api_is_one_line_that_names_each_cause_once() {
     assert_eq!(stderr.matches("error sending request").count(), 1, "the cause is printed once: {stderr}");
 }
 
-/// `doctor --config FILE` (after the command, as the README writes it) reads that file; a store
+/// `doctor --config FILE` (after the command, as docs/cli.md writes it) reads that file; a store
 /// whose files another process holds (here: this test process) fails, naming `store.path`.
 #[tokio::test]
 async fn doctor_takes_config_after_the_command_and_fails_a_store_another_process_holds() {
