@@ -1,0 +1,322 @@
+//! The Redis store: one Lua script per transition, keys hash-tagged so it runs on Redis Cluster.
+//!
+//! # Keys (`P` is the configured prefix)
+//!
+//! | key | type | slot |
+//! |---|---|---|
+//! | `P:task:{id}` | hash: `version`, `state`, `task` (JSON) | the task's |
+//! | `P:hist:{id}` | list of history entries (JSON), oldest first | the task's |
+//! | `P:history:{id}` | stream of the history a store written before `P:hist` kept (read first) | the task's |
+//! | `P:outbox:{id}` | hash: entry id → JSON | the task's |
+//! | `P:idem:{key}` | string: task id | its own |
+//! | `P:{P:idx}:state:<state>`, `P:{P:idx}:all` | sorted sets, score = creation time | the index slot |
+//! | `P:{P:idx}:in_flight` | sorted set: tasks started and unfinished, score = creation time | the index slot |
+//! | `P:{P:idx}:due`, `P:{P:idx}:claimed` | sorted sets: wake time, lease end | the index slot |
+//! | `P:{P:idx}:finished` | sorted set: finished tasks, score = time of the last transition | the index slot |
+//! | `P:{P:dlq}:entries`, `P:{P:dlq}:order` | dead-letter archive | the DLQ slot |
+//! | `P:{P:idx}:blob:<key>`, `P:{P:idx}:task_blobs:<id>` | sets: the tasks referencing a blob, the blobs a task references | the index slot |
+//! | `P:{P:idx}:released_blobs` | set: blobs whose last referencing task expired | the index slot |
+//! | `P:{P:idx}:blob_refs_built` | string: the blob references of the tasks written before they were kept are in | the index slot |
+//!
+//! # Atomicity across slots
+//!
+//! The transition script touches only the task's slot: it checks the version, writes the task
+//! hash, appends the history entry and writes the outbox, all or nothing. The indexes live in
+//! another slot, so they are kept by separate, repeatable steps that never lose a task:
+//!
+//! - *Before* a transition, the task is added to its new state's set and to the due set at its
+//!   wake time with `ZADD LT` (an earlier wake wins). A transition that then loses its
+//!   compare-and-set leaves at worst an early wake-up or an extra state entry, both harmless.
+//! - *After* it, entries of states the task has left for good are removed (states only move
+//!   forward; a finished task leaves every other set, the in-flight set included). Readers skip
+//!   entries whose task is not in the listed state. The in-flight set is the union of the
+//!   in-flight states' sets, kept as one set so that counting it is `ZCARD`.
+//! - [`TaskStore::claim_due`] moves due entries to the claimed set in one script, so two
+//!   replicas never claim the same entry; [`TaskStore::release`] re-adds the task at the wake
+//!   time read from the task itself. A task written while claimed was re-added by that write.
+//!   A lease that runs out (the claimer died) makes the task due again.
+//!
+//! # Expiry
+//!
+//! A transition to a terminal state adds the task to the finished set beforehand (with the
+//! other index commands). [`TaskStore::expire_finished`] takes the entries older than the
+//! retention, reads each task and deletes, in this order: its index entries (only those scored
+//! with its creation time, so a new task that reuses the id keeps its own), its idempotency key
+//! (only while it names the task), its blob references (releasing the blobs no other task
+//! references), its keys (only at the version read), and last its finished entry. A crash between the steps leaves the finished entry, so the next sweep finishes the
+//! job. An entry whose task is not finished (its terminal write lost the compare-and-set) or is
+//! gone is dropped; one scored earlier than its task finished (a store written before the set
+//! was kept is indexed by creation time) is scored again.
+//!
+//! # Where things are
+//!
+//! Here the store and its [`TaskStore`] methods on tasks; `keys` the key formats above,
+//! `scripts` the Lua scripts, `write` the transitions and their index commands, `list` the
+//! listings, `expiry` the expiry, `dead_letters` the dead-letter archive, `blobs` the blob
+//! reference index, `upgrade` the indexes an older store lacks, built at connect.
+
+mod blobs;
+mod dead_letters;
+mod expiry;
+mod keys;
+mod list;
+mod scripts;
+#[cfg(test)]
+pub(crate) mod tests;
+mod upgrade;
+mod write;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+
+use scripts::{CLAIM, FORGET, RELEASE_KEY, TRANSITION, TRIM_DEAD_LETTERS, UNFINISH, UNINDEX, UNREFERENCE};
+
+use super::{
+    Applied, Created, DeadLetter, DeadLetterPage, ListQuery, Settled, StoreError, TaskPage, TaskStore, decode, wake_at,
+};
+use crate::machine::Decision;
+use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
+
+/// Tasks in Redis, shared by every coordinator replica.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: String,
+    relay_grace: Duration,
+    transition: Script,
+    claim: Script,
+    unindex: Script,
+    unfinish: Script,
+    release_key: Script,
+    forget: Script,
+    trim_dead_letters: Script,
+    unreference: Script,
+}
+
+fn redis_err(operation: &'static str) -> impl FnOnce(redis::RedisError) -> StoreError {
+    move |source| StoreError::Redis { operation, source }
+}
+
+impl RedisStore {
+    /// Connects to `url`; every key starts with `prefix` (no braces).
+    pub async fn connect(url: &str, prefix: &str, relay_grace: Duration) -> Result<Self, StoreError> {
+        if prefix.is_empty() || prefix.contains(['{', '}']) {
+            return Err(StoreError::Redis {
+                operation: "configuring",
+                source: redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "key prefix must be non-empty, without braces",
+                )),
+            });
+        }
+        let client = redis::Client::open(url).map_err(redis_err("connecting"))?;
+        let conn = ConnectionManager::new(client).await.map_err(redis_err("connecting"))?;
+        let store = Self {
+            conn,
+            prefix: prefix.to_owned(),
+            relay_grace,
+            transition: Script::new(TRANSITION),
+            claim: Script::new(CLAIM),
+            unindex: Script::new(UNINDEX),
+            unfinish: Script::new(UNFINISH),
+            release_key: Script::new(RELEASE_KEY),
+            forget: Script::new(FORGET),
+            trim_dead_letters: Script::new(TRIM_DEAD_LETTERS),
+            unreference: Script::new(UNREFERENCE),
+        };
+        store.build_in_flight_set().await?;
+        store.build_finished_set().await?;
+        store.build_blob_references().await?;
+        Ok(store)
+    }
+}
+
+#[async_trait]
+impl TaskStore for RedisStore {
+    async fn create(&self, decision: &Decision) -> Result<Created, StoreError> {
+        let task = &decision.task;
+        let mut conn = self.conn.clone();
+        if let Some(key) = &task.idempotency_key {
+            let set: bool = redis::cmd("SET")
+                .arg(self.idem_key(key))
+                .arg(&task.id)
+                .arg("NX")
+                .query_async::<Option<String>>(&mut conn)
+                .await
+                .map_err(redis_err("reserving an idempotency key"))?
+                .is_some();
+            if !set {
+                let owner: Option<String> =
+                    conn.get(self.idem_key(key)).await.map_err(redis_err("reading an idempotency key"))?;
+                if let Some(owner) = owner.filter(|o| *o != task.id) {
+                    if let Some(existing) = self.get(&owner).await? {
+                        return Ok(Created::Existing(Box::new(existing)));
+                    }
+                    // the owner's creator died before writing it: this submit takes the key over
+                    let () = conn
+                        .set(self.idem_key(key), &task.id)
+                        .await
+                        .map_err(redis_err("reserving an idempotency key"))?;
+                }
+            }
+        }
+        if self.index_and_write(std::slice::from_ref(decision)).await?.first() == Some(&true) {
+            return Ok(Created::New);
+        }
+        let existing = self.get(&task.id).await?.ok_or_else(|| StoreError::Corrupt {
+            what: "task",
+            id: task.id.clone(),
+            message: "has a version but no record".into(),
+        })?;
+        self.prune_many(&[(&existing.id, existing.state)], &[]).await?;
+        Ok(Created::Existing(Box::new(existing)))
+    }
+
+    async fn apply_many(&self, decisions: &[Decision]) -> Result<Vec<Applied>, StoreError> {
+        if decisions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let written = self.index_and_write(decisions).await?;
+        let lost: Vec<&str> =
+            decisions.iter().zip(&written).filter(|(_, w)| !**w).map(|(d, _)| d.task.id.as_str()).collect();
+        if !lost.is_empty() {
+            let actual = self.get_many(&lost).await?;
+            let lost_tasks = decisions.iter().zip(&written).filter(|(_, w)| !**w).map(|(d, _)| &d.task);
+            let gone: Vec<&Task> = lost_tasks.zip(&actual).filter(|(_, a)| a.is_none()).map(|(t, _)| t).collect();
+            let stored: Vec<(&str, TaskState)> = actual.iter().flatten().map(|t| (t.id.as_str(), t.state)).collect();
+            self.prune_many(&stored, &gone).await?;
+        }
+        Ok(written.into_iter().map(|w| if w { Applied::Yes } else { Applied::Conflict }).collect())
+    }
+
+    async fn get_many(&self, ids: &[&str]) -> Result<Vec<Option<Task>>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hget(self.task_key(id), "task");
+        }
+        let json: Vec<Option<Vec<u8>>> =
+            pipe.query_async(&mut self.conn.clone()).await.map_err(redis_err("reading a task"))?;
+        ids.iter().zip(json).map(|(id, j)| j.map(|j| decode("task", id, &j)).transpose()).collect()
+    }
+
+    async fn find_by_idempotency_key(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.conn.clone().get(self.idem_key(key)).await.map_err(redis_err("reading an idempotency key"))
+    }
+
+    async fn history(&self, id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
+        let (legacy, listed): (redis::streams::StreamRangeReply, Vec<Vec<u8>>) = redis::pipe()
+            .xrange_all(self.legacy_history_key(id))
+            .lrange(self.history_key(id), 0, -1)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err("reading history"))?;
+        let legacy = legacy.ids.iter().map(|entry| {
+            entry.get::<Vec<u8>>("entry").ok_or_else(|| StoreError::Corrupt {
+                what: "history entry",
+                id: format!("{id}/{}", entry.id),
+                message: "has no `entry` field".into(),
+            })
+        });
+        legacy.chain(listed.into_iter().map(Ok)).map(|json| decode("history entry", id, &json?)).collect()
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<TaskPage, StoreError> {
+        list::tasks(self, query).await
+    }
+
+    async fn count_in_flight(&self) -> Result<u64, StoreError> {
+        self.conn.clone().zcard(self.index_key("in_flight")).await.map_err(redis_err("counting tasks"))
+    }
+
+    async fn count_queued(&self) -> Result<u64, StoreError> {
+        self.conn.clone().zcard(self.state_key(TaskState::Queued)).await.map_err(redis_err("counting tasks"))
+    }
+
+    async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError> {
+        let mut entries: Vec<(String, Vec<u8>)> =
+            self.conn.clone().hgetall(self.outbox_key(id)).await.map_err(redis_err("reading the outbox"))?;
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.iter().map(|(_, json)| decode("outbox entry", id, json)).collect()
+    }
+
+    async fn settle(&self, settled: &[Settled<'_>]) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        for s in settled.iter().filter(|s| !s.relayed.is_empty()) {
+            pipe.hdel(self.outbox_key(s.task), s.relayed).ignore();
+        }
+        let states: Vec<(&str, TaskState)> = settled.iter().filter_map(|s| Some((s.task, s.state?))).collect();
+        self.queue_prunes(&mut pipe, &states);
+        if pipe.is_empty() {
+            return Ok(());
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("settling relayed tasks"))
+    }
+
+    async fn claim_due(&self, now: u64, lease: Duration, max: usize) -> Result<Vec<String>, StoreError> {
+        let until = now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+        self.claim
+            .key(self.index_key("due"))
+            .key(self.index_key("claimed"))
+            .arg(now)
+            .arg(until)
+            .arg(max)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err("claiming due tasks"))
+    }
+
+    async fn release(&self, id: &str, now: u64) -> Result<(), StoreError> {
+        let task = self.get(id).await?;
+        let outbox_len: usize =
+            self.conn.clone().hlen(self.outbox_key(id)).await.map_err(redis_err("releasing a task"))?;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        if let Some(at) = task.and_then(|t| wake_at(&t, outbox_len > 0, now, self.relay_grace)) {
+            pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(id).ignore();
+        }
+        pipe.zrem(self.index_key("claimed"), id).ignore();
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("releasing a task"))
+    }
+
+    async fn expire_finished(&self, before: u64, max: usize) -> Result<usize, StoreError> {
+        expiry::expire_finished(self, before, max).await
+    }
+
+    async fn put_dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError> {
+        dead_letters::put(self, letter).await
+    }
+
+    async fn trim_dead_letters(&self, before: u64, max_entries: u64, max: usize) -> Result<usize, StoreError> {
+        dead_letters::trim(self, before, max_entries, max).await
+    }
+
+    async fn dead_letters(&self, limit: usize, cursor: Option<&str>) -> Result<DeadLetterPage, StoreError> {
+        dead_letters::page(self, limit, cursor).await
+    }
+
+    async fn dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, StoreError> {
+        dead_letters::get(self, id).await
+    }
+
+    async fn remove_dead_letter(&self, id: &str) -> Result<bool, StoreError> {
+        dead_letters::remove(self, id).await
+    }
+
+    async fn count_dead_letters(&self) -> Result<u64, StoreError> {
+        dead_letters::count(self).await
+    }
+
+    async fn referenced_blobs(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
+        blobs::referenced(self, keys).await
+    }
+
+    async fn take_released_blobs(&self, max: usize) -> Result<Vec<String>, StoreError> {
+        blobs::take_released(self, max).await
+    }
+}

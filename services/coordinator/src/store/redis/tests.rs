@@ -1,0 +1,180 @@
+use imagepipe_contracts::{ImageSource, SubmitTask, TraceId};
+
+use super::*;
+use crate::machine;
+use crate::store::suite;
+
+/// Any fixed time, Unix ms.
+const T0: u64 = 1_763_800_000_000;
+
+pub(crate) const URL: &str = "redis://127.0.0.1:6379";
+
+/// Deletes every key of a test's prefix when dropped.
+pub(crate) struct Cleanup(pub(crate) String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Ok(mut conn) = redis::Client::open(URL).and_then(|c| c.get_connection()) else { return };
+        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{}:*", self.0)).query(&mut conn).unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut conn);
+        }
+    }
+}
+
+pub(crate) fn unique_prefix(name: &str) -> String {
+    format!("test-coord-{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn make(name: &'static str) -> (RedisStore, Cleanup) {
+    let prefix = unique_prefix(name);
+    (RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap(), Cleanup(prefix))
+}
+
+crate::store_suite!(make);
+
+/// Timings of listings at 100,000 tasks: `cargo nextest run --all-features -p
+/// imagepipe-coordinator --run-ignored only --no-capture -E 'test(listing_timings)'`.
+#[tokio::test]
+#[ignore = "a timing, not a check: run by hand"]
+async fn listing_timings_at_100_000_tasks() {
+    let (store, _cleanup) = make("timings").await;
+    let timings = suite::time_listings(&store, 100_000).await;
+    assert!(timings[0].1 < 50.0, "{timings:?}");
+}
+
+#[tokio::test]
+async fn survives_a_reconnect() {
+    let prefix = unique_prefix("reconnect");
+    let _cleanup = Cleanup(prefix.clone());
+    let id = suite::write_a_started_task(&RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap()).await;
+    let again = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
+    suite::check_a_started_task(&again, &id).await;
+}
+
+#[tokio::test]
+async fn every_key_of_a_task_shares_its_hash_slot() {
+    let (store, _cleanup) = make("slots").await;
+    let slot = |key: &str| {
+        let tag = key.split_once('{').and_then(|(_, rest)| rest.split_once('}')).map(|(t, _)| t.to_owned());
+        tag.unwrap_or_else(|| key.to_owned())
+    };
+    let id = "tsk_01J";
+    assert_eq!(slot(&store.task_key(id)), id);
+    assert_eq!(slot(&store.history_key(id)), id);
+    assert_eq!(slot(&store.legacy_history_key(id)), id);
+    assert_eq!(slot(&store.outbox_key(id)), id);
+    assert_eq!(slot(&store.index_key("due")), slot(&store.index_key("claimed")));
+    assert_eq!(slot(&store.state_key(TaskState::Queued)), slot(&store.index_key("all")));
+}
+
+#[tokio::test]
+async fn the_in_flight_set_of_an_older_store_is_built_at_connect() {
+    let prefix = unique_prefix("in-flight");
+    let _cleanup = Cleanup(prefix.clone());
+    let store = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
+    suite::write_a_started_task(&store).await;
+    let () = store.conn.clone().del(store.index_key("in_flight")).await.unwrap();
+    assert_eq!(store.count_in_flight().await.unwrap(), 0);
+    let again = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
+    assert_eq!(again.count_in_flight().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_transition_loads_its_script_when_the_server_lost_it() {
+    let (store, _cleanup) = make("noscript").await;
+    let created = machine::create(
+        "tsk_noscript".into(),
+        &SubmitTask::url("https://example.com/a.jpg"),
+        ImageSource::Url("https://example.com/a.jpg".into()),
+        TraceId::random(),
+        T0,
+    );
+    assert_eq!(store.create(&created).await.unwrap(), Created::New);
+    let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut store.conn.clone()).await.unwrap();
+    let ctx = machine::Context { now: T0 + 1, seed: 0, ..machine::Context::default() };
+    let machine::Verdict::Apply(start) =
+        machine::decide(&created.task, &machine::Input::Start, &ctx, &machine::Policy::default()).unwrap()
+    else {
+        panic!("a queued task starts")
+    };
+    assert_eq!(store.apply(&start).await.unwrap(), Applied::Yes);
+    assert_eq!(store.get("tsk_noscript").await.unwrap().unwrap().state, TaskState::Downloading);
+}
+
+#[tokio::test]
+async fn an_expired_task_leaves_no_key_behind() {
+    let (store, _cleanup) = make("expired").await;
+    suite::expire_the_only_task(&store).await;
+    let mut keys: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{}:*", store.prefix)).query_async(&mut store.conn.clone()).await.unwrap();
+    keys.sort();
+    // The store's own marker, and the task's blobs, released for the blob sweeper.
+    assert_eq!(keys, [store.index_key("blob_refs_built"), store.index_key("released_blobs")]);
+    assert!(!store.take_released_blobs(10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn tasks_written_before_blob_references_were_kept_keep_their_blobs() {
+    let (store, _cleanup) = make("legacy-blobs").await;
+    let keys = suite::write_a_blob_task(&store).await;
+    let mut conn = store.conn.clone();
+    let mut dropped = vec![store.index_key("blob_refs_built"), store.task_blobs_key("tsk_blob_legacy")];
+    dropped.extend(keys.iter().map(|k| store.blob_key(k)));
+    let () = conn.del(&dropped).await.unwrap();
+    assert_eq!(store.referenced_blobs(&[keys[0].as_str()]).await.unwrap(), [false]);
+    let again = RedisStore::connect(URL, &store.prefix, suite::RELAY_GRACE).await.unwrap();
+    suite::check_blobs_referenced(&again, &keys).await;
+}
+
+#[tokio::test]
+async fn tasks_finished_before_the_finished_set_was_kept_expire_too() {
+    let (store, _cleanup) = make("legacy").await;
+    suite::write_a_cancelled_task(&store).await;
+    let () = store.conn.clone().del(store.index_key("finished")).await.unwrap();
+    let again = RedisStore::connect(URL, &store.prefix, suite::RELAY_GRACE).await.unwrap();
+    suite::check_the_cancelled_task_expires(&again).await;
+}
+
+#[tokio::test]
+async fn history_an_older_store_wrote_as_a_stream_is_read_first_and_expires_too() {
+    let (store, _cleanup) = make("legacy-history").await;
+    let created = machine::create(
+        "tsk_stream".into(),
+        &SubmitTask::url("https://example.com/a.jpg"),
+        ImageSource::Url("https://example.com/a.jpg".into()),
+        TraceId::random(),
+        T0,
+    );
+    store.create(&created).await.unwrap();
+    let mut conn = store.conn.clone();
+    let first: Vec<u8> = conn.lpop(store.history_key("tsk_stream"), None).await.unwrap();
+    let () = redis::cmd("XADD")
+        .arg(store.legacy_history_key("tsk_stream"))
+        .arg("1-0")
+        .arg("entry")
+        .arg(first)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ctx = machine::Context { now: T0 + 1, seed: 0, ..machine::Context::default() };
+    let cancel = machine::Input::Cancel { reason: None };
+    let machine::Verdict::Apply(cancelled) =
+        machine::decide(&created.task, &cancel, &ctx, &machine::Policy::default()).unwrap()
+    else {
+        panic!("a queued task is cancelled")
+    };
+    assert_eq!(store.apply(&cancelled).await.unwrap(), Applied::Yes);
+    let versions: Vec<_> = store.history("tsk_stream").await.unwrap().iter().map(|h| h.version).collect();
+    assert_eq!(versions, [1, 2]);
+
+    assert_eq!(store.expire_finished(T0 + 1, 10).await.unwrap(), 1);
+    let keys: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{}:*tsk_stream*", store.prefix)).query_async(&mut conn).await.unwrap();
+    assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
+#[tokio::test]
+async fn a_prefix_with_braces_is_refused() {
+    assert!(RedisStore::connect(URL, "a{b}", suite::RELAY_GRACE).await.is_err());
+}

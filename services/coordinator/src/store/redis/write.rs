@@ -1,0 +1,112 @@
+//! Writing transitions: the index commands and the transition scripts in one round trip, and
+//! pruning the index entries a task has left behind.
+
+use super::{RedisStore, redis_err};
+use crate::machine::Decision;
+use crate::store::{StoreError, encode, rank, wake_at};
+use crate::task::{Task, TaskState};
+
+impl RedisStore {
+    /// Indexes transitions (each one's new state and wake time) and then writes them, in one
+    /// round trip: the index commands run first, in a MULTI block of the index slot, then one
+    /// transition script per decision in its task's slot (each its own compare-and-set on
+    /// `version - 1`). Whether each transition was written.
+    pub(super) async fn index_and_write(&self, decisions: &[Decision]) -> Result<Vec<bool>, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("MULTI").ignore();
+        for decision in decisions {
+            let task = &decision.task;
+            pipe.zadd(self.state_key(task.state), &task.id, task.index_at()).ignore();
+            if TaskState::IN_FLIGHT.contains(&task.state) {
+                pipe.zadd(self.index_key("in_flight"), &task.id, task.created_at).ignore();
+            }
+            if task.version == 1 {
+                pipe.zadd(self.index_key("all"), &task.id, task.created_at).ignore();
+            }
+            if task.state.is_terminal() {
+                pipe.zadd(self.index_key("finished"), &task.id, task.updated_at).ignore();
+            }
+            if let Some(at) = wake_at(task, !decision.outbox.is_empty(), decision.history.at, self.relay_grace) {
+                pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(&task.id).ignore();
+            }
+            self.queue_blob_references(&mut pipe, task);
+        }
+        pipe.cmd("EXEC").ignore();
+        let mut invocations = Vec::with_capacity(decisions.len());
+        for decision in decisions {
+            let task = &decision.task;
+            let mut invocation = self.transition.key(self.task_key(&task.id));
+            invocation
+                .key(self.history_key(&task.id))
+                .key(self.outbox_key(&task.id))
+                .arg(task.version - 1)
+                .arg(task.version)
+                .arg(task.state.as_str())
+                .arg(encode(task))
+                .arg(encode(&decision.history));
+            for entry in &decision.outbox {
+                invocation.arg(&entry.id).arg(encode(entry));
+            }
+            pipe.invoke_script(&invocation);
+            invocations.push(invocation);
+        }
+        let mut conn = self.conn.clone();
+        let written = match pipe.query_async::<Vec<i64>>(&mut conn).await {
+            // The server does not know the script yet (first use, or restarted), so none of the
+            // pipeline's scripts ran: load it and send the whole pipeline again (its index
+            // commands are repeatable).
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                if let Some(invocation) = invocations.first() {
+                    invocation.load_async(&mut conn).await.map_err(redis_err("writing a transition"))?;
+                }
+                pipe.query_async::<Vec<i64>>(&mut conn).await
+            }
+            other => other,
+        };
+        let applied = written.map_err(redis_err("writing a transition"))?;
+        if applied.len() != decisions.len() {
+            return Err(StoreError::Redis {
+                operation: "writing a transition",
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "the transition pipeline answered with another number of replies",
+                )),
+            });
+        }
+        Ok(applied.into_iter().map(|a| a == 1).collect())
+    }
+
+    /// Prunes the index entries of each task `(id, state)` its state has left behind, in one
+    /// round trip; a task that is gone leaves the entries `gone` names (its state and the due
+    /// and in-flight sets).
+    pub(super) async fn prune_many(&self, tasks: &[(&str, TaskState)], gone: &[&Task]) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        self.queue_prunes(&mut pipe, tasks);
+        for task in gone {
+            pipe.zrem(self.state_key(task.state), &task.id).ignore();
+            pipe.zrem(self.index_key("due"), &task.id).ignore();
+            pipe.zrem(self.index_key("in_flight"), &task.id).ignore();
+        }
+        if pipe.is_empty() {
+            return Ok(());
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("indexing"))
+    }
+
+    /// Adds to `pipe` the removal of each task `(id, state)` from the index sets its state
+    /// can never be in again.
+    pub(super) fn queue_prunes(&self, pipe: &mut redis::Pipeline, tasks: &[(&str, TaskState)]) {
+        for (id, state) in tasks {
+            let left = TaskState::ALL
+                .into_iter()
+                .filter(|s| rank(*s) < rank(*state) || (state.is_terminal() && s != state))
+                .map(|s| self.state_key(s));
+            for key in left {
+                pipe.zrem(key, *id).ignore();
+            }
+            if state.is_terminal() {
+                pipe.zrem(self.index_key("in_flight"), *id).ignore();
+            }
+        }
+    }
+}
