@@ -129,8 +129,9 @@
     const source = new EventSource(url);
     const types = (document.body.dataset.eventTypes || "").split(",").filter(Boolean);
     // Once an event came with an id, the browser reconnects with Last-Event-ID and the server
-    // replays what followed it (or sends `reset`); before that, a reconnect may have missed
-    // events: refresh what is shown.
+    // replays what followed it (or sends `reset`); before that, a connection may have missed
+    // events (the first one, those between the page's rendering and its opening): refresh
+    // what is shown.
     let resumable = false;
     const onEvent = (event) => {
       dirty = true;
@@ -144,11 +145,9 @@
       if (event.lastEventId) resumable = true;
     };
     for (const type of types.concat(["lagged", "reset"])) source.addEventListener(type, onEvent);
-    let opened = false;
     source.onopen = () => {
       if (state) state.textContent = "live";
-      if (opened && !resumable) dirty = true;
-      opened = true;
+      if (!resumable) dirty = true;
     };
     source.onerror = () => { if (state) state.textContent = "reconnecting…"; };
     setInterval(flush, FLUSH_MS);
