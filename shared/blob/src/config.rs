@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use imagepipe_secret::Secret;
 use object_store::aws::AmazonS3Builder;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{BlobStore, LocalBlobStore, ObjectBlobStore};
 
 /// Which blob store to use.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BlobKind {
     /// A local directory, `blob.dir` (one host, or a volume shared by the containers).
@@ -22,7 +23,7 @@ pub enum BlobKind {
 }
 
 /// The `blob` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct BlobConfig {
     /// Backend.
@@ -35,6 +36,7 @@ pub struct BlobConfig {
     /// stored by a worker) before the coordinator deletes it: submit an upload within it. The
     /// blobs of an expired task go at once when they are this old.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub orphan_grace: Duration,
 }
 
@@ -51,7 +53,7 @@ impl Default for BlobConfig {
 
 /// The `blob.s3` section. Credentials left empty come from the usual AWS environment
 /// (`AWS_ACCESS_KEY_ID`, instance metadata, ...).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct S3Config {
     /// Bucket name.
@@ -66,6 +68,7 @@ pub struct S3Config {
     pub access_key_id: Option<String>,
     /// Secret access key (masked whenever printed).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     pub secret_access_key: Option<Secret<String>>,
     /// Allow plain-HTTP endpoints (local MinIO).
     pub allow_http: bool,

@@ -4,13 +4,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::selector::Selector;
 use imagepipe_secret::{Secret, mask_url_credentials};
 
 /// Which backend carries the messages.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BusKind {
     /// In-process; for `imagepipe run` and tests.
@@ -23,7 +24,7 @@ pub enum BusKind {
 }
 
 /// The `bus` section of the config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct BusConfig {
     /// Backend.
@@ -85,16 +86,18 @@ impl BusConfig {
 }
 
 /// The `bus.memory` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemoryConfig {
     /// Most messages a queue or subscriber group holds; a send waits while it is full.
     pub capacity: usize,
     /// How long `send` waits for room before failing with `BusError::Full`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub send_timeout: Duration,
     /// Window within which a repeated message id is dropped as a duplicate.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub dedup_window: Duration,
     /// Most events kept per topic for subscribers that start from the beginning or a time.
     pub retention: usize,
@@ -113,7 +116,7 @@ impl Default for MemoryConfig {
 
 /// The `bus.nats` section: servers, credentials, TLS, and the JetStream streams the backend
 /// creates (or updates) at start. `Debug` masks credentials in `url` and the secrets.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
     /// Server URL(s), comma-separated (`nats://host:4222,nats://other:4222`).
@@ -122,24 +125,30 @@ pub struct NatsConfig {
     pub name: Option<String>,
     /// How long the first connection may take before `Bus::connect` fails.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub connect_timeout: Duration,
     /// How long a JetStream API call or a publish acknowledgement may take.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub request_timeout: Duration,
     /// First delay before reconnecting after the connection is lost; it doubles on every
     /// failed attempt (with jitter) up to `reconnect_delay_max`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub reconnect_delay_min: Duration,
     /// Longest delay between reconnect attempts.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub reconnect_delay_max: Duration,
     /// NATS credentials file (JWT and NKey seed), for decentralized auth.
     pub credentials_file: Option<PathBuf>,
     /// User name, with `password`.
     pub user: Option<String>,
     /// Password of `user`.
+    #[schemars(with = "Option<String>")]
     pub password: Option<Secret<String>>,
     /// Authentication token.
+    #[schemars(with = "Option<String>")]
     pub token: Option<Secret<String>>,
     /// TLS settings.
     pub tls: NatsTlsConfig,
@@ -149,13 +158,16 @@ pub struct NatsConfig {
     pub storage: NatsStorage,
     /// Window within which a repeated message id (`Nats-Msg-Id`) is dropped as a duplicate.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub dedup_window: Duration,
     /// How long the events stream retains events for subscriber groups that start from the
     /// beginning or a time.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub events_max_age: Duration,
     /// How long dead letters are kept; `0s` keeps them until an operator purges them.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub dlq_max_age: Duration,
     /// Most bytes each stream holds; 0 is unlimited. A full task or dead-letter stream rejects
     /// publishes (nothing queued is dropped); a full events stream drops its oldest events.
@@ -166,6 +178,7 @@ pub struct NatsConfig {
     /// `max(ack_wait, redelivery_backoff[n-1])`, the last entry repeating. Empty: every delivery
     /// waits the consumer's `ack_wait`.
     #[serde(with = "humantime_list")]
+    #[schemars(with = "Vec<String>", extend("items" = { "type": "string", "format": "duration" }))]
     pub redelivery_backoff: Vec<Duration>,
 }
 
@@ -222,7 +235,7 @@ impl std::fmt::Debug for NatsConfig {
 }
 
 /// Where a JetStream stream keeps its messages.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NatsStorage {
     /// On disk; survives a server restart.
@@ -233,7 +246,7 @@ pub enum NatsStorage {
 }
 
 /// The `bus.nats.tls` section.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsTlsConfig {
     /// Refuse to connect without TLS (implied by `tls://` URLs and by the other settings).
@@ -251,7 +264,7 @@ pub struct NatsTlsConfig {
 /// The `bus.kafka` section: brokers, client and security settings, the topics the backend
 /// creates at start, consumer group timing, and the delay tiers of redelivery. `Debug` masks
 /// the SASL password and secret-looking client properties.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Bootstrap brokers, comma-separated (`host:9092,other:9092`).
@@ -269,6 +282,7 @@ pub struct KafkaConfig {
     /// SASL user name, with `sasl_password`.
     pub sasl_username: Option<String>,
     /// Password of `sasl_username`.
+    #[schemars(with = "Option<String>")]
     pub sasl_password: Option<Secret<String>>,
     /// PEM file of the CA certificates that sign the brokers' certificates.
     pub ssl_ca_file: Option<PathBuf>,
@@ -277,45 +291,56 @@ pub struct KafkaConfig {
     pub client: BTreeMap<String, String>,
     /// How long `Bus::connect` waits for the brokers to answer.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub connect_timeout: Duration,
     /// How long a topic creation, metadata or offset request may take.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub request_timeout: Duration,
     /// How long a send may take before it fails (`message.timeout.ms`), retries included.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub send_timeout: Duration,
     /// How long the producer waits to batch messages (`linger.ms`); `0s` sends at once (messages
     /// queued while earlier requests are in flight are still batched together).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub linger: Duration,
     /// Consumer group session timeout: a member silent this long is dropped from its group.
     /// Tansu also delays a new group's first assignment by half of it.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub session_timeout: Duration,
     /// Heartbeat interval of group members; shorter makes rebalances quicker.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub heartbeat_interval: Duration,
     /// Longest time the broker holds a fetch when no message is there (`fetch.wait.max.ms`).
     /// Tansu holds an empty fetch this long even when a message arrives meanwhile, so on Tansu
     /// this is also how long a waiting consumer may take to see a new message (half of it on
     /// average); shorter costs one fetch request per wait per consumer group member.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub fetch_wait_max: Duration,
     /// How long `consume`/`subscribe` waits for the group's first partition assignment.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub assignment_timeout: Duration,
     /// Delay tiers of redelivery: a nack with delay `d` goes to the retry topic of the
     /// smallest tier at least `d` (the largest when none is), where it is held until due.
     #[serde(with = "humantime_list")]
+    #[schemars(with = "Vec<String>", extend("items" = { "type": "string", "format": "duration" }))]
     pub retry_tiers: Vec<Duration>,
     /// Within one partition, a message whose id was seen this recently is dropped as a
     /// duplicate.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub dedup_window: Duration,
     /// Most received messages one group member buffers before it pauses fetching.
     pub prefetch: usize,
     /// How often the client reports broker state (readiness follows it).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub health_interval: Duration,
 }
 

@@ -2,13 +2,14 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 use crate::budget;
 
 /// Which inference runtime runs the model (`ai.runtime`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AiRuntime {
     /// onnxruntime when its shared library (shipped in the model directory by
@@ -40,7 +41,7 @@ impl std::fmt::Display for AiRuntime {
 }
 
 /// The `ai` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct AiConfig {
     /// Where the prepared model files are (written by `scripts/prepare-model.sh`).
@@ -48,6 +49,7 @@ pub struct AiConfig {
     /// How many of the best classes an analysis reports.
     pub top_k: usize,
     /// Most inferences running at once, each on its own blocking thread (default: cores).
+    #[schemars(extend("x-default" = "the number of cores"))]
     pub threads: usize,
     /// Least score a tag needs to be reported; a tag's score is the summed probability of the
     /// classes it covers.
@@ -55,9 +57,13 @@ pub struct AiConfig {
     /// Most pixels (width × height) an image may have; larger ones fail before they are decoded.
     pub max_pixels: u64,
     /// Bytes of pixel buffers the process's decodes and preprocessing may hold at once; an image
-    /// waits until its share is free (default: [`budget::default_capacity`]).
+    /// waits until its share is free. At least 16 MiB; by default a quarter of the memory (of the
+    /// cgroup's limit when lower), [`budget::default_capacity`].
+    #[schemars(extend("x-default" = "¼ of the memory"))]
     pub memory_budget: u64,
-    /// Which runtime runs the model: `auto` (default), `onnxruntime` or `tract`.
+    /// Which runtime runs the model: `auto` (default), `onnxruntime` or `tract`. An explicit
+    /// runtime that cannot load stops the worker with the reason. Each inference runs on one
+    /// thread; `ai.threads` run at once.
     pub runtime: AiRuntime,
     /// onnxruntime's shared library (`libonnxruntime.so.<version>`, 1.22 or newer) to load
     /// instead of the one in `ai.model_dir`; unset: the model directory's.

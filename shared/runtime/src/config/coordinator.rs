@@ -2,13 +2,14 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::{ConfigError, list_or_comma_separated, positive};
+use super::{ConfigError, list_or_comma_separated_of, positive};
 use crate::backoff::ExponentialBackoff;
 
 /// The `coordinator` section: retries, deadlines and limits of the task coordinator.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CoordinatorConfig {
     /// Most tasks started and unfinished at once; beyond it submissions wait in their queue.
@@ -18,37 +19,48 @@ pub struct CoordinatorConfig {
     /// Delay before a step's first retry; it doubles per attempt up to `retry_max_backoff`,
     /// with full jitter (each delay drawn between zero and the doubled value).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub retry_min_backoff: Duration,
     /// Longest delay before a retry, whatever a worker reports: a server answering
     /// `Retry-After: 3600` holds its task (and its in-flight slot) this long at most.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub retry_max_backoff: Duration,
     /// How long a step may stay silent before the attempt counts as failed.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub step_deadline: Duration,
     /// The download step's deadline, when it differs from `step_deadline`.
     #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", extend("format" = "duration"))]
     pub download_deadline: Option<Duration>,
     /// The metadata step's deadline, when it differs from `step_deadline`.
     #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", extend("format" = "duration"))]
     pub metadata_deadline: Option<Duration>,
     /// The analyze step's deadline, when it differs from `step_deadline`.
     #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", extend("format" = "duration"))]
     pub analyze_deadline: Option<Duration>,
     /// How long after a state write the sweeper relays outbox entries the write's own relay
     /// did not (e.g. after a crash).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub relay_grace: Duration,
     /// How often the sweeper looks for due timers and unrelayed outbox entries.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub sweep_interval: Duration,
     /// Subscriber groups whose dead letters the coordinator archives for `/v1/dlq`, besides
-    /// every task queue's; a comma-separated list in the environment.
-    #[serde(deserialize_with = "list_or_comma_separated")]
+    /// every task queue's; a comma-separated list in the environment
+    /// (`notification,analytics,tag-indexer` for the bundled ones).
+    #[serde(deserialize_with = "list_or_comma_separated_of")]
     pub dlq_groups: Vec<String>,
     /// How long a finished task (completed, failed, cancelled) is kept after its last
-    /// transition: then its record, history, indexes and idempotency key are deleted.
+    /// transition: then its record, history, indexes and idempotency key are deleted, and the
+    /// tag index drops it too.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub retention: Duration,
     /// Most reprocessing jobs (`POST /v1/reprocess`) one coordinator runs at once; one more is
     /// refused with `429` until one ends or is cancelled.
@@ -59,10 +71,12 @@ pub struct CoordinatorConfig {
     #[serde(default, deserialize_with = "blank_as_none", skip_serializing_if = "Option::is_none")]
     pub search_url: Option<String>,
     /// Base URL of the analytics worker: the coordinator's API forwards `GET /v1/stats` there.
+    /// Unset, that route answers `404 not_configured`.
     #[serde(default, deserialize_with = "blank_as_none", skip_serializing_if = "Option::is_none")]
     pub stats_url: Option<String>,
     /// Base URL of the similarity indexer: the coordinator's API forwards
     /// `GET /v1/tasks/{id}/similar`, `POST /v1/search/similar` and `GET /v1/duplicates` there.
+    /// Unset, those routes answer `404 not_configured`.
     #[serde(default, deserialize_with = "blank_as_none", skip_serializing_if = "Option::is_none")]
     pub similarity_url: Option<String>,
 }

@@ -2,17 +2,19 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 
 /// The `dedup` section: how long and how many handled `eventId`s a subscriber remembers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct DedupConfig {
     /// How long a handled event id is remembered (a Redis key's TTL, or an embedded entry's
     /// age limit); redeliveries come within the event stream's retention, so keep it longer.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub ttl: Duration,
     /// Most event ids a subscriber group's embedded set holds (`store.kind = embedded`); the
     /// oldest go first.

@@ -2,19 +2,21 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, positive};
 
 /// The `dlq` section: bounds of the coordinator's dead-letter archive (`/v1/dlq`). The oldest
 /// entries go first, whichever bound is reached; each entry keeps at most 64 KiB of its body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct DlqConfig {
     /// Most dead letters archived at once; beyond it the oldest are deleted.
     pub max_entries: u64,
     /// Dead letters older than this (since they were dead-lettered) are deleted.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub max_age: Duration,
 }
 

@@ -4,38 +4,47 @@
 use std::time::Duration;
 
 use imagepipe_net::Limits;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, optional_list_or_comma_separated, positive};
+use super::{ConfigError, optional_list_or_comma_separated_of, positive};
 
 /// The `download` section: limits of the download worker's HTTP client.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct DownloadConfig {
     /// Largest image accepted, in bytes; a body passing it is cut off while it streams.
     pub max_bytes: u64,
     /// Longest time to resolve and connect to one server.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub connect_timeout: Duration,
     /// Longest wait for the next byte: for the response head (connecting included), then for
     /// each piece of the body. A server that accepts the connection and never answers fails
     /// with `timeout` (retried) after this long.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub read_timeout: Duration,
     /// Longest time for a whole download, redirects and body included. It bounds how long a
     /// server that drips its body (too slowly to finish, too fast for `read_timeout`) holds a
     /// task: at most `coordinator.max_attempts` times this, plus the retry backoff. The default
-    /// keeps that under two minutes (see [`Limits::default`]).
+    /// keeps that under two minutes (it is the HTTP client's own, [`Limits::default`]).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub total_timeout: Duration,
     /// Most redirects followed, each one checked by the SSRF guard like the first request.
     pub max_redirects: u32,
     /// The `User-Agent` header of downloads.
+    #[schemars(extend("x-default" = "`\"imagepipe-download-worker/<version>\"`"))]
     pub user_agent: String,
     /// CIDRs downloads may reach despite the SSRF guard; a comma-separated list in the
     /// environment. Unset, downloads use `net.allow_cidrs`; set (even to an empty list), it
     /// replaces `net.allow_cidrs` for downloads.
-    #[serde(default, deserialize_with = "optional_list_or_comma_separated", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "optional_list_or_comma_separated_of",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub allow_cidrs: Option<Vec<String>>,
     /// Politeness towards each source host, shared by every download replica
     /// (`download.per_host.*`).
@@ -59,7 +68,7 @@ impl DownloadConfig {
 
 /// The `download.per_host` section: how hard the download workers, all replicas together, may
 /// press one source host (the URL's host and port). Uploaded blobs are not limited.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PerHostConfig {
     /// Most downloads from one host at once, across every replica (halved for each step a host
@@ -67,20 +76,23 @@ pub struct PerHostConfig {
     pub concurrency: u32,
     /// Most requests per second started to one host, across every replica; `0` (the default)
     /// is no rate limit. A fraction is allowed (`0.5`: one request every two seconds). Halved
-    /// like `concurrency` while a host is slowed down.
+    /// like `concurrency` while a host is slowed down. At most 1000.
     pub rate: f64,
     /// How long a download may wait in place for its host's slot; past it the task is handed
     /// back to the coordinator (deferred, no attempt charged) and sent again later. `0s`
     /// defers at once.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub max_wait: Duration,
     /// Longest time a host is paused after a 429 or 503: the cap on its `Retry-After` and on
     /// the doubling backoff used without one.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub throttle_max: Duration,
     /// How long a held slot lives if its worker dies without releasing it; unset:
     /// `download.total_timeout` + 10 s. Never shorter than `download.total_timeout`.
     #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", extend("format" = "duration"))]
     pub lease: Option<Duration>,
 }
 

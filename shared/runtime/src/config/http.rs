@@ -8,10 +8,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use ipnet::IpNet;
-use serde::de::{self, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Secret, list_or_comma_separated, positive};
+use super::{ConfigError, ListItem, Secret, list_or_comma_separated_of, positive};
 
 /// Fewest bytes a token may have: 256 bits from `openssl rand -hex 32` (64 characters) or
 /// `head -c 32 /dev/urandom | base64` (44) are beyond guessing.
@@ -25,7 +25,7 @@ pub const AUTH_TOKEN_NAME: &str = "auth_token";
 
 /// What a token may do; each scope includes the ones before it (`admin` ⊃ `operate` ⊃
 /// `submit` ⊃ `read`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     /// Sees tasks, blobs, stats, search results, queues, dead letters and events.
@@ -76,20 +76,21 @@ impl std::str::FromStr for Scope {
 }
 
 /// One entry of `http.tokens`: a named token with its scope.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScopedToken {
     /// Who holds it (`grafana`, `ci`): 1-64 characters of `[A-Za-z0-9_-]`, shown in logs and
     /// kept in the sessions it opens.
     pub name: String,
-    /// The bearer token, at least [`MIN_TOKEN_BYTES`] bytes without whitespace or commas.
+    /// The bearer token, at least 32 bytes ([`MIN_TOKEN_BYTES`]) without whitespace or commas.
+    #[schemars(with = "String")]
     pub token: Secret<String>,
     /// What it may do.
     pub scope: Scope,
 }
 
 /// The `http` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
     /// Address to listen on: loopback by default. Any other address needs a token
@@ -97,14 +98,16 @@ pub struct HttpConfig {
     pub bind: IpAddr,
     /// Port of the service's HTTP server (health, metrics, its API).
     pub port: u16,
-    /// Bearer token of scope `admin` every `/v1` route accepts, when set (at least 32 bytes:
-    /// `openssl rand -hex 32`); the token services send each other.
+    /// Bearer token of scope `admin` every `/v1` route of every service accepts, when set (at
+    /// least 32 bytes: `openssl rand -hex 32`); the dashboard's login token, and the token
+    /// services send each other.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     pub auth_token: Option<Secret<String>>,
     /// More bearer tokens, each `{ name, token, scope }` with `scope` one of `read`, `submit`,
-    /// `operate`, `admin`; in the environment one string of comma-separated
-    /// `name:scope:token` entries.
-    #[serde(deserialize_with = "scoped_tokens", skip_serializing_if = "Vec::is_empty")]
+    /// `operate`, `admin`, each token at least 32 bytes; in the environment one string of
+    /// comma-separated `name:scope:token` entries (`IMAGEPIPE_HTTP__TOKENS=grafana:read:<token>`).
+    #[serde(deserialize_with = "list_or_comma_separated_of", skip_serializing_if = "Vec::is_empty")]
     pub tokens: Vec<ScopedToken>,
     /// Allows a non-loopback `bind` without a token (e.g. behind a private network whose
     /// other doors are closed).
@@ -112,33 +115,37 @@ pub struct HttpConfig {
     /// CIDRs of reverse proxies whose `X-Forwarded-For` and `X-Forwarded-Proto` are believed
     /// (the client address failed attempts are counted by, the `Secure` flag of the session
     /// cookie); comma-separated in the environment. Empty by default: no proxy is believed.
-    #[serde(deserialize_with = "list_or_comma_separated")]
+    #[serde(deserialize_with = "list_or_comma_separated_of")]
     pub trusted_proxies: Vec<String>,
     /// Failed token attempts (a wrong bearer token, a wrong login) one client address may make
-    /// within `auth_failure_window`; beyond it, the address is answered `429` until the window
-    /// ends.
+    /// within `auth_failure_window`; beyond it, the address is answered `429 too_many_failures`
+    /// with `Retry-After` until the window ends, whatever it sends.
     pub auth_failure_limit: u32,
     /// The window `auth_failure_limit` counts in.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub auth_failure_window: Duration,
     /// Most connections served at once; more wait to be accepted.
     pub max_connections: usize,
-    /// Most `/v1/events` streams open at once; more are answered `503`.
+    /// Most `/v1/events` streams open at once; more are answered `503 too_many_clients`.
     pub max_sse_clients: usize,
     /// Most uploads (`POST /v1/blobs`, `POST /v1/search/similar`) each route group receives at
     /// once; each holds up to `download.max_bytes` in memory.
     pub max_uploads: usize,
-    /// How long an upload waits for one of `max_uploads` before it is answered `503` with
+    /// How long an upload waits for one of `max_uploads` before it is answered `503 busy` with
     /// `Retry-After`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub upload_wait: Duration,
     /// A client that has not sent a whole request head within this time is disconnected (it
     /// also bounds how long a kept-alive connection waits for its next request).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub header_read_timeout: Duration,
     /// A connection on which no byte moved either way for this long is closed (event streams
     /// send a keep-alive every 15 s).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub idle_timeout: Duration,
 }
 
@@ -281,45 +288,23 @@ fn check_token(key: &str, token: &Secret<String>) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `http.tokens`: a list of `{ name, token, scope }` tables, or one string of comma-separated
-/// `name:scope:token` entries (how lists arrive from the environment); blank entries are
-/// dropped.
-fn scoped_tokens<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<ScopedToken>, D::Error> {
-    struct TokensVisitor;
+/// `http.tokens` in the environment: one string of comma-separated `name:scope:token` entries;
+/// blank entries are dropped.
+impl ListItem for ScopedToken {
+    const EXPECTING: &'static str =
+        "a list of { name, token, scope } tables, or one string of comma-separated name:scope:token";
 
-    impl<'de> Visitor<'de> for TokensVisitor {
-        type Value = Vec<ScopedToken>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a list of { name, token, scope } tables, or one string of comma-separated name:scope:token")
+    fn from_piece(entry: &str) -> Result<Option<Self>, String> {
+        let entry = entry.trim();
+        if entry.is_empty() {
+            return Ok(None);
         }
-
-        fn visit_str<E: de::Error>(self, entries: &str) -> Result<Self::Value, E> {
-            entries
-                .split(',')
-                .map(str::trim)
-                .filter(|entry| !entry.is_empty())
-                .map(|entry| {
-                    let mut parts = entry.splitn(3, ':');
-                    let (Some(name), Some(scope), Some(token)) = (parts.next(), parts.next(), parts.next()) else {
-                        return Err(E::custom(format!("an entry is name:scope:token, not {:?}", mask(entry))));
-                    };
-                    let scope = scope.parse().map_err(E::custom)?;
-                    Ok(ScopedToken { name: name.to_owned(), token: Secret::new(token.to_owned()), scope })
-                })
-                .collect()
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut items = Vec::new();
-            while let Some(item) = seq.next_element()? {
-                items.push(item);
-            }
-            Ok(items)
-        }
+        let mut parts = entry.splitn(3, ':');
+        let (Some(name), Some(scope), Some(token)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!("an entry is name:scope:token, not {:?}", mask(entry)));
+        };
+        Ok(Some(ScopedToken { name: name.to_owned(), token: Secret::new(token.to_owned()), scope: scope.parse()? }))
     }
-
-    deserializer.deserialize_any(TokensVisitor)
 }
 
 /// `entry` with what follows its second `:` (the token) masked, for an error message.

@@ -75,7 +75,7 @@ impl Settings {
     }
 
     /// [`load_from`](Self::load_from) without the validation.
-    fn read<I, K, V>(file: Option<&Path>, env: I) -> Result<Self, ConfigError>
+    pub(super) fn read<I, K, V>(file: Option<&Path>, env: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (K, V)>,
         K: Into<OsString>,

@@ -1,14 +1,15 @@
 //! The `log` section: how log lines are written.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
-    /// Human-readable lines.
+    /// Human-readable lines, coloured only when stderr is a terminal.
     #[default]
     Text,
     /// One JSON object per line.
@@ -16,7 +17,7 @@ pub enum LogFormat {
 }
 
 /// The `log` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// Line format.

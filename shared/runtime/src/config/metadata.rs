@@ -1,15 +1,17 @@
 //! The `metadata` section: how the metadata worker decodes images and writes thumbnails.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 use crate::budget;
 
 /// The `metadata` section: how the metadata worker decodes images and writes thumbnails.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetadataConfig {
-    /// Most pixels (width × height) an image may have; larger ones fail before they are decoded.
+    /// Most pixels (width × height) an image may have; larger ones (pixel bombs) fail before
+    /// they are decoded.
     pub max_pixels: u64,
     /// Widest image accepted, in pixels.
     pub max_width: u32,
@@ -24,7 +26,9 @@ pub struct MetadataConfig {
     /// The name of the derivative the AI worker reads instead of the original (`preview`).
     pub ai_input: String,
     /// Bytes of pixel buffers the process's decodes may hold at once; an image waits until its
-    /// share is free (default: [`budget::default_capacity`]).
+    /// share is free. At least 16 MiB; by default a quarter of the memory (of the cgroup's limit
+    /// when lower), [`budget::default_capacity`].
+    #[schemars(extend("x-default" = "¼ of the memory"))]
     pub memory_budget: u64,
 }
 
@@ -97,7 +101,7 @@ pub const MAX_THUMBNAILS: usize = 8;
 
 /// One derivative of `metadata.thumbnails`: the image scaled to fit `size` (never enlarged),
 /// upright, encoded as `format`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ThumbnailSpec {
     /// Its name in `image.metadata_extracted` (`thumbnail`, `preview`; `[a-z0-9_-]`, 1-32).
@@ -142,7 +146,7 @@ impl ThumbnailSpec {
 }
 
 /// How a derivative is encoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ThumbnailFormat {
     /// Lossy WebP (with alpha when the image has it).

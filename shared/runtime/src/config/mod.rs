@@ -18,11 +18,14 @@ mod dlq;
 mod download;
 mod error;
 mod http;
+mod list;
 mod load;
 mod log;
 mod metadata;
 mod net;
 mod notification;
+#[cfg(test)]
+mod reference;
 mod secret;
 mod similarity;
 mod store;
@@ -32,7 +35,8 @@ mod worker;
 
 use imagepipe_blob::BlobConfig;
 use imagepipe_bus::BusConfig;
-use serde::{Deserialize, Deserializer, Serialize};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 pub use ai::{AiConfig, AiRuntime};
 pub use coordinator::CoordinatorConfig;
@@ -52,10 +56,11 @@ pub use store::{RedisConfig, StoreConfig, StoreKind};
 pub use telemetry::TelemetryConfig;
 pub use worker::{PriorityShares, WorkerConfig};
 
+use list::{ListItem, list_or_comma_separated_of, optional_list_or_comma_separated_of};
 use validate::{memory_budget, non_empty_path, positive};
 
 /// Every service's configuration. Sections a service does not use are ignored by it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     /// Message bus (`bus.*`).
@@ -91,43 +96,6 @@ pub struct Settings {
     pub dlq: DlqConfig,
     /// Similarity indexer: near-duplicate thresholds and the vector index (`similarity.*`).
     pub similarity: SimilarityConfig,
-}
-
-/// Accepts a list, or one string of comma-separated items (how lists arrive from the
-/// environment); blank items are dropped.
-fn list_or_comma_separated<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
-    struct ListVisitor;
-
-    impl<'de> serde::de::Visitor<'de> for ListVisitor {
-        type Value = Vec<String>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a list of strings or one comma-separated string")
-        }
-
-        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
-            Ok(s.split(',').map(str::to_owned).collect())
-        }
-
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut items = Vec::new();
-            while let Some(item) = seq.next_element::<String>()? {
-                items.push(item);
-            }
-            Ok(items)
-        }
-    }
-
-    let items = deserializer.deserialize_any(ListVisitor)?;
-    Ok(items.into_iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
-}
-
-/// [`list_or_comma_separated`] for a list that may be left unset (`None` when the key is
-/// absent, with `#[serde(default)]`).
-fn optional_list_or_comma_separated<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<Vec<String>>, D::Error> {
-    list_or_comma_separated(deserializer).map(Some)
 }
 
 #[cfg(test)]

@@ -2,20 +2,21 @@
 
 use imagepipe_net::{ClientBuilder, GuardedClient, Limits};
 use ipnet::IpNet;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::load::key_to_env_name;
-use super::{ConfigError, Settings, list_or_comma_separated};
+use super::{ConfigError, Settings, list_or_comma_separated_of};
 
 /// The `net` section.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct NetConfig {
     /// CIDRs the download and webhook clients may reach despite the SSRF guard
     /// (`10.0.0.0/8`, `::1/128`); a comma-separated list in the environment. The default of
     /// `download.allow_cidrs` and `notification.allow_cidrs`, each of which replaces it for its
     /// client when set.
-    #[serde(deserialize_with = "list_or_comma_separated")]
+    #[serde(deserialize_with = "list_or_comma_separated_of")]
     pub allow_cidrs: Vec<String>,
 }
 

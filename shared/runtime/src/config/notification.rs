@@ -1,49 +1,65 @@
 //! The `notification` section: where and how the notification worker posts webhooks.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{ConfigError, MASK, Secret, mask_url_credentials, optional_list_or_comma_separated};
+use super::{
+    ConfigError, ListItem, MASK, Secret, list_or_comma_separated_of, mask_url_credentials,
+    optional_list_or_comma_separated_of,
+};
 
 /// The `notification` section: where and how the notification worker posts webhooks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct NotificationConfig {
     /// Targets that receive every `task.completed`, `task.failed` and `task.cancelled` event,
     /// besides the task's own `callbackUrl`: each a URL, or a table `{ url, secret }` with a
     /// key of its own; a comma-separated list of URLs in the environment.
-    #[serde(deserialize_with = "webhook_targets")]
+    #[serde(deserialize_with = "list_or_comma_separated_of")]
+    #[schemars(extend("x-type" = "list of URLs or `{ url, secret }` tables"))]
     pub subscribers: Vec<WebhookTarget>,
     /// Keys of the Standard Webhooks signature (`webhook-signature`) for every `callbackUrl`
     /// and every subscriber without a key of its own: one key, or several while a key is
-    /// rotated (each one signs; comma-separated in the environment). Without a key, webhooks
-    /// are not signed.
-    #[serde(deserialize_with = "webhook_secrets", skip_serializing_if = "Vec::is_empty")]
+    /// rotated (each one signs; comma-separated in the environment). A key is `whsec_` followed
+    /// by its bytes in standard base64 (the Standard Webhooks form), or any other string, whose
+    /// UTF-8 bytes are the key. Without a key, webhooks are not signed.
+    #[serde(deserialize_with = "list_or_comma_separated_of", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<String>")]
     pub secret: Vec<WebhookSecret>,
     /// Longest time to resolve and connect to a webhook target.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub connect_timeout: Duration,
     /// Longest time for one webhook request, redirects and response included.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub total_timeout: Duration,
     /// Deliveries of one event before it is dead-lettered (each one posts to every target not
     /// yet reached).
     pub max_attempts: u32,
     /// Delay before the first retry; it doubles per attempt (with jitter) up to `retry_max`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub retry_min: Duration,
     /// Longest delay between two attempts.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub retry_max: Duration,
     /// CIDRs webhooks may reach despite the SSRF guard; a comma-separated list in the
     /// environment. Unset, webhooks use `net.allow_cidrs`; set (even to an empty list), it
     /// replaces `net.allow_cidrs` for webhooks.
-    #[serde(default, deserialize_with = "optional_list_or_comma_separated", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "optional_list_or_comma_separated_of",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub allow_cidrs: Option<Vec<String>>,
 }
 
@@ -161,6 +177,27 @@ impl<'de> Deserialize<'de> for WebhookSecret {
     }
 }
 
+/// A URL, or a table `{ url, secret }`.
+impl JsonSchema for WebhookTarget {
+    fn schema_name() -> Cow<'static, str> {
+        "WebhookTarget".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "anyOf": [
+                { "type": "string" },
+                {
+                    "type": "object",
+                    "properties": { "url": { "type": "string" }, "secret": { "type": "array", "items": { "type": "string" } } },
+                    "required": ["url"],
+                    "additionalProperties": false
+                }
+            ]
+        })
+    }
+}
+
 /// One subscriber of `notification.subscribers`: where it is posted to, and the keys that sign
 /// what it receives (none: `notification.secret`'s). Written as its URL, or as a table
 /// `{ url = "...", secret = "whsec_..." }` (one key or a list).
@@ -220,7 +257,7 @@ impl<'de> Deserialize<'de> for WebhookTarget {
                 #[serde(deny_unknown_fields)]
                 struct Table {
                     url: String,
-                    #[serde(default, deserialize_with = "webhook_secrets")]
+                    #[serde(default, deserialize_with = "list_or_comma_separated_of")]
                     secret: Vec<WebhookSecret>,
                 }
                 let Table { url, secret } = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
@@ -232,63 +269,29 @@ impl<'de> Deserialize<'de> for WebhookTarget {
     }
 }
 
-/// `notification.subscribers`: a list of targets, or one string of comma-separated URLs (how
-/// lists arrive from the environment); blank URLs are dropped.
-fn webhook_targets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<WebhookTarget>, D::Error> {
-    struct TargetsVisitor;
+/// `notification.subscribers` in the environment: one string of comma-separated URLs; a target
+/// with a blank URL is dropped (in a list as in the string).
+impl ListItem for WebhookTarget {
+    const EXPECTING: &'static str = "a list of URLs or { url, secret } tables, or one comma-separated string of URLs";
 
-    impl<'de> Visitor<'de> for TargetsVisitor {
-        type Value = Vec<WebhookTarget>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a list of URLs or { url, secret } tables, or one comma-separated string of URLs")
-        }
-
-        fn visit_str<E: de::Error>(self, urls: &str) -> Result<Self::Value, E> {
-            Ok(urls.split(',').map(|url| WebhookTarget::new(url.trim())).collect())
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            elements(seq)
-        }
+    fn from_piece(url: &str) -> Result<Option<Self>, String> {
+        Ok(WebhookTarget::new(url.trim()).keep())
     }
 
-    let targets = deserializer.deserialize_any(TargetsVisitor)?;
-    Ok(targets.into_iter().filter(|target| !target.url.is_empty()).collect())
+    fn keep(self) -> Option<Self> {
+        (!self.url.is_empty()).then_some(self)
+    }
 }
 
 /// A `secret` key: one key, a list of keys, or one string of comma-separated keys (how lists
 /// arrive from the environment). An empty key is refused, not dropped: an unset variable must
 /// not quietly turn signing off.
-fn webhook_secrets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<WebhookSecret>, D::Error> {
-    struct SecretsVisitor;
+impl ListItem for WebhookSecret {
+    const EXPECTING: &'static str = "a key, a list of keys or one comma-separated string of keys";
 
-    impl<'de> Visitor<'de> for SecretsVisitor {
-        type Value = Vec<WebhookSecret>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a key, a list of keys or one comma-separated string of keys")
-        }
-
-        fn visit_str<E: de::Error>(self, keys: &str) -> Result<Self::Value, E> {
-            keys.split(',').map(|key| WebhookSecret::parse(key).map_err(E::custom)).collect()
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            elements(seq)
-        }
+    fn from_piece(key: &str) -> Result<Option<Self>, String> {
+        WebhookSecret::parse(key).map(Some).map_err(|e| e.to_string())
     }
-
-    deserializer.deserialize_any(SecretsVisitor)
-}
-
-/// Every element of `seq`, in order.
-fn elements<'de, A: SeqAccess<'de>, T: Deserialize<'de>>(mut seq: A) -> Result<Vec<T>, A::Error> {
-    let mut items = Vec::new();
-    while let Some(item) = seq.next_element()? {
-        items.push(item);
-    }
-    Ok(items)
 }
 
 #[cfg(test)]

@@ -3,12 +3,13 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, positive};
 
 /// The `similarity` section (the similarity indexer's).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SimilarityConfig {
     /// A new image whose 64-bit perceptual hash differs from an earlier one's in at most this
@@ -19,7 +20,9 @@ pub struct SimilarityConfig {
     /// copies resized, re-encoded or cropped by 10 % score 0.88-0.99 with their original,
     /// different photos at most 0.29.
     pub duplicate_threshold: f64,
-    /// Images held before the vector index adds an approximate (HNSW) graph to its exact search.
+    /// Images (per embedding version) held before the vector index adds an approximate (HNSW)
+    /// graph to its exact search: the exact scan of 100,000 1280-d vectors takes 10 ms at p50
+    /// and about 20 ms at p99 on two cores, the graph under 6 ms at p99.
     pub exact_limit: usize,
     /// Lowest cosine kept as a pair for `GET /v1/duplicates` (its `threshold` may not go lower).
     pub pair_floor: f64,
@@ -27,6 +30,7 @@ pub struct SimilarityConfig {
     /// with the AI worker in `imagepipe run`) and its share of `ai.memory_budget`; then it is
     /// answered `503 busy` with `Retry-After`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub model_wait: Duration,
 }
 

@@ -16,6 +16,7 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, SecretUrl, mask_url_credentials};
@@ -24,23 +25,28 @@ use super::{ConfigError, SecretUrl, mask_url_credentials};
 const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
 
 /// Where every service keeps its state (see the module docs).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StoreKind {
-    /// redb files in `store.path`, kept across restarts, for one process (`imagepipe run`).
+    /// redb files in `store.path`, kept across restarts, for one process (`imagepipe run`):
+    /// `coordinator.redb` (tasks), `analytics.redb` (counters and latencies), `tag-indexer.redb`
+    /// (the tag index), `similarity-indexer.redb` (the similarity index) and one `<group>.redb`
+    /// per subscriber group (its handled `eventId`s); the download worker's per-host limits live
+    /// in process memory.
     #[default]
     Embedded,
     /// Redis at `store.redis.url`, shared by every replica of every service.
     Redis,
 }
 
-/// The `store` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The `store` section: where every service keeps its state (the coordinator's tasks, the
+/// indexes, the subscribers' handled event ids, the download worker's per-host limits).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// Backend.
     pub kind: StoreKind,
-    /// Directory of the embedded store's files.
+    /// Directory of the embedded store's files; one process uses it at a time.
     pub path: PathBuf,
     /// Redis settings.
     pub redis: RedisConfig,
@@ -53,11 +59,12 @@ impl Default for StoreConfig {
 }
 
 /// The `store.redis` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
     /// `redis://[user:password@]host:port[/db]` (or `rediss://` for TLS); the password is
     /// masked whenever printed.
+    #[schemars(with = "String")]
     pub url: SecretUrl,
 }
 

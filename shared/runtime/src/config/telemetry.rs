@@ -1,12 +1,13 @@
 //! The `telemetry` section: traces (exported over OTLP when the standard `OTEL_*` variables
 //! say where).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 
 /// The `telemetry` section.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TelemetryConfig {
     /// Service name on traces; defaults to the service's own name.

@@ -3,34 +3,40 @@
 use std::time::Duration;
 
 use imagepipe_bus::{ConsumerConfig, Shares};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, positive};
 
 /// The `worker` section: how a worker consumes its queue.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
-    /// Most messages handled at once (default 2 × cores).
+    /// Most messages handled at once (default 2 × cores); `PUT /v1/queues/{queue}/concurrency`
+    /// overrides it live for a stage.
+    #[schemars(extend("x-default" = "2 × the number of cores"))]
     pub concurrency: usize,
     /// A delivery not settled (nor extended by progress) within this time is redelivered.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub ack_wait: Duration,
     /// Deliveries allowed before a message is dead-lettered.
     pub max_deliveries: u32,
     /// A handler running longer is abandoned and its message retried.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub handler_timeout: Duration,
     /// On shutdown, how long in-flight handlers may take to finish.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub shutdown_grace: Duration,
-    /// Shares of the priority lanes under backlog (`high`, `normal`, `low`): the guaranteed
-    /// part of the messages a worker takes while every lane waits.
+    /// Shares of the priority lanes under backlog (`high`, `normal`, `low`, each at least 1): the
+    /// guaranteed part of the messages a worker takes while every lane waits.
     pub priority_shares: PriorityShares,
 }
 
 /// `worker.priority_shares`: relative shares of the priority lanes under backlog.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PriorityShares {
     /// Share of the `high` lane (default 70).
