@@ -29,10 +29,10 @@ use imagepipe_bus::{Bus, BusError, Selector, Subscription};
 use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
-use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
+use imagepipe_runtime::dedup::{self, DedupError, Subscriber, SubscriberRunError, run_subscriber};
 use imagepipe_runtime::service::checks;
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
+use imagepipe_runtime::{Service, Settings, Shutdown, error_chain};
 
 pub use handler::StatsHandler;
 pub use histogram::{BUCKETS_MS, Histogram};
@@ -93,6 +93,16 @@ pub enum RunError {
     /// The worker loop stopped with an error.
     #[error("running the analytics worker")]
     Worker(#[source] WorkerError),
+}
+
+impl From<SubscriberRunError> for RunError {
+    fn from(error: SubscriberRunError) -> Self {
+        match error {
+            SubscriberRunError::Dedup { source, .. } => Self::Dedup(source),
+            SubscriberRunError::Subscribe { source, .. } => Self::Subscribe(source),
+            SubscriberRunError::Worker { source, .. } => Self::Worker(source),
+        }
+    }
 }
 
 /// The store `settings` call for: Redis at `store.redis.url` (keys under
@@ -156,11 +166,6 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<(), RunError> {
     metrics::describe();
-    let Some(dedup) = dedup::connect_with_retry(settings, GROUP, &shutdown).await.map_err(RunError::Dedup)? else {
-        return Ok(());
-    };
-    let consumer = bus.events.subscribe(subscription(settings)).await.map_err(RunError::Subscribe)?;
-    let handler = Deduplicated::new(StatsHandler::new(store), dedup, GROUP);
-    let config = LoopConfig::from_settings(GROUP, &settings.worker).orderly();
-    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+    let subscriber = Subscriber::new(subscription(settings), StatsHandler::new(store), &settings.worker).orderly();
+    Ok(run_subscriber(bus, settings, subscriber, shutdown).await?)
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::{BoxFuture, FutureExt, TryFutureExt};
 use imagepipe_ai_worker::{Classifier, ModelError};
 use imagepipe_blob::{BlobConfigError, BlobStore};
 use imagepipe_bus::{Bus, BusError, BusKind, Message};
@@ -115,7 +116,24 @@ impl From<ServiceError> for PipelineError {
     }
 }
 
-type ServiceResult = (&'static str, Result<(), Box<dyn std::error::Error + Send + Sync>>);
+/// A service's error, as the pipeline reports it.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+type ServiceResult = (&'static str, Result<(), BoxError>);
+
+/// How one service of the pipeline runs: on the pipeline's bus and settings until its shutdown.
+type StartService = Box<dyn FnOnce(Bus, Arc<Settings>, Shutdown) -> BoxFuture<'static, Result<(), BoxError>> + Send>;
+
+/// The entry of the pipeline's service table for `run` (a service's own run, given the bus,
+/// settings and shutdown), its error boxed.
+fn start<F, R, E>(run: F) -> StartService
+where
+    F: FnOnce(Bus, Arc<Settings>, Shutdown) -> R + Send + 'static,
+    R: Future<Output = Result<(), E>> + Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    Box::new(move |bus, settings, stop| run(bus, settings, stop).map_err(boxed).boxed())
+}
 
 /// The running pipeline. Stop it with [`Pipeline::stop`] (or [`Pipeline::run_until`]).
 pub struct Pipeline {
@@ -198,39 +216,45 @@ impl Pipeline {
         service.serve(coordinator.dashboard(&service));
 
         let settings = Arc::new(settings);
-        let stop_services = service.shutdown.clone();
+        // Every service of the pipeline, in start order: its name in errors, and how it runs.
+        let table: Vec<(&'static str, StartService)> = vec![
+            ("coordinator", start(|_, _, stop| coordinator.run(stop))),
+            (
+                "download worker",
+                start(|bus, s, stop| async move { imagepipe_download_worker::run(bus, &s, stop).await }),
+            ),
+            (
+                "metadata worker",
+                start(|bus, s, stop| async move { imagepipe_metadata_worker::run(bus, &s, stop).await }),
+            ),
+            (
+                "ai worker",
+                start(|bus, s, stop| async move { imagepipe_ai_worker::run(bus, &s, classifier, stop).await }),
+            ),
+            (
+                "notification worker",
+                start(|bus, s, stop| async move { imagepipe_notification_worker::run(bus, &s, stop).await }),
+            ),
+            (
+                "tag indexer",
+                start(|bus, s, stop| async move { imagepipe_tag_indexer_worker::run(bus, &s, tag_index, stop).await }),
+            ),
+            (
+                "similarity indexer",
+                start(|bus, s, stop| async move {
+                    imagepipe_similarity_indexer::run(bus, &s, similarity, live, stop).await
+                }),
+            ),
+            (
+                "analytics worker",
+                start(|bus, s, stop| async move { imagepipe_analytics_worker::run(bus, &s, stats, stop).await }),
+            ),
+        ];
         let mut services = JoinSet::new();
-        let stop = stop_services.clone();
-        services.spawn(async move { ("coordinator", coordinator.run(stop).await.map_err(boxed)) });
-        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
-        services.spawn(
-            async move { ("download worker", imagepipe_download_worker::run(b, &s, stop).await.map_err(boxed)) },
-        );
-        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
-        services.spawn(
-            async move { ("metadata worker", imagepipe_metadata_worker::run(b, &s, stop).await.map_err(boxed)) },
-        );
-        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
-        services.spawn(
-            async move { ("ai worker", imagepipe_ai_worker::run(b, &s, classifier, stop).await.map_err(boxed)) },
-        );
-        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
-        services.spawn(async move {
-            ("notification worker", imagepipe_notification_worker::run(b, &s, stop).await.map_err(boxed))
-        });
-        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
-        services.spawn(async move {
-            ("tag indexer", imagepipe_tag_indexer_worker::run(b, &s, tag_index, stop).await.map_err(boxed))
-        });
-        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
-        services.spawn(async move {
-            let indexed = imagepipe_similarity_indexer::run(b, &s, similarity, live, stop).await;
-            ("similarity indexer", indexed.map_err(boxed))
-        });
-        let (b, s, stop) = (bus.clone(), settings.clone(), stop_services.clone());
-        services.spawn(async move {
-            ("analytics worker", imagepipe_analytics_worker::run(b, &s, stats, stop).await.map_err(boxed))
-        });
+        for (name, start) in table {
+            let running = start(bus.clone(), settings.clone(), service.shutdown.clone());
+            services.spawn(async move { (name, running.await) });
+        }
         tracing::info!(addr = %service.http_addr(), "pipeline running");
         Ok(Self { service, model, engine, blobs, settings, services })
     }
@@ -368,7 +392,7 @@ impl Pipeline {
     }
 }
 
-fn boxed(e: impl std::error::Error + Send + Sync + 'static) -> Box<dyn std::error::Error + Send + Sync> {
+fn boxed(e: impl std::error::Error + Send + Sync + 'static) -> BoxError {
     Box::new(e)
 }
 

@@ -4,8 +4,9 @@
 //!
 //! It is also the model of a subscriber of your own: join a durable group with a
 //! [`Selector`], write the side effect as an
-//! [`EventHandler`](imagepipe_runtime::dedup::EventHandler), wrap it in [`Deduplicated`] (one
-//! effect per `eventId`), and let the runtime's [`Worker`] settle each delivery (retry with
+//! [`EventHandler`](imagepipe_runtime::dedup::EventHandler), and run it with [`run_subscriber`]:
+//! inside [`Deduplicated`](imagepipe_runtime::dedup::Deduplicated) (one effect per `eventId`),
+//! with the runtime's [`Worker`](imagepipe_runtime::Worker) settling each delivery (retry with
 //! backoff, dead letter after the last attempt). It never changes task state.
 //!
 //! - [`sign`]: the Standard Webhooks signature (`webhook-id`, `webhook-timestamp`,
@@ -20,9 +21,9 @@ use imagepipe_bus::{Bus, BusError, ConsumerConfig, Selector, Subscription};
 use imagepipe_net::{BuildError, ClientBuilder, GuardedClient, Limits};
 use imagepipe_runtime::backoff::{ExponentialBackoff, InvalidBackoff, Jitter};
 use imagepipe_runtime::config::{ConfigError, Outbound};
-use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
+use imagepipe_runtime::dedup::{DedupError, Subscriber, SubscriberRunError, run_subscriber};
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker};
+use imagepipe_runtime::{Service, Settings, Shutdown};
 
 pub use handler::{NotifyHandler, Targets};
 
@@ -78,6 +79,16 @@ pub enum RunError {
     Worker(#[source] WorkerError),
 }
 
+impl From<SubscriberRunError> for RunError {
+    fn from(error: SubscriberRunError) -> Self {
+        match error {
+            SubscriberRunError::Dedup { source, .. } => Self::Dedup(source),
+            SubscriberRunError::Subscribe { source, .. } => Self::Subscribe(source),
+            SubscriberRunError::Worker { source, .. } => Self::Worker(source),
+        }
+    }
+}
+
 /// The webhook client `settings` describe (`notification.*` timeouts, `notification.allow_cidrs`
 /// or else `net.allow_cidrs`), with the system resolver; tests replace the resolver and add a
 /// dial check before building it. A receiver silent for the client's default read timeout (or
@@ -129,16 +140,10 @@ pub async fn run_with_client(
     let notification = &settings.notification;
     let backoff = ExponentialBackoff::new(notification.retry_min, notification.retry_max, Jitter::Proportional(0.5))
         .map_err(RunError::Backoff)?;
-    let Some(dedup) = dedup::connect_with_retry(settings, GROUP, &shutdown).await.map_err(RunError::Dedup)? else {
-        return Ok(());
-    };
     let subscription = subscription(settings);
     let targets = Targets::from_config(notification);
     targets.warn_unsigned();
     let notify = NotifyHandler::new(client, targets, subscription.selector.clone());
-    let handler = Deduplicated::new(notify, dedup, GROUP);
-    let consumer = bus.events.subscribe(subscription).await.map_err(RunError::Subscribe)?;
-    let mut config = LoopConfig::from_settings(GROUP, &settings.worker);
-    config.retry_backoff = backoff;
-    Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker)
+    let subscriber = Subscriber::new(subscription, notify, &settings.worker).retry_backoff(backoff);
+    Ok(run_subscriber(bus, settings, subscriber, shutdown).await?)
 }

@@ -30,12 +30,12 @@ use imagepipe_runtime::batches::until_short;
 use imagepipe_runtime::clock::{Clock, SystemClock, millis};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
-use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
+use imagepipe_runtime::dedup::{DedupError, Subscriber, SubscriberRunError, run_subscriber};
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::http::UploadSlots;
 use imagepipe_runtime::service::checks;
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
+use imagepipe_runtime::{Service, Settings, Shutdown, error_chain};
 
 pub use api::{SimilarityApi, routes};
 pub use handler::IndexHandler;
@@ -72,6 +72,16 @@ pub enum RunError {
     /// The worker loop stopped with an error.
     #[error("running the similarity indexer")]
     Worker(#[source] WorkerError),
+}
+
+impl From<SubscriberRunError> for RunError {
+    fn from(error: SubscriberRunError) -> Self {
+        match error {
+            SubscriberRunError::Dedup { source, .. } => Self::Dedup(source),
+            SubscriberRunError::Subscribe { source, .. } => Self::Subscribe(source),
+            SubscriberRunError::Worker { source, .. } => Self::Worker(source),
+        }
+    }
 }
 
 /// The store `settings` call for: Redis at `store.redis.url` (keys under
@@ -150,16 +160,10 @@ pub async fn run(
     live: Arc<LiveIndex>,
     shutdown: Shutdown,
 ) -> Result<(), RunError> {
-    let Some(dedup) = dedup::connect_with_retry(settings, GROUP, &shutdown).await.map_err(RunError::Dedup)? else {
-        return Ok(());
-    };
-    let consumer = bus.events.subscribe(subscription(settings)).await.map_err(RunError::Subscribe)?;
-    let expiring = tokio::spawn(expire_every(store.clone(), settings.coordinator.retention, shutdown.clone()));
-    let handler = Deduplicated::new(IndexHandler::new(store, live, bus, Arc::new(SystemClock)), dedup, GROUP);
-    let config = LoopConfig::from_settings(GROUP, &settings.worker);
-    let indexed = Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker);
-    expiring.abort();
-    indexed
+    let expiring = expire_every(store.clone(), settings.coordinator.retention, shutdown.clone());
+    let handler = IndexHandler::new(store, live, bus.clone(), Arc::new(SystemClock));
+    let subscriber = Subscriber::new(subscription(settings), handler, &settings.worker).alongside(expiring);
+    Ok(run_subscriber(bus, settings, subscriber, shutdown).await?)
 }
 
 /// Drops every entry whose latest event is older than `retention` at `now` (Unix ms), and

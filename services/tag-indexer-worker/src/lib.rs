@@ -23,11 +23,11 @@ use imagepipe_runtime::batches::until_short;
 use imagepipe_runtime::clock::{Clock, SystemClock, millis};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
-use imagepipe_runtime::dedup::{self, DedupError, Deduplicated};
+use imagepipe_runtime::dedup::{DedupError, Subscriber, SubscriberRunError, run_subscriber};
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::service::checks;
 use imagepipe_runtime::worker::WorkerError;
-use imagepipe_runtime::{LoopConfig, Service, Settings, Shutdown, Worker, error_chain};
+use imagepipe_runtime::{Service, Settings, Shutdown, error_chain};
 
 pub use handler::IndexHandler;
 pub use index::{EmbeddedIndex, Hit, IndexError, MemoryIndex, RedisIndex, TagIndex, TagMatch};
@@ -58,6 +58,16 @@ pub enum RunError {
     /// The worker loop stopped with an error.
     #[error("running the tag indexer")]
     Worker(#[source] WorkerError),
+}
+
+impl From<SubscriberRunError> for RunError {
+    fn from(error: SubscriberRunError) -> Self {
+        match error {
+            SubscriberRunError::Dedup { source, .. } => Self::Dedup(source),
+            SubscriberRunError::Subscribe { source, .. } => Self::Subscribe(source),
+            SubscriberRunError::Worker { source, .. } => Self::Worker(source),
+        }
+    }
 }
 
 /// The index `settings` call for: Redis at `store.redis.url` (keys under
@@ -104,16 +114,10 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
 /// Indexes the events on `bus` into `index` until `shutdown` fires and in-flight events are done,
 /// dropping the entries of tasks older than `coordinator.retention` every [`EXPIRY_INTERVAL`].
 pub async fn run(bus: Bus, settings: &Settings, index: Arc<dyn TagIndex>, shutdown: Shutdown) -> Result<(), RunError> {
-    let Some(dedup) = dedup::connect_with_retry(settings, GROUP, &shutdown).await.map_err(RunError::Dedup)? else {
-        return Ok(());
-    };
-    let consumer = bus.events.subscribe(subscription(settings)).await.map_err(RunError::Subscribe)?;
-    let expiring = tokio::spawn(expire_every(index.clone(), settings.coordinator.retention, shutdown.clone()));
-    let handler = Deduplicated::new(IndexHandler::new(index), dedup, GROUP);
-    let config = LoopConfig::from_settings(GROUP, &settings.worker);
-    let indexed = Worker::new(consumer, handler, config).run(shutdown).await.map_err(RunError::Worker);
-    expiring.abort();
-    indexed
+    let expiring = expire_every(index.clone(), settings.coordinator.retention, shutdown.clone());
+    let handler = IndexHandler::new(index);
+    let subscriber = Subscriber::new(subscription(settings), handler, &settings.worker).alongside(expiring);
+    Ok(run_subscriber(bus, settings, subscriber, shutdown).await?)
 }
 
 /// Drops every entry of the tasks whose latest event is older than `retention` at `now` (Unix

@@ -7,8 +7,8 @@
 use imagepipe_bus::{Bus, Selector, Subscription};
 use imagepipe_contracts::Event;
 use imagepipe_contracts::payload::TaskCompleted;
-use imagepipe_runtime::dedup::{self, Deduplicated, EventHandler, Seen};
-use imagepipe_runtime::{ConfigArgs, LoopConfig, Outcome, Shutdown, Worker};
+use imagepipe_runtime::dedup::{EventHandler, Seen, Subscriber, run_subscriber};
+use imagepipe_runtime::{ConfigArgs, Outcome, Shutdown};
 use serde_json::Value;
 
 /// The subscriber group: every replica of it shares the work, and remembers handled events.
@@ -38,11 +38,10 @@ async fn main() -> anyhow::Result<()> {
     let bus = Bus::connect(&settings.bus).await?;
     let subscription =
         Subscription::new(GROUP, Selector::parse("task.completed")?).with_consumer(settings.worker.consumer_config());
-    let consumer = bus.events.subscribe(subscription).await?;
     // Deliveries are at-least-once: the dedup layer applies each `eventId` once (Redis when
-    // `store.kind = redis`, shared by every replica; in process otherwise).
-    let handler = Deduplicated::new(Archive, dedup::connect(&settings, GROUP).await?, GROUP);
-    let config = LoopConfig::from_settings(GROUP, &settings.worker);
-    Worker::new(consumer, handler, config).run(Shutdown::on_signals()?).await?;
+    // `store.kind = redis`, shared by every replica; the group's file under `store.path`
+    // otherwise).
+    let subscriber = Subscriber::new(subscription, Archive, &settings.worker);
+    run_subscriber(bus, &settings, subscriber, Shutdown::on_signals()?).await?;
     Ok(())
 }

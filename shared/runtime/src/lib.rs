@@ -2,8 +2,8 @@
 //! traces ([`telemetry`]), Prometheus metrics ([`metrics`]) and the health server ([`http`]),
 //! the shutdown signal ([`shutdown`]), retry delays ([`backoff`]), batched clean-ups ([`batches`]), connecting with retries at
 //! start ([`connect`]), operator control state ([`control`]), time ([`clock`]), memory
-//! budgets for decoding ([`budget`]), the embedded store's files ([`embedded`]), subscriber
-//! dedup ([`dedup`]), the worker loop ([`worker`]) and the start-up that ties them together
+//! budgets for decoding ([`budget`]), the embedded store's files ([`embedded`]), event
+//! subscribers with their dedup ([`dedup`]), the worker loop ([`worker`]) and the start-up that ties them together
 //! ([`service`]).
 
 pub mod backoff;

@@ -1,7 +1,8 @@
 //! Remembering which events a subscriber has handled, so a redelivered event (same `eventId`)
 //! has its effect once: check [`Dedup::is_done`] before the effect, [`Dedup::mark_done`] after
 //! it. A crash in between repeats the effect on redelivery (at-least-once), never loses it.
-//! [`Deduplicated`] is that protocol as a layer around a subscriber's [`EventHandler`].
+//! [`Deduplicated`] is that protocol as a layer around a subscriber's [`EventHandler`], and
+//! [`run_subscriber`] the one way a subscriber runs inside it.
 //!
 //! Backends: [`RedisDedup`] (`SET NX` with a TTL, shared by every replica of a subscriber
 //! group) for `store.kind = redis`; [`EmbeddedDedup`] (the group's redb file under
@@ -11,6 +12,7 @@
 
 mod embedded;
 mod layer;
+mod serve;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -29,6 +31,7 @@ use crate::shutdown::Shutdown;
 
 pub use embedded::EmbeddedDedup;
 pub use layer::{Deduplicated, EventHandler, Seen};
+pub use serve::{Subscriber, SubscriberRunError, run_subscriber};
 
 /// The dedup store could not be reached or answered nonsense.
 #[derive(Debug, thiserror::Error)]

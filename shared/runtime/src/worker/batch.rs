@@ -18,8 +18,8 @@ use tracing::Instrument;
 
 use ::metrics::{counter, histogram};
 
-use super::process::{ABORT_WAIT, AbortOnDrop, verdict_of};
-use super::settle::{Verdict, settle};
+use super::process::{ABORT_WAIT, AbortOnDrop, exit_of};
+use super::settle::{HandlerExit, settle};
 use super::{InFlight, LoopConfig, Outcome, WorkerError, fetch_failed};
 use crate::metrics::{self, labels};
 use crate::shutdown::Shutdown;
@@ -102,28 +102,28 @@ async fn handle<H: BatchHandler>(handler: Arc<H>, deliveries: Vec<Delivery>, con
     let _in_flight: Vec<InFlight> = deliveries.iter().map(|_| InFlight::enter(&config.name)).collect();
     let spans: Vec<tracing::Span> = deliveries.iter().map(telemetry::message_span).collect();
     let started = Instant::now();
-    let (verdicts, deliveries) = supervise(handler, deliveries, spans.clone(), &config).await;
+    let (exits, deliveries) = supervise(handler, deliveries, spans.clone(), &config).await;
     let elapsed = started.elapsed().as_secs_f64();
     let Some(deliveries) = deliveries else {
         tracing::error!(worker = %config.name, "the abandoned batch handler did not stop; leaving its messages unsettled");
         return;
     };
-    let settled = deliveries.into_iter().zip(verdicts).zip(spans).map(|((delivery, verdict), span)| {
-        histogram!(metrics::HANDLER_DURATION, labels::SOURCE => config.name.clone(), labels::OUTCOME => verdict.label())
+    let settled = deliveries.into_iter().zip(exits).zip(spans).map(|((delivery, exit), span)| {
+        histogram!(metrics::HANDLER_DURATION, labels::SOURCE => config.name.clone(), labels::OUTCOME => exit.label())
             .record(elapsed);
-        settle(delivery, verdict, &config).instrument(span)
+        settle(delivery, exit, &config).instrument(span)
     });
     join_all(settled).await;
 }
 
-/// Runs the handler on the batch to one verdict per delivery. Gives the deliveries back to
+/// Runs the handler on the batch until it exits, one [`HandlerExit`] per delivery. Gives the deliveries back to
 /// settle, or `None` if an abandoned handler would not stop.
 async fn supervise<H: BatchHandler>(
     handler: Arc<H>,
     deliveries: Vec<Delivery>,
     spans: Vec<tracing::Span>,
     config: &LoopConfig,
-) -> (Vec<Verdict>, Option<Vec<Delivery>>) {
+) -> (Vec<HandlerExit>, Option<Vec<Delivery>>) {
     let n = deliveries.len();
     let deliveries = Arc::new(deliveries);
     let mut task = AbortOnDrop(tokio::spawn({
@@ -136,28 +136,28 @@ async fn supervise<H: BatchHandler>(
     let timeout = tokio::time::sleep(config.handler_timeout);
     tokio::pin!(timeout);
 
-    let verdicts = loop {
+    let exits = loop {
         tokio::select! {
             joined = &mut task.0 => break match joined {
-                Ok(outcomes) if outcomes.len() == n => outcomes.into_iter().map(Verdict::Handled).collect(),
+                Ok(outcomes) if outcomes.len() == n => outcomes.into_iter().map(HandlerExit::Returned).collect(),
                 Ok(outcomes) => {
                     let reason = format!("the batch handler gave {} outcomes for {n} deliveries", outcomes.len());
                     tracing::error!(worker = %config.name, %reason, "batch retried");
-                    (0..n).map(|_| Verdict::Handled(Outcome::retry(&reason))).collect()
+                    (0..n).map(|_| HandlerExit::Returned(Outcome::retry(&reason))).collect()
                 }
                 Err(error) => {
-                    let verdict = verdict_of(Err(error));
-                    let label = verdict.label();
-                    let reason = match verdict { Verdict::Panicked(m) => m, _ => label.to_owned() };
-                    (0..n).map(|_| Verdict::Panicked(reason.clone())).collect()
+                    let exit = exit_of(Err(error));
+                    let label = exit.label();
+                    let reason = match exit { HandlerExit::Panicked(m) => m, _ => label.to_owned() };
+                    (0..n).map(|_| HandlerExit::Panicked(reason.clone())).collect()
                 }
             },
             () = &mut timeout => {
                 task.0.abort();
                 if tokio::time::timeout(ABORT_WAIT, &mut task.0).await.is_err() {
-                    return ((0..n).map(|_| Verdict::TimedOut(config.handler_timeout)).collect(), None);
+                    return ((0..n).map(|_| HandlerExit::TimedOut(config.handler_timeout)).collect(), None);
                 }
-                break (0..n).map(|_| Verdict::TimedOut(config.handler_timeout)).collect();
+                break (0..n).map(|_| HandlerExit::TimedOut(config.handler_timeout)).collect();
             }
             _ = progress.tick() => {
                 join_all(deliveries.iter().map(|d| super::settle::progress(d, config))).await;
@@ -165,5 +165,5 @@ async fn supervise<H: BatchHandler>(
         }
     };
     drop(task);
-    (verdicts, Arc::try_unwrap(deliveries).ok())
+    (exits, Arc::try_unwrap(deliveries).ok())
 }

@@ -231,7 +231,7 @@ impl<H: Handler> Worker<H> {
         let mut tasks = JoinSet::new();
         let mut dispatcher = match config.scheduling {
             Scheduling::Concurrent => Dispatcher::Concurrent,
-            Scheduling::Orderly => Dispatcher::Orderly(orderly::Lanes::default()),
+            Scheduling::Orderly => Dispatcher::Orderly(orderly::KeyLanes::default()),
         };
         let mut fetch_failures = config.fetch_backoff.attempts();
         tracing::info!(worker = %config.name, scheduling = ?config.scheduling, concurrency = config.concurrency, "worker started");
@@ -439,7 +439,7 @@ impl Drop for InFlight {
 
 enum Dispatcher {
     Concurrent,
-    Orderly(orderly::Lanes),
+    Orderly(orderly::KeyLanes),
 }
 
 impl Dispatcher {

@@ -10,13 +10,14 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Fetched, Handler, LoopConfig, process};
 
-/// The lanes of keys that have deliveries held; a lane ends when it runs out.
+/// One lane per message key with deliveries held (per key, unlike the bus's priority
+/// [`Lanes`](imagepipe_bus::Lanes)); a lane ends when it runs out.
 #[derive(Default, Clone)]
-pub(super) struct Lanes {
+pub(super) struct KeyLanes {
     open: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Fetched>>>>,
 }
 
-impl Lanes {
+impl KeyLanes {
     /// Queues `fetched` behind the deliveries of its key, or handles it at once if it has none
     /// (keyless messages are unordered).
     pub(super) fn dispatch<H: Handler>(
@@ -52,10 +53,10 @@ impl Lanes {
 }
 
 /// Handles the deliveries of `key` in order until none is left, then closes the lane. The
-/// lane is removed under the same lock [`Lanes::dispatch`] sends under, after checking that
+/// lane is removed under the same lock [`KeyLanes::dispatch`] sends under, after checking that
 /// nothing arrived, so no delivery is sent to a lane that is ending.
 async fn run_lane<H: Handler>(
-    lanes: Lanes,
+    lanes: KeyLanes,
     key: String,
     mut receiver: mpsc::UnboundedReceiver<Fetched>,
     handler: Arc<H>,

@@ -10,7 +10,7 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
 
-use super::settle::{Verdict, settle};
+use super::settle::{HandlerExit, settle};
 use super::{Fetched, Handler, LoopConfig, Outcome};
 use ::metrics::histogram;
 
@@ -28,13 +28,13 @@ pub(super) async fn handle<H: Handler>(handler: Arc<H>, fetched: Fetched, config
     async move {
         let source = config.name.clone();
         let started = Instant::now();
-        let (verdict, delivery) = supervise(handler, delivery, &config).await;
-        histogram!(metrics::HANDLER_DURATION, labels::SOURCE => source, labels::OUTCOME => verdict.label())
+        let (exit, delivery) = supervise(handler, delivery, &config).await;
+        histogram!(metrics::HANDLER_DURATION, labels::SOURCE => source, labels::OUTCOME => exit.label())
             .record(started.elapsed().as_secs_f64());
         match delivery {
-            Some(delivery) => settle(delivery, verdict, &config).await,
+            Some(delivery) => settle(delivery, exit, &config).await,
             None => tracing::error!(
-                outcome = verdict.label(),
+                outcome = exit.label(),
                 "the abandoned handler did not stop; leaving its message unsettled for redelivery"
             ),
         }
@@ -43,13 +43,13 @@ pub(super) async fn handle<H: Handler>(handler: Arc<H>, fetched: Fetched, config
     .await
 }
 
-/// Runs the handler to a verdict. Gives the delivery back to settle, or `None` if an abandoned
+/// Runs the handler until it exits. Gives the delivery back to settle, or `None` if an abandoned
 /// handler would not stop (the delivery stays with the stuck task, unsettled).
 async fn supervise<H: Handler>(
     handler: Arc<H>,
     delivery: Delivery,
     config: &LoopConfig,
-) -> (Verdict, Option<Delivery>) {
+) -> (HandlerExit, Option<Delivery>) {
     let delivery = Arc::new(delivery);
     let mut task = AbortOnDrop(tokio::spawn({
         let delivery = delivery.clone();
@@ -62,28 +62,28 @@ async fn supervise<H: Handler>(
     let timeout = tokio::time::sleep(config.handler_timeout);
     tokio::pin!(timeout);
 
-    let verdict = loop {
+    let exit = loop {
         tokio::select! {
-            joined = &mut task.0 => break verdict_of(joined),
+            joined = &mut task.0 => break exit_of(joined),
             () = &mut timeout => {
                 task.0.abort();
                 if tokio::time::timeout(ABORT_WAIT, &mut task.0).await.is_err() {
-                    return (Verdict::TimedOut(config.handler_timeout), None);
+                    return (HandlerExit::TimedOut(config.handler_timeout), None);
                 }
-                break Verdict::TimedOut(config.handler_timeout);
+                break HandlerExit::TimedOut(config.handler_timeout);
             }
             _ = progress.tick() => super::settle::progress(&delivery, config).await,
         }
     };
     drop(task);
-    (verdict, Arc::try_unwrap(delivery).ok())
+    (exit, Arc::try_unwrap(delivery).ok())
 }
 
-pub(super) fn verdict_of(joined: Result<Outcome, JoinError>) -> Verdict {
+pub(super) fn exit_of(joined: Result<Outcome, JoinError>) -> HandlerExit {
     match joined {
-        Ok(outcome) => Verdict::Handled(outcome),
-        Err(error) if error.is_panic() => Verdict::Panicked(panic_message(error.into_panic())),
-        Err(_) => Verdict::Panicked("the handler task was cancelled".into()),
+        Ok(outcome) => HandlerExit::Returned(outcome),
+        Err(error) if error.is_panic() => HandlerExit::Panicked(panic_message(error.into_panic())),
+        Err(_) => HandlerExit::Panicked("the handler task was cancelled".into()),
     }
 }
 

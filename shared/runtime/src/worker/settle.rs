@@ -1,4 +1,5 @@
-//! Settling a handled delivery on the broker by its verdict, counted and logged.
+//! Settling a handled delivery on the broker by how its handler exited ([`HandlerExit`]),
+//! counted and logged.
 
 use std::time::Duration;
 
@@ -9,24 +10,24 @@ use ::metrics::counter;
 
 use crate::metrics::{self, dead_letter_reason, labels, outcome};
 
-/// How handling ended.
+/// How a handler exited: returned an [`Outcome`], panicked, or was abandoned at the timeout.
 #[derive(Debug)]
-pub(super) enum Verdict {
+pub(super) enum HandlerExit {
     /// The handler returned.
-    Handled(Outcome),
+    Returned(Outcome),
     /// The handler panicked with this message.
     Panicked(String),
     /// The handler ran past the timeout and was abandoned.
     TimedOut(Duration),
 }
 
-impl Verdict {
+impl HandlerExit {
     /// The `outcome` metric label.
     pub(super) fn label(&self) -> &'static str {
         match self {
-            Self::Handled(Outcome::Ack) => outcome::ACK,
-            Self::Handled(Outcome::Retry { .. }) => outcome::RETRY,
-            Self::Handled(Outcome::Reject { .. }) => outcome::REJECT,
+            Self::Returned(Outcome::Ack) => outcome::ACK,
+            Self::Returned(Outcome::Retry { .. }) => outcome::RETRY,
+            Self::Returned(Outcome::Reject { .. }) => outcome::REJECT,
             Self::Panicked(_) => outcome::PANIC,
             Self::TimedOut(_) => outcome::TIMEOUT,
         }
@@ -35,21 +36,21 @@ impl Verdict {
     /// Panics and timeouts are retried like any transient failure.
     fn into_outcome(self) -> Outcome {
         match self {
-            Self::Handled(outcome) => outcome,
+            Self::Returned(outcome) => outcome,
             Self::Panicked(message) => Outcome::retry(format_args!("handler panicked: {message}")),
             Self::TimedOut(after) => Outcome::retry(format_args!("handler timed out after {after:?}")),
         }
     }
 }
 
-/// Acks, nacks or dead-letters `delivery` as `verdict` says. A failed settle is logged and
+/// Acks, nacks or dead-letters `delivery` as `exit` says. A failed settle is logged and
 /// counted; the broker then redelivers the message.
-pub(super) async fn settle(delivery: Delivery, verdict: Verdict, config: &LoopConfig) {
-    let label = verdict.label();
+pub(super) async fn settle(delivery: Delivery, exit: HandlerExit, config: &LoopConfig) {
+    let label = exit.label();
     let source = config.name.clone();
     counter!(metrics::MESSAGES_HANDLED, labels::SOURCE => source.clone(), labels::OUTCOME => label).increment(1);
     let (count, max) = (delivery.delivery_count, delivery.max_deliveries);
-    match verdict.into_outcome() {
+    match exit.into_outcome() {
         Outcome::Ack => match delivery.ack().await {
             Ok(()) => tracing::debug!(outcome = label, "handled"),
             Err(error) => settle_failed("ack", &source, &error),
