@@ -1,9 +1,10 @@
-//! The coordinator's HTTP API (axum): tasks ([`tasks`], [`task_control`]), reprocessing
-//! ([`reprocessing`]), stage queues ([`queue_control`]), events as SSE ([`events`]), dead
-//! letters ([`dlq`], [`dlq_replay`]), uploaded blobs ([`blobs`]), the routes of other services it
-//! forwards ([`forward`]), and the OpenAPI document of them all. Each module lists its routes
-//! in one table ([`route`]): the router mounts them and the document is rendered from them.
-//! Errors are the runtime's one [`ApiError`] shape.
+//! The coordinator's HTTP API (axum): tasks (`tasks`, `task_control`), reprocessing
+//! (`reprocessing`), stage queues ([`queue_control`]), events as SSE (`events`), dead letters
+//! (`dlq`, [`dlq_replay`]), uploaded blobs ([`blobs`]), the routes of other services it forwards
+//! ([`forward`]), and the OpenAPI document of them all (`openapi`). Each module lists its routes
+//! in a table of `route::Route`s: the routers are mounted from those tables and the document is
+//! rendered from the same ones, so what is served and what is documented cannot part. Errors
+//! are the runtime's one [`ApiError`] shape.
 
 pub mod batch;
 pub mod blobs;
