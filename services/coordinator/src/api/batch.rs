@@ -9,16 +9,16 @@ use std::collections::HashMap;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::routing::post;
 use axum::{Json, Router};
 use imagepipe_contracts::{SubmitTask, decode};
-use imagepipe_runtime::http::{ApiError, BodyLimit, Scope, WholeBody, require};
+use imagepipe_runtime::http::{ApiError, BodyLimit, Scope, WholeBody};
 use imagepipe_runtime::telemetry::continue_http_trace;
-use schemars::JsonSchema;
+use schemars::{JsonSchema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tracing::{Instrument, Span};
 
+use super::route::{Answer, Content, Operation, Route, Schema, mount, reference};
 use super::{ApiState, decode_object, new_task_id};
 use crate::engine::{Origin, Submission, SubmitFailure};
 use crate::task::TaskState;
@@ -32,8 +32,45 @@ pub const BATCH_BODY_BYTES: u64 = 4 * 1024 * 1024;
 
 /// The batch route, with its own body limit.
 pub(super) fn router(state: ApiState) -> Router {
-    let routes = Router::new().route("/v1/tasks:batch", require(Scope::Submit, post(submit_batch))).with_state(state);
-    BodyLimit::new(BATCH_BODY_BYTES).apply(routes)
+    BodyLimit::new(BATCH_BODY_BYTES).apply(mount(routes()).with_state(state))
+}
+
+/// The batch route.
+pub(super) fn routes() -> Vec<Route<ApiState>> {
+    let example = json!({ "tasks": [
+        { "url": "https://example.com/cat.jpg", "priority": "low" },
+        { "taskId": "tsk_photo_0002", "blob": format!("sha256:{}", "0".repeat(64)), "labels": { "album": "summer" } }
+    ] });
+    let batch = Operation::post(
+        "/v1/tasks:batch",
+        Scope::Submit,
+        "submitTaskBatch",
+        "Submit up to 1000 tasks; one result per item, in order (a refused item never fails the others)",
+    )
+    .body(true, vec![Content::new("application/json", Schema::Generated(request_schema)).example(example)])
+    .ok::<BatchResponse>(200, "One result per item: {index, taskId, state, created} or {index, error: {code, message}}")
+    .error(400, "Not a JSON object with a `tasks` array of 1 to 1000 items")
+    .answer(Answer::too_large(format!("{BATCH_BODY_BYTES} bytes")))
+    .error(503, "The store failed for the whole batch; try again");
+    vec![Route::new(batch, submit_batch)]
+}
+
+/// The schema of the body as the route reads it ([`raw::BatchRequest`]): an object of 1 to
+/// [`MAX_BATCH`] items, each a [`SubmitTask`] or anything else (refused on its own).
+fn request_schema(generator: &mut SchemaGenerator) -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["tasks"],
+        "properties": { "tasks": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_BATCH,
+            "description": "Submit commands as POST /v1/tasks takes them. An item that is not one is refused on its \
+                            own (its result names the problem), so any JSON value is taken here.",
+            "items": { "anyOf": [reference::<SubmitTask>(generator), {}] }
+        } }
+    })
 }
 
 /// Body of `POST /v1/tasks:batch`.

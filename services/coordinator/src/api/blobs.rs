@@ -8,12 +8,14 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use imagepipe_blob::{BlobError, BlobKey, BlobStore, Sniffed, sniff};
-use imagepipe_runtime::http::{ApiError, BodyLimit, ImageBody, Scope, UploadSlots, require};
+use imagepipe_runtime::http::{ApiError, BodyLimit, ImageBody, Scope, UploadSlots};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::route::{Answer, Content, Operation, Route, mount, path_param};
 
 /// `Cache-Control` of `GET /v1/blobs/{key}`: kept for a year by the client alone.
 const BLOB_CACHE_CONTROL: &str = "private, max-age=31536000, immutable";
@@ -31,10 +33,34 @@ pub struct Uploaded {
 /// first bytes and refused as soon as it passes `max_bytes` (`download.max_bytes`: a `413`
 /// naming it), as [`ImageBody`] reads it.
 pub fn router(blobs: Arc<dyn BlobStore>, max_bytes: u64, slots: UploadSlots) -> Router {
-    let uploads = Router::new().route("/v1/blobs", require(Scope::Submit, post(upload))).with_state(blobs.clone());
-    let uploads = slots.apply(BodyLimit::new(max_bytes).set_by("download.max_bytes").apply(uploads));
-    Router::new().route("/v1/blobs/{key}", require(Scope::Read, get(download))).with_state(blobs).merge(uploads)
+    let [upload, download] = routes().map(|route| mount(vec![route]).with_state(blobs.clone()));
+    let uploads = slots.apply(BodyLimit::new(max_bytes).set_by("download.max_bytes").apply(upload));
+    download.merge(uploads)
 }
+
+/// The upload route and the download route.
+pub(super) fn routes() -> [Route<Arc<dyn BlobStore>>; 2] {
+    let stored = Answer::json::<Uploaded>(201, "Stored (or already stored: keys are content addresses)")
+        .links(json!({ "getBlob": { "operationId": "getBlob", "parameters": { "key": "$response.body#/key" } } }));
+    let upload_blob =
+        Operation::post("/v1/blobs", Scope::Submit, "uploadBlob", "Upload an image; submit its key as {\"blob\": key}")
+            .body(true, vec![Content::binary("application/octet-stream")])
+            .answer(stored)
+            .error(400, "An empty body")
+            .answer(Answer::too_large("download.max_bytes"))
+            .error(415, NOT_AN_IMAGE)
+            .answer(Answer::busy("http.max_uploads uploads are being received at once"));
+    let key = json!({ "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" });
+    let get_blob = Operation::get("/v1/blobs/{key}", Scope::Read, "getBlob", "An image or thumbnail by key")
+        .param(path_param("key", "sha256:<64 hex digits>", key))
+        .answer(Answer::with(200, "The bytes, typed by their magic numbers", Content::binary("image/*")))
+        .error(400, "Not a blob key")
+        .error(404, "No such blob");
+    [Route::new(upload_blob, upload), Route::new(get_blob, download)]
+}
+
+/// The `415` of a route taking an image (here, and the similarity search it forwards).
+pub(super) const NOT_AN_IMAGE: &str = "The bytes are not an image (the message says what they look like); judged by the first bytes, before the rest is read";
 
 async fn upload(State(blobs): State<Arc<dyn BlobStore>>, ImageBody(body): ImageBody) -> Result<Response, ApiError> {
     let size = body.len() as u64;

@@ -14,11 +14,15 @@ use futures::StreamExt;
 use imagepipe_bus::Message;
 use imagepipe_contracts::lane_of;
 use imagepipe_contracts::names::queues;
+use imagepipe_runtime::http::Scope::Operate;
 use imagepipe_runtime::http::{ApiError, WholeBody};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
-use super::{ApiState, Replayed, decode_object};
+use super::dlq::{Replayed, letter_id};
+use super::route::{Answer, Content, Operation, Route};
+use super::{ApiState, decode_object};
 use crate::engine::Engine;
 use crate::store::{BODY_CUT_HEADER, DEAD_LETTER_BODY_BYTES, DeadLetter, StoreError};
 
@@ -43,6 +47,38 @@ const SCAN_PAGE: usize = 500;
 
 /// Replays run side by side.
 const REPLAY_CONCURRENCY: usize = 16;
+
+/// The replay routes.
+pub(super) fn routes() -> Vec<Route<ApiState>> {
+    let one = Operation::post(
+        "/v1/dlq/{id}/replay",
+        Operate,
+        "replayDeadLetter",
+        "Send a dead letter back to its queue and remove it",
+    )
+    .param(letter_id())
+    .ok::<Replayed>(202, "Replayed")
+    .error(404, "No such dead letter")
+    .error(409, "Its source is not a task queue, or the archive kept only part of its body");
+    let example = json!({ "queue": "download", "reasonContains": "timeout", "since": 1_763_800_000_000_u64, "max": 100, "dryRun": true });
+    let matching = Operation::post(
+        "/v1/dlq/replay",
+        Operate,
+        "replayDeadLetters",
+        "Replay every dead letter a filter matches (or count them: dryRun)",
+    )
+    .describe(
+        "Scans the archive oldest first and replays each matching letter from a task queue as POST \
+         /v1/dlq/{id}/replay does. Letters that can never be replayed (not from a task queue, body cut) are \
+         counted as skipped and left in the archive.",
+    )
+    .body(true, vec![Content::json::<ReplayFilter>().example(example)])
+    .ok::<ReplayReport>(200, "What matched and what was replayed")
+    .error(400, "No filter (give one, or \"all\": true), an unknown queue, or a value out of range")
+    .answer(Answer::too_large_json())
+    .error(503, "The store or the broker failed; try again");
+    vec![Route::new(one, replay_one), Route::new(matching, replay_matching)]
+}
 
 /// Why a dead letter was not replayed.
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +150,7 @@ pub async fn replay(engine: &Engine, id: &str) -> Result<Replayed, ReplayError> 
 }
 
 /// `POST /v1/dlq/{id}/replay`.
-pub(super) async fn replay_one(
+async fn replay_one(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<(StatusCode, Json<Replayed>), ApiError> {
@@ -352,7 +388,7 @@ async fn scan(engine: &Engine, filter: &Filter) -> Result<Scan, StoreError> {
 }
 
 /// `POST /v1/dlq/replay`.
-pub(super) async fn replay_matching(
+async fn replay_matching(
     State(state): State<ApiState>,
     WholeBody(body): WholeBody,
 ) -> Result<Json<ReplayReport>, ApiError> {

@@ -7,7 +7,7 @@
 //!
 //! A forwarded request keeps its method, path, query, body (streamed) and the headers that
 //! say what it is (`content-type`, `accept`, trace context). It goes with the caller's scope,
-//! never more: each route needs the same scope here as at its service ([`Upstream::routes`]),
+//! never more: each route needs the same scope here as at its service (`Upstream::operations`),
 //! and the request carries the least token of the coordinator's (`http.auth_token`,
 //! `http.tokens`, which the services share) whose scope covers the caller's, with the caller's
 //! scope in [`SCOPE_HEADER`] (which only lowers a token's). The answer comes back as the target gave it
@@ -25,10 +25,16 @@ use axum::body::{Body, HttpBody as _};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodFilter, MethodRouter, on};
+use imagepipe_analytics_worker::api::StatsResponse;
 use imagepipe_runtime::Settings;
 use imagepipe_runtime::config::{CoordinatorConfig, ScopedToken, Secret};
-use imagepipe_runtime::http::{ApiError, Caller, SCOPE_HEADER, Scope, require};
+use imagepipe_runtime::http::Scope::{Admin, Read};
+use imagepipe_runtime::http::{ApiError, Caller, SCOPE_HEADER, Scope};
+use imagepipe_tag_indexer_worker::api::{MAX_LIMIT as SEARCH_MAX_LIMIT, SearchResponse};
+use serde_json::json;
+
+use super::blobs::NOT_AN_IMAGE;
+use super::route::{Answer, Content, Operation, Route, Schema, id_param, mount, query};
 
 /// Longest a forwarded request may take, its answer's body included.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -98,19 +104,30 @@ impl Upstream {
         }
     }
 
-    /// Its routes: each path with its methods and the scope each needs (as the service
-    /// declares it).
-    pub fn routes(self) -> &'static [(&'static str, &'static [(MethodFilter, Scope)])] {
-        match self {
-            Self::Search => &[("/v1/search", &[(MethodFilter::GET, Scope::Read)])],
-            Self::Stats => &[("/v1/stats", &[(MethodFilter::GET, Scope::Read)])],
-            Self::Similarity => &[
-                ("/v1/tasks/{id}/similar", &[(MethodFilter::GET, Scope::Read)]),
-                ("/v1/search/similar", &[(MethodFilter::POST, Scope::Read)]),
-                ("/v1/duplicates", &[(MethodFilter::GET, Scope::Read)]),
-                ("/v1/similarity/rebuild", &[(MethodFilter::GET, Scope::Read), (MethodFilter::POST, Scope::Admin)]),
+    /// Its routes, each with the scope it needs (as the service declares it) and what the
+    /// document says of it: the service's own answers, and those of the forwarding (a `404`
+    /// when its key is unset, `502`, `504`).
+    pub(crate) fn operations(self) -> Vec<Operation> {
+        let operations = match self {
+            Self::Search => vec![search()],
+            Self::Stats => vec![
+                Operation::get("/v1/stats", Read, "getStats", "Counters and stage latencies (the analytics worker's)")
+                    .ok::<StatsResponse>(200, "Counters, and per span a histogram with percentiles"),
             ],
-        }
+            Self::Similarity => similarity(),
+        };
+        let (service, key, variable) = (self.service(), self.key(), self.variable());
+        let not_configured = format!("Not configured here: the message names {key}; or, from {service}, not found");
+        operations
+            .into_iter()
+            .map(|operation| {
+                operation
+                    .describe(format!("Served by {service}; the coordinator forwards it to {key} ({variable})."))
+                    .answer_unless_given(Answer::error(404, not_configured.clone()))
+                    .error(502, &format!("{service} could not be reached"))
+                    .error(504, &format!("{service} did not answer in time"))
+            })
+            .collect()
     }
 
     /// Its base URL in `config`, without a trailing `/`.
@@ -160,14 +177,8 @@ impl Forwarding {
                 tokens: self.tokens.clone(),
                 client: client.clone(),
             });
-            for &(path, methods) in upstream.routes() {
-                let route = methods
-                    .iter()
-                    .map(|&(method, scope)| require(scope, on(method, forward)))
-                    .reduce(MethodRouter::merge)
-                    .expect("every forwarded path has a method");
-                router = router.merge(Router::new().route(path, route).with_state(target.clone()));
-            }
+            let routes = upstream.operations().into_iter().map(|operation| Route::new(operation, forward)).collect();
+            router = router.merge(mount(routes).with_state(target));
         }
         router
     }
@@ -255,4 +266,106 @@ async fn forward(State(target): State<Arc<Target>>, request: Request) -> Respons
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
+}
+
+/// `GET /v1/search`, the tag indexer's.
+fn search() -> Operation {
+    let tags = json!({
+        "name": "tags", "in": "query", "required": true,
+        "description": "Comma-separated tags, e.g. `cat,animal` (at most 32)",
+        "schema": { "type": "string", "minLength": 1 }
+    });
+    Operation::get("/v1/search", Read, "searchTags", "Tasks by tag, best first (the tag indexer's)")
+        .param(tags)
+        .param(query(
+            "mode",
+            "Whether a task needs all tags (default) or any",
+            json!({ "type": "string", "enum": ["all", "any"] }),
+        ))
+        .param(query(
+            "limit",
+            "Most results (default 20)",
+            json!({ "type": "integer", "minimum": 1, "maximum": SEARCH_MAX_LIMIT }),
+        ))
+        .ok::<SearchResponse>(200, "Matching tasks")
+        .error(400, "A bad parameter")
+}
+
+/// The similarity indexer's routes (its answers are documented as JSON objects).
+fn similarity() -> Vec<Operation> {
+    let object = |status, description: &str| Answer::with(status, description, Content::any_object());
+    let most_results =
+        query("limit", "Most results (1-100, default 10)", json!({ "type": "integer", "minimum": 1, "maximum": 100 }));
+    let blob_key = json!({ "type": "object", "required": ["blobKey"],
+        "properties": { "blobKey": { "type": "string", "description": "A stored blob, sha256:<hex>" } } });
+    let threshold = query(
+        "threshold",
+        "Cosine a pair needs, from similarity.pair_floor to 1 (default similarity.duplicate_threshold); a pair \
+         within similarity.phash_max_distance counts too",
+        json!({ "type": "number", "maximum": 1 }),
+    );
+    let rebuild_summary = "Rebuild the similarity index from the retained event stream (the similarity indexer's)";
+    vec![
+        Operation::get(
+            "/v1/tasks/{id}/similar",
+            Read,
+            "getSimilarTasks",
+            "Images similar to a task's (the similarity indexer's)",
+        )
+        .param(id_param("Task id"))
+        .param(most_results.clone())
+        .answer(object(
+            200,
+            "The task's embedding version and the most similar tasks, closest first (taskId, cosine, \
+                 phashDistance, thumbnailKey)",
+        ))
+        .error(400, "A bad limit"),
+        Operation::post(
+            "/v1/search/similar",
+            Read,
+            "searchSimilar",
+            "Images similar to the one given (the similarity indexer's): the model runs on it",
+        )
+        .param(most_results)
+        .body(
+            true,
+            vec![
+                Content::binary("application/octet-stream"),
+                Content::new("application/json", Schema::Inline(blob_key)),
+            ],
+        )
+        .answer(object(200, "The most similar tasks, closest first"))
+        .error(400, "An empty body, a bad limit or blobKey, or an image the model cannot read")
+        .error(404, "No blob of that blobKey")
+        .answer(Answer::too_large("download.max_bytes (a few KiB for a JSON body)"))
+        .error(415, NOT_AN_IMAGE)
+        .answer(Answer::busy(
+            "http.max_uploads searches at once, every model slot taken for similarity.model_wait, or the model not \
+             loaded (model_unavailable, without Retry-After)",
+        )),
+        Operation::get(
+            "/v1/duplicates",
+            Read,
+            "getDuplicates",
+            "Groups of near-duplicate images (the similarity indexer's)",
+        )
+        .param(threshold)
+        .param(query(
+            "limit",
+            "Most groups (1-1000, default 100), largest first",
+            json!({ "type": "integer", "minimum": 1, "maximum": 1000 }),
+        ))
+        .answer(object(200, "Near-duplicate groups"))
+        .error(400, "A threshold outside similarity.pair_floor..1, or a bad limit"),
+        Operation::post("/v1/similarity/rebuild", Admin, "startSimilarityRebuild", rebuild_summary)
+            .answer(object(202, "The rebuild started: its status"))
+            .answer(object(409, "A rebuild is already running on that replica")),
+        Operation::get(
+            "/v1/similarity/rebuild",
+            Read,
+            "getSimilarityRebuild",
+            "How the latest rebuild of the similarity index went (running, done, failed; events read; duration)",
+        )
+        .answer(object(200, "The latest rebuild's status")),
+    ]
 }

@@ -8,13 +8,78 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use imagepipe_contracts::Priority;
 use imagepipe_contracts::names::queues;
+use imagepipe_runtime::http::Scope::{Operate, Read};
 use imagepipe_runtime::http::{ApiError, WholeBody};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
+use super::route::{Answer, Content, Operation, Route, path_param};
+use super::task_control::{CancelRequest, reason};
 use super::{ApiState, decode_object};
 use crate::control::PAUSE_WAIT;
 use crate::engine::Engine;
+
+/// The stage queue routes.
+pub(super) fn routes() -> Vec<Route<ApiState>> {
+    let list_queues = Operation::get(
+        "/v1/queues",
+        Read,
+        "listQueues",
+        "Every stage queue: depth per priority lane, in flight, oldest wait, rate over a minute, consumers, \
+         concurrency, paused",
+    )
+    .ok::<QueuesView>(200, "The stage queues")
+    .error(503, "The broker or the control state could not be read");
+    let set_concurrency = Operation::put(
+        "/v1/queues/{queue}/concurrency",
+        Operate,
+        "setQueueConcurrency",
+        "Set the messages each replica of a stage handles at once, without a restart",
+    )
+    .param(stage_param())
+    .body(true, vec![Content::json::<ConcurrencyRequest>()])
+    .ok::<QueueView>(200, "The queue after the change")
+    .error(400, "perReplica is not 1 to 1024 or null, or a malformed body")
+    .error(404, "No such stage queue")
+    .answer(Answer::too_large_json())
+    .error(503, "The control state could not be written");
+    vec![
+        Route::new(list_queues, list),
+        Route::new(
+            change(
+                "/v1/queues/{queue}/pause",
+                "pauseQueue",
+                "Pause a stage queue on every replica within a second (in-flight messages finish)",
+            ),
+            pause,
+        ),
+        Route::new(change("/v1/queues/{queue}/resume", "resumeQueue", "Resume a paused stage queue"), resume),
+        Route::new(set_concurrency, concurrency),
+    ]
+}
+
+/// The `{queue}` of a route.
+fn stage_param() -> Value {
+    let names = ["download", "metadata", "ai", "tasks.download", "tasks.metadata", "tasks.ai"];
+    path_param(
+        "queue",
+        "The stage queue: download, metadata or ai (or its full name, tasks.download)",
+        json!({ "type": "string", "enum": names }),
+    )
+}
+
+/// A pause or a resume of a queue.
+fn change(path: &'static str, id: &'static str, summary: &str) -> Operation {
+    Operation::post(path, Operate, id, summary)
+        .param(stage_param())
+        .body(false, vec![Content::json::<CancelRequest>()])
+        .ok::<QueueView>(200, "The queue after the change")
+        .error(400, "A malformed body")
+        .error(404, "No such stage queue")
+        .answer(Answer::too_large_json())
+        .error(503, "The control state could not be written")
+}
 
 /// Most messages a replica may be set to handle at once.
 pub const MAX_PER_REPLICA: u32 = 1_024;
@@ -127,7 +192,7 @@ pub async fn view(engine: &Engine, queue: &'static str) -> Result<QueueView, Api
     })
 }
 
-pub(super) async fn list(State(state): State<ApiState>) -> Result<Json<QueuesView>, ApiError> {
+async fn list(State(state): State<ApiState>) -> Result<Json<QueuesView>, ApiError> {
     let views = futures::future::try_join_all(
         [queues::DOWNLOAD, queues::METADATA, queues::AI].map(|queue| view(&state.engine, queue)),
     )
@@ -141,7 +206,7 @@ async fn set_paused(
     body: &[u8],
     paused: bool,
 ) -> Result<Json<QueueView>, ApiError> {
-    let reason = super::reason(body)?;
+    let reason = reason(body)?;
     let engine = &state.engine;
     let controls = engine.controls();
     controls
@@ -155,7 +220,7 @@ async fn set_paused(
     Ok(Json(view(engine, queue).await?))
 }
 
-pub(super) async fn pause(
+async fn pause(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
     WholeBody(body): WholeBody,
@@ -163,7 +228,7 @@ pub(super) async fn pause(
     set_paused(state, stage(path)?, &body, true).await
 }
 
-pub(super) async fn resume(
+async fn resume(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
     WholeBody(body): WholeBody,
@@ -171,7 +236,7 @@ pub(super) async fn resume(
     set_paused(state, stage(path)?, &body, false).await
 }
 
-pub(super) async fn concurrency(
+async fn concurrency(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
     WholeBody(body): WholeBody,
