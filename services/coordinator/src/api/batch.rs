@@ -21,6 +21,7 @@ use tracing::{Instrument, Span};
 use super::route::{Answer, Content, Operation, Route, Schema, mount, reference};
 use super::{ApiState, decode_object, new_task_id};
 use crate::engine::{Origin, Submission, SubmitFailure};
+use crate::slots::Slots;
 use crate::task::TaskState;
 
 /// Most items of one batch.
@@ -190,9 +191,9 @@ async fn accept_batch(state: ApiState, body: &[u8], parent: Option<Span>) -> Res
             "`tasks` has {items} submit commands; a batch takes at most {MAX_BATCH}: split it"
         )));
     }
-    let mut results: Vec<Option<BatchItem>> = vec![None; items];
-    let refuse = |results: &mut Vec<Option<BatchItem>>, index: usize, error: ItemError| {
-        results[index] = Some(BatchItem::Refused(BatchRefused { index, error }));
+    let mut results = Slots::new(items);
+    let refuse = |results: &mut Slots<BatchItem>, index: usize, error: ItemError| {
+        results.fill(index, BatchItem::Refused(BatchRefused { index, error }));
     };
     let (mut submissions, mut positions) = (Vec::with_capacity(items), Vec::with_capacity(items));
     let (mut ids, mut keys) = (HashMap::new(), HashMap::new());
@@ -243,7 +244,7 @@ async fn accept_batch(state: ApiState, body: &[u8], parent: Option<Span>) -> Res
             Ok(s) => {
                 queued |= s.created && s.task.state == TaskState::Queued;
                 let accepted = BatchAccepted { index, task_id: s.task.id, state: s.task.state, created: s.created };
-                results[index] = Some(BatchItem::Accepted(accepted));
+                results.fill(index, BatchItem::Accepted(accepted));
             }
             Err(SubmitFailure::Invalid(e)) => {
                 refuse(&mut results, index, ItemError::new("invalid_submit", e.to_string()))
@@ -260,7 +261,7 @@ async fn accept_batch(state: ApiState, body: &[u8], parent: Option<Span>) -> Res
     if queued && let Err(e) = engine.start_queued().await {
         tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
     }
-    let results: Vec<BatchItem> = results.into_iter().map(|r| r.expect("every item has a result")).collect();
+    let results = results.into_vec();
     let accepted = results.iter().filter(|r| matches!(r, BatchItem::Accepted(_))).count();
     tracing::info!(items, accepted, refused = items - accepted, "batch submitted");
     Ok(Json(BatchResponse { results, accepted, refused: items - accepted }))
