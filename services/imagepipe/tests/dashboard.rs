@@ -96,8 +96,21 @@ impl Browser {
         Self { client, _driver: driver, _profile: profile }
     }
 
+    /// Opens `url`; on a live page, also waits for the refresh its event stream's opening
+    /// brings, so that what the test finds next is not replaced under it.
     async fn goto(&self, url: &str) {
         self.client.goto(url).await.unwrap_or_else(|e| panic!("opening {url}: {e}"));
+        self.synced().await;
+    }
+
+    /// Waits until the page just opened, when it is live, took the refresh its event stream's
+    /// opening brings (elements found before it are replaced by it).
+    async fn synced(&self) {
+        self.until(
+            "the page is in sync with its event stream",
+            "return !document.body.dataset.live || !window.EventSource || Number(document.body.dataset.refreshes || 0) > 0",
+        )
+        .await;
     }
 
     async fn find(&self, css: &str) -> Element {
@@ -236,6 +249,7 @@ async fn the_dashboard_shows_and_steers_the_pipeline(bus: BusKind) {
 
     // The task's page: thumbnail loaded, the model's label, the labels given.
     browser.find(&format!("#task-{id} a[href='/tasks/{id}']")).await.click().await.unwrap();
+    browser.synced().await;
     browser
         .until("the thumbnail is loaded", "return document.querySelector('img[data-thumbnail]')?.naturalWidth || 0")
         .await;
@@ -295,6 +309,7 @@ async fn the_dashboard_shows_and_steers_the_pipeline(bus: BusKind) {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         browser.client.refresh().await.unwrap();
+        browser.synced().await;
     };
     browser.find("li[data-letter] details summary").await.click().await.unwrap();
     browser.screenshot("dlq").await;

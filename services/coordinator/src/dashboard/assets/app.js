@@ -112,6 +112,9 @@
     try {
       if (live === "rows") await refreshRows();
       else await replacePartial();
+      // How many refreshes this page took since it loaded: a script (or a test) that holds an
+      // element of a live page knows when it may have been replaced.
+      document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
       const similar = document.querySelector("[data-similar]");
       if (similar && similar.dataset.loaded !== "true") loadSimilar(similar);
     } catch (e) {
