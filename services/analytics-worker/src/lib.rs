@@ -25,13 +25,12 @@ pub mod window;
 
 use std::sync::Arc;
 
-use imagepipe_bus::{Bus, BusError, Selector, Subscription};
+use imagepipe_bus::{Bus, Selector, Subscription};
 use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
 use imagepipe_runtime::dedup::{self, DedupError, Subscriber, SubscriberRunError, run_subscriber};
 use imagepipe_runtime::service::checks;
-use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{Service, Settings, Shutdown, error_chain};
 
 pub use handler::StatsHandler;
@@ -87,22 +86,9 @@ pub enum RunError {
     /// The dedup store could not be opened.
     #[error("opening the dedup store")]
     Dedup(#[source] DedupError),
-    /// The subscription could not be opened.
-    #[error("subscribing the {GROUP} group")]
-    Subscribe(#[source] BusError),
-    /// The worker loop stopped with an error.
-    #[error("running the analytics worker")]
-    Worker(#[source] WorkerError),
-}
-
-impl From<SubscriberRunError> for RunError {
-    fn from(error: SubscriberRunError) -> Self {
-        match error {
-            SubscriberRunError::Dedup { source, .. } => Self::Dedup(source),
-            SubscriberRunError::Subscribe { source, .. } => Self::Subscribe(source),
-            SubscriberRunError::Worker { source, .. } => Self::Worker(source),
-        }
-    }
+    /// The subscriber could not join its group, or its worker stopped with an error.
+    #[error(transparent)]
+    Subscriber(#[from] SubscriberRunError),
 }
 
 /// The store `settings` call for: Redis at `store.redis.url` (keys under

@@ -17,12 +17,11 @@
 pub mod handler;
 pub mod sign;
 
-use imagepipe_bus::{Bus, BusError, ConsumerConfig, Selector, Subscription};
+use imagepipe_bus::{Bus, ConsumerConfig, Selector, Subscription};
 use imagepipe_net::{BuildError, ClientBuilder, GuardedClient, Limits};
 use imagepipe_runtime::backoff::{ExponentialBackoff, InvalidBackoff, Jitter};
 use imagepipe_runtime::config::{ConfigError, Outbound};
-use imagepipe_runtime::dedup::{DedupError, Subscriber, SubscriberRunError, run_subscriber};
-use imagepipe_runtime::worker::WorkerError;
+use imagepipe_runtime::dedup::{Subscriber, SubscriberRunError, run_subscriber};
 use imagepipe_runtime::{Service, Settings, Shutdown};
 
 pub use handler::{NotifyHandler, Targets};
@@ -68,25 +67,9 @@ pub enum RunError {
     /// `notification.retry_min`/`retry_max` make no backoff.
     #[error("notification retry backoff")]
     Backoff(#[source] InvalidBackoff),
-    /// The dedup store could not be opened.
-    #[error("opening the dedup store")]
-    Dedup(#[source] DedupError),
-    /// The subscription could not be opened.
-    #[error("subscribing the {GROUP} group")]
-    Subscribe(#[source] BusError),
-    /// The worker loop stopped with an error.
-    #[error("running the notification worker")]
-    Worker(#[source] WorkerError),
-}
-
-impl From<SubscriberRunError> for RunError {
-    fn from(error: SubscriberRunError) -> Self {
-        match error {
-            SubscriberRunError::Dedup { source, .. } => Self::Dedup(source),
-            SubscriberRunError::Subscribe { source, .. } => Self::Subscribe(source),
-            SubscriberRunError::Worker { source, .. } => Self::Worker(source),
-        }
-    }
+    /// The subscriber could not join its group, or its worker stopped with an error.
+    #[error(transparent)]
+    Subscriber(#[from] SubscriberRunError),
 }
 
 /// The webhook client `settings` describe (`notification.*` timeouts, `notification.allow_cidrs`

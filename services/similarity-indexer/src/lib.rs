@@ -25,16 +25,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use imagepipe_ai_worker::Classifier;
-use imagepipe_bus::{Bus, BusError, Selector, Subscription};
+use imagepipe_bus::{Bus, Selector, Subscription};
 use imagepipe_runtime::batches::until_short;
 use imagepipe_runtime::clock::{Clock, SystemClock, millis};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
-use imagepipe_runtime::dedup::{DedupError, Subscriber, SubscriberRunError, run_subscriber};
+use imagepipe_runtime::dedup::{Subscriber, SubscriberRunError, run_subscriber};
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::http::UploadSlots;
 use imagepipe_runtime::service::checks;
-use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{Service, Settings, Shutdown, error_chain};
 
 pub use api::{SimilarityApi, routes};
@@ -63,25 +62,9 @@ pub enum RunError {
     /// The blob store of `blob.*` could not be opened.
     #[error("opening the blob store")]
     BlobStore(#[source] imagepipe_blob::BlobConfigError),
-    /// The dedup store could not be opened.
-    #[error("opening the dedup store")]
-    Dedup(#[source] DedupError),
-    /// The subscription could not be opened.
-    #[error("subscribing the {GROUP} group")]
-    Subscribe(#[source] BusError),
-    /// The worker loop stopped with an error.
-    #[error("running the similarity indexer")]
-    Worker(#[source] WorkerError),
-}
-
-impl From<SubscriberRunError> for RunError {
-    fn from(error: SubscriberRunError) -> Self {
-        match error {
-            SubscriberRunError::Dedup { source, .. } => Self::Dedup(source),
-            SubscriberRunError::Subscribe { source, .. } => Self::Subscribe(source),
-            SubscriberRunError::Worker { source, .. } => Self::Worker(source),
-        }
-    }
+    /// The subscriber could not join its group, or its worker stopped with an error.
+    #[error(transparent)]
+    Subscriber(#[from] SubscriberRunError),
 }
 
 /// The store `settings` call for: Redis at `store.redis.url` (keys under

@@ -18,15 +18,14 @@ pub mod index;
 use std::sync::Arc;
 use std::time::Duration;
 
-use imagepipe_bus::{Bus, BusError, Selector, Subscription};
+use imagepipe_bus::{Bus, Selector, Subscription};
 use imagepipe_runtime::batches::until_short;
 use imagepipe_runtime::clock::{Clock, SystemClock, millis};
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::connect::redis_unreachable;
-use imagepipe_runtime::dedup::{DedupError, Subscriber, SubscriberRunError, run_subscriber};
+use imagepipe_runtime::dedup::{Subscriber, SubscriberRunError, run_subscriber};
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::service::checks;
-use imagepipe_runtime::worker::WorkerError;
 use imagepipe_runtime::{Service, Settings, Shutdown, error_chain};
 
 pub use handler::IndexHandler;
@@ -49,25 +48,9 @@ pub enum RunError {
     /// The index could not be opened.
     #[error("opening the tag index")]
     Index(#[source] IndexError),
-    /// The dedup store could not be opened.
-    #[error("opening the dedup store")]
-    Dedup(#[source] DedupError),
-    /// The subscription could not be opened.
-    #[error("subscribing the {GROUP} group")]
-    Subscribe(#[source] BusError),
-    /// The worker loop stopped with an error.
-    #[error("running the tag indexer")]
-    Worker(#[source] WorkerError),
-}
-
-impl From<SubscriberRunError> for RunError {
-    fn from(error: SubscriberRunError) -> Self {
-        match error {
-            SubscriberRunError::Dedup { source, .. } => Self::Dedup(source),
-            SubscriberRunError::Subscribe { source, .. } => Self::Subscribe(source),
-            SubscriberRunError::Worker { source, .. } => Self::Worker(source),
-        }
-    }
+    /// The subscriber could not join its group, or its worker stopped with an error.
+    #[error(transparent)]
+    Subscriber(#[from] SubscriberRunError),
 }
 
 /// The index `settings` call for: Redis at `store.redis.url` (keys under
