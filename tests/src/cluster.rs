@@ -210,11 +210,32 @@ impl Cluster {
 
     /// A GET on a service's API, parsed as JSON; `None` on any failure.
     pub async fn get_json(&self, kind: ServiceKind, path: &str) -> Option<serde_json::Value> {
-        let response = self.http.get(format!("{}{path}", self.url(kind))).send().await.ok()?;
-        if !response.status().is_success() {
-            return None;
+        self.fetch_json(kind, path).await.ok()
+    }
+
+    /// [`get_json`](Self::get_json) that says why it got nothing: the error, or the status and
+    /// body of a refusal.
+    pub async fn fetch_json(&self, kind: ServiceKind, path: &str) -> Result<serde_json::Value, String> {
+        let response = self.http.get(format!("{}{path}", self.url(kind))).send().await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(format!("{status}: {}", response.text().await.unwrap_or_default()));
         }
-        response.json().await.ok()
+        response.json().await.map_err(|e| e.to_string())
+    }
+
+    /// [`fetch_json`](Self::fetch_json) of something that must be there, asked up to three
+    /// times (a request may time out on a loaded machine); panics with every reason.
+    pub async fn must_get_json(&self, kind: ServiceKind, path: &str) -> serde_json::Value {
+        let mut reasons = Vec::new();
+        for _ in 0..3 {
+            match self.fetch_json(kind, path).await {
+                Ok(value) => return value,
+                Err(reason) => reasons.push(reason),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        panic!("GET {path} from the {kind:?}: {reasons:?}")
     }
 
     /// Kills a service with SIGKILL (no chance to finish, ack or flush) and reaps it.

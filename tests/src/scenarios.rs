@@ -193,7 +193,7 @@ fn finished(recorder: &EventRecorder, all: &BTreeSet<String>) -> usize {
 /// its tags fit its photo.
 async fn check_tasks(cluster: &Cluster, ids: &[String]) {
     for (i, id) in ids.iter().enumerate() {
-        let task = cluster.get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await.expect("task view");
+        let task = cluster.must_get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await;
         assert_eq!(task["state"], "completed", "{id}: {task}");
         let outputs = &task["outputs"];
         let thumbnail =
@@ -216,7 +216,7 @@ async fn check_tasks(cluster: &Cluster, ids: &[String]) {
 /// derivatives stored, the AI worker given the preview (not the HEIC), labelled a cat, with the
 /// task's own labels on it.
 async fn check_heic(cluster: &Cluster, id: &str) {
-    let task = cluster.get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await.expect("task view");
+    let task = cluster.must_get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await;
     assert_eq!(task["state"], "completed", "{id}: {task}");
     assert_eq!(task["labels"]["sample"], "chelsea.heic", "{id}: {task}");
     let metadata = &task["outputs"]["metadata"];
