@@ -16,7 +16,7 @@ use crate::store::Applied;
 use crate::task::Task;
 
 /// How many times a transition is decided again after losing its compare-and-set.
-pub const MAX_CONFLICTS: usize = 16;
+pub(super) const MAX_CONFLICTS: usize = 16;
 
 /// One input of an [`Engine::apply_round`], on its task.
 pub(super) struct Item<'a> {

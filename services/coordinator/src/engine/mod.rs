@@ -26,7 +26,7 @@ use crate::queue_wait::QueueWaits;
 use crate::store::{StoreError, TaskStore};
 use crate::task::Task;
 
-pub use apply::MAX_CONFLICTS;
+use apply::MAX_CONFLICTS;
 pub use intake::{Origin, Submission, SubmitFailure, Submitted};
 
 /// Engine settings.
