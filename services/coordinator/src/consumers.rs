@@ -140,7 +140,9 @@ impl BatchHandler for ResultHandler {
                     Ok(Handled::Ignored(_)) => Outcome::Ack,
                     Err(EngineError::UnknownTask(id)) => Outcome::reject(format!("step result for unknown task {id}")),
                     Err(EngineError::Illegal(illegal)) => Outcome::reject(illegal),
-                    Err(e @ (EngineError::Store(_) | EngineError::Contention(_))) => Outcome::retry(e),
+                    Err(e @ (EngineError::Store(_) | EngineError::Contention(_) | EngineError::NotOwner { .. })) => {
+                        Outcome::retry(e)
+                    }
                 },
             );
         }

@@ -385,6 +385,11 @@ pub struct HistoryEntry {
     /// Details (error, reason).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// The coordinator replica that wrote it, under its lease on the task's shard (absent
+    /// from writes that held no lease: creations, operator requests to a replica that does
+    /// not own the shard, and stores written before shards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
 }
 
 /// The kinds of history entries.

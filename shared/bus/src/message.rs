@@ -85,6 +85,12 @@ pub struct Message {
     pub headers: Headers,
     /// The body, usually JSON.
     pub payload: Bytes,
+    /// On a send: the partition of the queue to put it in ([`TaskQueue::consume_partitions`]
+    /// reads it there); `None` puts it in the queue itself. On a delivery: the partition it was
+    /// read from.
+    ///
+    /// [`TaskQueue::consume_partitions`]: crate::TaskQueue::consume_partitions
+    pub partition: Option<u16>,
 }
 
 impl Message {
@@ -102,6 +108,12 @@ impl Message {
     /// Sets the deduplication id.
     pub fn with_id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
+        self
+    }
+
+    /// Sets the partition to send it to.
+    pub fn with_partition(mut self, partition: u16) -> Self {
+        self.partition = Some(partition);
         self
     }
 

@@ -44,6 +44,30 @@ pub trait TaskQueue: Send + Sync {
     /// Opens a consumer on `queue`, shared by every replica that opens one.
     async fn consume(&self, queue: &str, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError>;
 
+    /// Opens a consumer on partitions `partitions` of `queue`: it gets only the messages sent
+    /// to those partitions ([`Message::partition`]), in the order sent within each
+    /// partition, and none sent to the queue itself. The coordinator that owns a shard is
+    /// the only one to open its partition; a consumer that is dropped gives its unsettled
+    /// deliveries back (redelivered to the next consumer of the partition).
+    ///
+    /// On NATS a partition is the subject `<queue subject>.<partition>` with a durable
+    /// consumer of its own; on Kafka the topic's partition of that number, assigned to this
+    /// consumer by hand (offsets committed in the queue's group); in memory a queue of its own.
+    ///
+    /// [`Message::partition`]: crate::Message::partition
+    async fn consume_partitions(
+        &self,
+        queue: &str,
+        partitions: &[u16],
+        config: ConsumerConfig,
+    ) -> Result<Box<dyn Consumer>, BusError> {
+        let _ = (partitions, config);
+        Err(BusError::Setup {
+            what: format!("partitions of {queue}"),
+            source: "this backend has no partitioned queues".into(),
+        })
+    }
+
     /// How many messages of `queue` its consumer has not finished, as the broker counts them
     /// (for gauges); `None` when the backend cannot say, or nothing has consumed `queue` yet.
     async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {

@@ -21,6 +21,7 @@ pub mod names;
 pub mod payload;
 pub mod priority;
 pub mod schema;
+pub mod shard;
 pub mod step;
 pub mod step_command;
 #[cfg(feature = "testing")]

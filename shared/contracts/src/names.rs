@@ -67,6 +67,11 @@ pub mod headers {
     pub const DLQ_SOURCE: &str = "imagepipe-dlq-source";
     /// On a dead letter: Unix milliseconds when it was dead-lettered.
     pub const DLQ_TIMESTAMP: &str = "imagepipe-dlq-timestamp";
+    /// On a stage command: the shard of its task ([`crate::shard::shard_of`]). A worker sends
+    /// the step result to that partition of `tasks.results` (NATS subject
+    /// `<prefix>.tasks.results[.<lane>].<shard>`, Kafka partition `<shard>`), where the
+    /// coordinator that owns the shard reads it; without it, to the queue itself.
+    pub const SHARD: &str = "imagepipe-shard";
 }
 
 /// Prefix of every dead-letter queue name.

@@ -152,6 +152,7 @@ impl Engine {
                     counter!(m::CONFLICTS).increment(1);
                     lost.push((i, span));
                 }
+                Applied::Fenced => results.fill(i, Err(self.fenced(&decision))),
             }
         }
         let outgoing: Vec<Outgoing<'_>> = written
@@ -211,6 +212,12 @@ impl Engine {
         Context { now, seed: rand::random(), paused: self.controls.paused_steps(), held: self.waits.snapshot() }
     }
 
+    /// The store refused `decision`'s write: its lease is gone.
+    fn fenced(&self, decision: &Decision) -> EngineError {
+        let shard = decision.fence.map_or(0, |f| f.shard);
+        EngineError::NotOwner { task: decision.task.id.clone(), shard }
+    }
+
     async fn get(&self, id: &str) -> Result<Task, EngineError> {
         self.store.get(id).await?.ok_or_else(|| EngineError::UnknownTask(id.to_owned()))
     }
@@ -232,6 +239,7 @@ impl Engine {
                     return Ok(Handled::Applied(Box::new(decision.task)));
                 }
                 Applied::Conflict => counter!(m::CONFLICTS).increment(1),
+                Applied::Fenced => return Err(self.fenced(&decision)),
             }
         }
         Err(EngineError::Contention(id.to_owned()))

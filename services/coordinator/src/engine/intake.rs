@@ -203,7 +203,7 @@ impl Engine {
                             created.push((*i, decision, span));
                         }
                         // created meanwhile by someone else: the one-by-one path reads it
-                        Applied::Conflict => one_by_one.push(*i),
+                        Applied::Conflict | Applied::Fenced => one_by_one.push(*i),
                     }
                 }
                 let started = self.start_created(&created).await;

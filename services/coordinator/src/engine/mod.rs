@@ -60,6 +60,15 @@ pub enum EngineError {
     /// The input has no edge from the task's state (logged and counted).
     #[error(transparent)]
     Illegal(#[from] IllegalTransition),
+    /// This replica does not hold the lease on the task's shard (it never did, or lost it:
+    /// the store refused the write); the input belongs to the shard's owner.
+    #[error("task {task} is in shard {shard}, which this replica does not own")]
+    NotOwner {
+        /// The task.
+        task: String,
+        /// Its shard.
+        shard: u16,
+    },
     /// Other writers kept changing the task; try again.
     #[error("task {0} kept changing under {MAX_CONFLICTS} attempts to update it")]
     Contention(String),

@@ -105,6 +105,21 @@ pub struct Decision {
     pub history: HistoryEntry,
     /// The messages to send, in order.
     pub outbox: Vec<OutboxEntry>,
+    /// The lease the write is made under: the store writes it only while this lease on the
+    /// task's shard is current (the machine leaves it empty; the engine sets it).
+    pub fence: Option<Fence>,
+}
+
+/// A lease on a shard as a write carries it: the store refuses the write when the shard's
+/// lease has another token or has run out (docs/design.md, "Shards").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    /// The task's shard.
+    pub shard: u16,
+    /// The lease's fencing token.
+    pub token: u64,
+    /// When the writer believes it is (Unix ms): the lease must run past it.
+    pub now: u64,
 }
 
 /// Why an input was acknowledged without effect.

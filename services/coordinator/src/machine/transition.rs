@@ -46,9 +46,18 @@ impl Transition {
             // A pause still pending has nothing left to stop.
             task.pause_requested = None;
         }
-        let history =
-            HistoryEntry { version: task.version, at: self.now, from, to: task.state, event, step, attempt, detail };
-        Decision { task, history, outbox: self.outbox }
+        let history = HistoryEntry {
+            version: task.version,
+            at: self.now,
+            from,
+            to: task.state,
+            event,
+            step,
+            attempt,
+            detail,
+            replica: None,
+        };
+        Decision { task, history, outbox: self.outbox, fence: None }
     }
 
     fn push(&mut self, destination: Destination, message_id: String, body: String) {

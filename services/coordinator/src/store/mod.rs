@@ -30,6 +30,7 @@
 pub mod embedded;
 mod listing;
 pub mod redis;
+mod shards;
 #[cfg(test)]
 pub(crate) mod suite;
 mod types;
@@ -42,6 +43,7 @@ use serde::Serialize;
 
 pub use listing::{LABEL_SCAN_LIMIT, LabelFilter, ListOrder, ListQuery, TaskPage};
 pub(crate) use listing::{Listing, make_cursor, parse_cursor};
+pub use shards::{HANDOVERS_KEPT, Handover, Lease, Replica};
 pub use types::{
     Applied, BODY_CUT_HEADER, Created, DEAD_LETTER_BODY_BYTES, DeadLetter, DeadLetterPage, Settled, StoreError,
 };
@@ -158,6 +160,92 @@ pub trait TaskStore: Send + Sync + 'static {
     /// (each key is handed out once; one taken and not deleted is found again by the blob
     /// sweeper's listing).
     async fn take_released_blobs(&self, max: usize) -> Result<Vec<String>, StoreError>;
+
+    // --- Shards (docs/design.md, "Shards, leases and routing") ---
+
+    /// Records `shards` as the store's shard count the first time; afterwards refuses any
+    /// other count with [`StoreError::ShardsChanged`].
+    async fn pin_shards(&self, shards: u16) -> Result<(), StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// Announces `replica` (or renews its announcement) until `replica.heartbeat_at + ttl`.
+    async fn heartbeat(&self, replica: &Replica, ttl: std::time::Duration) -> Result<(), StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// The replicas whose announcement runs past `now`, by id (the others are forgotten).
+    async fn replicas(&self, now: u64) -> Result<Vec<Replica>, StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// Withdraws replica `id`'s announcement (it stops).
+    async fn leave(&self, id: &str) -> Result<(), StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// For each of `shards`, in one round trip: takes its lease for `owner` until `now + ttl`
+    /// when it is free, released or run out (the token goes up by one), or renews it when
+    /// `owner` holds it (the token stays). `None` where another replica holds it.
+    async fn acquire_shards(
+        &self,
+        owner: &str,
+        shards: &[u16],
+        now: u64,
+        ttl: std::time::Duration,
+    ) -> Result<Vec<Option<Lease>>, StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// Releases each of `leases` that is still `owner`'s with the same token (it becomes free
+    /// at once; its token stays, so the next owner's is higher).
+    async fn release_shards(&self, owner: &str, leases: &[Lease]) -> Result<(), StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// Every shard's lease record, by shard (shards never leased are absent).
+    async fn leases(&self) -> Result<Vec<Lease>, StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// Appends `handovers` to the handover log, which keeps the newest [`HANDOVERS_KEPT`].
+    async fn record_handovers(&self, handovers: &[Handover]) -> Result<(), StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// The newest `limit` handovers, newest first.
+    async fn handovers(&self, limit: usize) -> Result<Vec<Handover>, StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// Like [`claim_due`](Self::claim_due), but only tasks of `shards` (the store's shard
+    /// count is set when it is opened).
+    async fn claim_due_in(
+        &self,
+        shards: &[u16],
+        now: u64,
+        lease: std::time::Duration,
+        max: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
+
+    /// Up to `max` queued tasks of `shards`, high priority first, then oldest first (the
+    /// order [`list`](Self::list) gives queued tasks).
+    async fn queued_in(&self, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError> {
+        // TEMP(shards): replaced by each backend.
+        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
+    }
 }
 
 /// The blobs `task` references: its uploaded source, its downloaded image, and every derivative

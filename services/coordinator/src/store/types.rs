@@ -41,6 +41,17 @@ pub enum StoreError {
     /// A list cursor that this store did not hand out.
     #[error("invalid cursor {0:?}")]
     InvalidCursor(String),
+    /// The store was set up with another number of shards: tasks would change shards.
+    #[error(
+        "coordinator.shards is {configured} but this store was written with {stored} shards; the shard \
+         count of a live system cannot change (every task's shard would move): set it back to {stored}"
+    )]
+    ShardsChanged {
+        /// The count the store holds.
+        stored: u16,
+        /// The count this process was configured with.
+        configured: u16,
+    },
 }
 
 /// What [`TaskStore::create`](super::TaskStore::create) did.
@@ -59,6 +70,9 @@ pub enum Applied {
     Yes,
     /// The task had moved on (or does not exist): re-read it and decide again.
     Conflict,
+    /// The write's [`Fence`](crate::machine::Fence) is not the shard's current lease: this
+    /// replica no longer owns the shard and must not write it.
+    Fenced,
 }
 
 /// What [`TaskStore::settle`](super::TaskStore::settle) does for one task.

@@ -69,6 +69,7 @@ pub(crate) fn decode(record: &BorrowedMessage<'_>) -> Received {
         id: fields.remove(headers::MESSAGE_ID),
         headers: fields,
         payload: record.payload().map(Bytes::copy_from_slice).unwrap_or_default(),
+        partition: None,
     };
     Received { message, delivery_count, due_ms, timestamp_ms: record.timestamp().to_millis() }
 }
