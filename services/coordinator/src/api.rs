@@ -8,6 +8,7 @@
 
 pub mod batch;
 pub mod blobs;
+mod cluster;
 mod dlq;
 pub mod dlq_replay;
 mod events;
@@ -90,6 +91,7 @@ fn json_routes() -> Vec<Route<ApiState>> {
         events::routes(),
         dlq::routes(),
         dlq_replay::routes(),
+        cluster::routes(),
         openapi::routes(),
     ]
     .into_iter()

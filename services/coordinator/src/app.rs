@@ -20,6 +20,7 @@ use imagepipe_runtime::{Service, Settings};
 
 use crate::api::forward::{Forwarding, Upstream};
 use crate::blob_sweep::BlobSweeper;
+use crate::cluster::{ClusterConfig, Ownership};
 use crate::engine::{Engine, EngineConfig};
 use crate::events::EventHub;
 use crate::gauges;
@@ -44,15 +45,20 @@ pub const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 /// How often the blobs no task references are looked for ([`BlobSweeper`]).
 pub const BLOB_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Opens the store `settings.store` names; Redis keys start with `bus.prefix`.
+/// Opens the store `settings.store` names (Redis keys start with `bus.prefix`) with
+/// `coordinator.shards` shards, refusing a store written with another count.
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn TaskStore>, StoreError> {
-    let grace = settings.coordinator.relay_grace;
-    Ok(match settings.store.kind {
-        StoreKind::Embedded => Arc::new(EmbeddedStore::open(&settings.store.path, grace)?),
-        StoreKind::Redis => {
-            Arc::new(RedisStore::connect(settings.store.redis.url.expose(), &settings.bus.prefix, grace).await?)
-        }
-    })
+    let (grace, shards) = (settings.coordinator.relay_grace, settings.coordinator.shards);
+    let store: Arc<dyn TaskStore> = match settings.store.kind {
+        StoreKind::Embedded => Arc::new(EmbeddedStore::open(&settings.store.path, grace)?.with_shards(shards)),
+        StoreKind::Redis => Arc::new(
+            RedisStore::connect(settings.store.redis.url.expose(), &settings.bus.prefix, grace)
+                .await?
+                .with_shards(shards),
+        ),
+    };
+    store.pin_shards(shards).await?;
+    Ok(store)
 }
 
 /// The retry and deadline rules of the `coordinator` section.
@@ -122,7 +128,8 @@ impl Coordinator {
         let c = &settings.coordinator;
         let engine_config =
             EngineConfig { policy: policy(c), max_in_flight: c.max_in_flight, ..EngineConfig::default() };
-        let engine = Engine::new(store, bus, clock, engine_config);
+        let ownership = Ownership::new(crate::cluster::replica_id(), c.shards);
+        let engine = Engine::new(store, bus, clock, engine_config).with_ownership(ownership);
         let config = LoopsConfig {
             worker: LoopConfig::from_settings("coordinator", &settings.worker),
             max_batch: loops::MAX_BATCH,
@@ -135,6 +142,16 @@ impl Coordinator {
             events_idle: SSE_GROUP_IDLE,
             retention: Retention::from_settings(c, &settings.dlq),
             expiry_interval: EXPIRY_INTERVAL,
+            cluster: Some(ClusterConfig {
+                shards: c.shards,
+                lease: c.shard_lease,
+                address: Some(
+                    c.advertise_url
+                        .clone()
+                        .unwrap_or_else(|| format!("http://{}:{}", crate::cluster::hostname(), settings.http.port)),
+                ),
+            }),
+            shard_loops: c.shard_loops(),
         };
         let max_upload_bytes = settings.download.max_bytes;
         let hub = EventHub::new(SSE_BUFFER, settings.http.max_sse_clients);

@@ -18,9 +18,14 @@ use crate::engine::{Engine, EngineError, Handled, Origin, Submission, SubmitFail
 use crate::machine::Input;
 use crate::metrics as m;
 use crate::retention::Expirer;
+use crate::routing::{Route, hand_on, route, with_task_id};
 use crate::slots::Slots;
 use crate::store::DeadLetter;
 use crate::task::TaskState;
+
+/// How long an input waits before it is delivered again after this replica lost its
+/// shard while handling it (the shard's new owner reads it then).
+const NOT_OWNER_RETRY: Duration = Duration::from_secs(1);
 
 /// Namespace of task ids derived from bus submissions without a `taskId`.
 const SUBMIT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x3c1e_9b2a_5f04_4d7e_b8a1_6e2f_0d9c_7a51);
@@ -54,11 +59,18 @@ impl BatchHandler for SubmitHandler {
         let mut outcomes = Slots::new(deliveries.len());
         let mut submissions = Vec::with_capacity(deliveries.len());
         let mut decoded = Vec::with_capacity(deliveries.len());
+        let mut away = Vec::new();
         for (i, (delivery, span)) in deliveries.iter().zip(spans).enumerate() {
             match decode::<SubmitTask>(&delivery.message.payload) {
                 Ok(command) => {
+                    let derived_id = derived_task_id(delivery);
+                    let id = command.task_id.as_deref().unwrap_or(&derived_id);
+                    if let Route::To(shard) = route(self.engine.ownership(), delivery, id) {
+                        away.push((i, shard, with_task_id(&delivery.message.payload, id)));
+                        continue;
+                    }
                     let span = span.clone();
-                    submissions.push(Submission { command, derived_id: derived_task_id(delivery), span });
+                    submissions.push(Submission { command, derived_id, span });
                     decoded.push(i);
                 }
                 Err(e) => {
@@ -67,7 +79,15 @@ impl BatchHandler for SubmitHandler {
                 }
             }
         }
-        let submitted = self.engine.submit_batch(&submissions, Origin::Bus).await;
+        let bus = self.engine.bus();
+        let handed_on = futures::future::join_all(
+            away.into_iter()
+                .map(|(i, shard, body)| async move { (i, hand_on(bus, &deliveries[i], shard, body).await) }),
+        );
+        let (submitted, handed_on) = tokio::join!(self.engine.submit_batch(&submissions, Origin::Bus), handed_on);
+        for (i, outcome) in handed_on {
+            outcomes.fill(i, outcome);
+        }
         let mut queued = false;
         for (i, submitted) in decoded.into_iter().zip(submitted) {
             outcomes.fill(
@@ -119,17 +139,30 @@ impl BatchHandler for ResultHandler {
     async fn handle_batch(&self, deliveries: &[Delivery], spans: &[Span]) -> Vec<Outcome> {
         let mut outcomes = Slots::new(deliveries.len());
         let (mut inputs, mut decoded) = (Vec::with_capacity(deliveries.len()), Vec::with_capacity(deliveries.len()));
+        let mut away = Vec::new();
         for (i, (delivery, span)) in deliveries.iter().zip(spans).enumerate() {
             match decode::<StepResult>(&delivery.message.payload) {
                 Ok(result) => {
+                    if let Route::To(shard) = route(self.engine.ownership(), delivery, &result.task_id) {
+                        away.push((i, shard));
+                        continue;
+                    }
                     inputs.push((result.task_id.clone(), Input::Result(Box::new(result)), span.clone()));
                     decoded.push(i);
                 }
                 Err(e) => outcomes.fill(i, Outcome::reject(e)),
             }
         }
+        let bus = self.engine.bus();
+        let handed_on = futures::future::join_all(
+            away.into_iter().map(|(i, shard)| async move { (i, hand_on(bus, &deliveries[i], shard, None).await) }),
+        );
+        let (handled, handed_on) = tokio::join!(self.engine.handle_batch(inputs), handed_on);
+        for (i, outcome) in handed_on {
+            outcomes.fill(i, outcome);
+        }
         let mut finished = false;
-        for (i, handled) in decoded.into_iter().zip(self.engine.handle_batch(inputs).await) {
+        for (i, handled) in decoded.into_iter().zip(handled) {
             outcomes.fill(
                 i,
                 match handled {
@@ -140,9 +173,9 @@ impl BatchHandler for ResultHandler {
                     Ok(Handled::Ignored(_)) => Outcome::Ack,
                     Err(EngineError::UnknownTask(id)) => Outcome::reject(format!("step result for unknown task {id}")),
                     Err(EngineError::Illegal(illegal)) => Outcome::reject(illegal),
-                    Err(e @ (EngineError::Store(_) | EngineError::Contention(_) | EngineError::NotOwner { .. })) => {
-                        Outcome::retry(e)
-                    }
+                    Err(e @ (EngineError::Store(_) | EngineError::Contention(_))) => Outcome::retry(e),
+                    // Handed over meanwhile: the partition's next owner gets it.
+                    Err(e @ EngineError::NotOwner { .. }) => Outcome::retry_after(NOT_OWNER_RETRY, e),
                 },
             );
         }

@@ -5,6 +5,7 @@
 //! - [`store`]: the [`store::TaskStore`] seam, Redis and embedded (redb) backends, one suite.
 //! - [`engine`]: applies inputs with compare-and-set, relays the outbox, sweeps due timers,
 //!   starts queued tasks under the in-flight cap.
+//! - [`cluster`]: shards, the leases replicas own them by, the share-out, `/v1/cluster`.
 //! - [`control`]: the operator controls (paused stages, live concurrency, cancelling running
 //!   steps) the API writes and the machine reads.
 //! - [`queue_wait`]: what the stage queues still hold, so a command waiting behind a backlog
@@ -21,6 +22,7 @@
 pub mod api;
 pub mod app;
 pub mod blob_sweep;
+pub mod cluster;
 pub mod consumers;
 pub mod control;
 pub mod dashboard;
@@ -34,6 +36,7 @@ pub mod metrics;
 pub mod queue_wait;
 pub mod reprocess;
 pub mod retention;
+pub mod routing;
 mod slots;
 pub mod store;
 pub mod task;

@@ -14,6 +14,7 @@ use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::worker::{BatchHandler, BatchWorker, Handler, LoopConfig, Worker, WorkerError};
 use tokio::task::JoinSet;
 
+use crate::cluster::{ClusterConfig, LeaseLoop, Ownership};
 use crate::consumers::{CappedConsumer, DeadLetterArchiver, ResultHandler, SubmitHandler};
 use crate::engine::Engine;
 use crate::events::{EventHub, Fanout};
@@ -70,6 +71,11 @@ pub struct LoopsConfig {
     pub retention: Retention,
     /// How often the expirer deletes what outlived its retention.
     pub expiry_interval: Duration,
+    /// This replica's part in the cluster (its engine has the [`Ownership`]); `None`: an
+    /// engine outside a cluster, reading every input from the queues themselves.
+    pub cluster: Option<ClusterConfig>,
+    /// How many batch loops read the owned shards' partitions (each a share of them).
+    pub shard_loops: usize,
 }
 
 /// Runs a batch worker of `handler` on `consumer` in `loops` until `shutdown`.
@@ -157,37 +163,28 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         .map(|q| names::dead_letter_queue(q))
         .chain(config.dlq_groups.iter().map(|g| names::dead_letter_queue_of_group(g)))
         .collect();
-    let submit = Lanes::open_each(&*bus.queues, queues::SUBMIT, config.consumer.clone());
-    let results = Lanes::open_each(&*bus.queues, queues::RESULTS, config.consumer.clone());
     let dlqs = futures::future::try_join_all(
         dlq_names.iter().map(|dlq| bus.queues.consume(dlq, config.consumer.clone()).map_err(|e| open(dlq.clone(), e))),
     );
-    let (submit, results, dlqs) = tokio::try_join!(
-        submit.map_err(|e| open(queues::SUBMIT.into(), e)),
-        results.map_err(|e| open(queues::RESULTS.into(), e)),
-        dlqs,
-    )?;
-
-    // The high lanes of the submit and results queues have loops of their own, in small
-    // batches, so a high task's transitions never wait behind a backlog's batch; the other
-    // lanes share the bulk loops by their shares. Each submit lane is gated on the cap, the
-    // high one on the high cap.
-    let batched = |name, max| LoopConfig { concurrency: max, ..named(&config.worker, name) };
-    let (express_submit, submit) = split_high(submit);
-    let express_submit = CappedConsumer::high(express_submit, engine.clone(), config.cap_recheck);
-    let submit = submit
-        .into_iter()
-        .map(|(p, c)| (p, Box::new(CappedConsumer::new(c, engine.clone(), config.cap_recheck)) as Box<dyn Consumer>))
-        .collect();
-    let (express_results, results) = split_high(results);
-    let submissions = || SubmitHandler::new(engine.clone());
-    let step_results = || ResultHandler::new(engine.clone());
-    spawn_batch(&mut loops, Box::new(express_submit), submissions(), batched(EXPRESS_SUBMIT, EXPRESS_BATCH), &shutdown);
-    let submit = Box::new(Lanes::new(submit, config.shares));
-    spawn_batch(&mut loops, submit, submissions(), batched(queues::SUBMIT, config.max_batch), &shutdown);
-    spawn_batch(&mut loops, express_results, step_results(), batched(EXPRESS_RESULTS, EXPRESS_BATCH), &shutdown);
-    let results = Box::new(Lanes::new(results, config.shares));
-    spawn_batch(&mut loops, results, step_results(), batched(queues::RESULTS, config.max_batch), &shutdown);
+    // The queues themselves: every input outside a cluster; in a cluster, what clients sent
+    // without addressing a partition, handled here when this replica owns the shard and
+    // handed on to the shard's partition otherwise. (On a bus that routes by key, Kafka, the
+    // queue has no such channel: its partitions are the shards.)
+    let unrouted = config.cluster.is_none() || !bus.queues.routes_by_key();
+    let intake = async {
+        if !unrouted {
+            return Ok(());
+        }
+        let inputs = Inputs::open(&engine, &config, None).await?;
+        inputs.spawn(&engine, &config, &mut loops, &shutdown);
+        Ok::<_, RunError>(())
+    };
+    let (dlqs, ()) = tokio::try_join!(dlqs, intake)?;
+    if let (Some(ownership), Some(cluster)) = (engine.ownership().cloned(), config.cluster.clone()) {
+        let lease_loop = LeaseLoop::new(engine.store().clone(), ownership.clone(), engine.clock().clone(), cluster);
+        loops.spawn(lease_loop.run(shutdown.clone()).map(Ok));
+        loops.spawn(read_owned_shards(engine.clone(), ownership, config.clone(), shutdown.clone()));
+    }
     for (dlq, consumer) in dlq_names.iter().zip(dlqs) {
         let archiver = DeadLetterArchiver::new(engine.clone(), expirer.clone());
         spawn(&mut loops, consumer, archiver, named(&config.worker, dlq), &shutdown);
@@ -213,6 +210,125 @@ pub async fn run(engine: Engine, hub: EventHub, config: LoopsConfig, shutdown: S
         }
     }
     outcome
+}
+
+/// The submit and results intake of one set of partitions (or of the queues themselves):
+/// one consumer per priority lane of each queue.
+struct Inputs {
+    submit: LaneConsumers,
+    results: LaneConsumers,
+}
+
+impl Inputs {
+    /// Opens every lane of `tasks.submit` and `tasks.results`: partitions `shards` of each,
+    /// or the queues themselves.
+    async fn open(engine: &Engine, config: &LoopsConfig, shards: Option<&[u16]>) -> Result<Self, RunError> {
+        let queues = &*engine.bus().queues;
+        let lanes = |queue: &'static str| async move {
+            futures::future::try_join_all(Priority::ALL.map(|priority| {
+                let (lane, consumer) = (priority.lane(queue), config.consumer.clone());
+                async move {
+                    let opened = match shards {
+                        Some(shards) => queues.consume_partitions(&lane, shards, consumer).await,
+                        None => queues.consume(&lane, consumer).await,
+                    };
+                    opened.map(|c| (priority, c)).map_err(|source| RunError::Consume { what: lane, source })
+                }
+            }))
+            .await
+        };
+        let (submit, results) = tokio::try_join!(lanes(queues::SUBMIT), lanes(queues::RESULTS))?;
+        Ok(Self { submit, results })
+    }
+
+    /// Runs the loops over these consumers until `shutdown`: the high lanes of the submit and
+    /// results queues have loops of their own, in small batches, so a high task's transitions
+    /// never wait behind a backlog's batch; the other lanes share the bulk loops by their
+    /// shares. Each submit lane is gated on the cap, the high one on the high cap.
+    fn spawn(
+        self,
+        engine: &Engine,
+        config: &LoopsConfig,
+        loops: &mut JoinSet<Result<(), RunError>>,
+        shutdown: &Shutdown,
+    ) {
+        let batched = |name, max| LoopConfig { concurrency: max, ..named(&config.worker, name) };
+        let (express_submit, submit) = split_high(self.submit);
+        let express_submit = CappedConsumer::high(express_submit, engine.clone(), config.cap_recheck);
+        let submit = submit
+            .into_iter()
+            .map(|(p, c)| {
+                (p, Box::new(CappedConsumer::new(c, engine.clone(), config.cap_recheck)) as Box<dyn Consumer>)
+            })
+            .collect();
+        let (express_results, results) = split_high(self.results);
+        let submissions = || SubmitHandler::new(engine.clone());
+        let step_results = || ResultHandler::new(engine.clone());
+        spawn_batch(loops, Box::new(express_submit), submissions(), batched(EXPRESS_SUBMIT, EXPRESS_BATCH), shutdown);
+        let submit = Box::new(Lanes::new(submit, config.shares));
+        spawn_batch(loops, submit, submissions(), batched(queues::SUBMIT, config.max_batch), shutdown);
+        spawn_batch(loops, express_results, step_results(), batched(EXPRESS_RESULTS, EXPRESS_BATCH), shutdown);
+        let results = Box::new(Lanes::new(results, config.shares));
+        spawn_batch(loops, results, step_results(), batched(queues::RESULTS, config.max_batch), shutdown);
+    }
+}
+
+/// Reads the partitions of the shards `ownership` holds, in `config.shard_loops` groups of
+/// shards with loops of their own (so one replica works its shards on every core, a task's
+/// inputs in one group, in order). Whenever the owned set changes, the loops finish their
+/// batches and stop, the lease loop is told (it releases a shard only after), and loops over
+/// the new set start. Stops with `shutdown`, after its loops.
+async fn read_owned_shards(
+    engine: Engine,
+    ownership: Ownership,
+    config: LoopsConfig,
+    shutdown: Shutdown,
+) -> Result<(), RunError> {
+    let mut owned = ownership.watch();
+    let mut failures = ExponentialBackoff::broker_reconnect().attempts();
+    loop {
+        let current = owned.borrow_and_update().clone();
+        let stop = shutdown.child();
+        let mut loops: JoinSet<Result<(), RunError>> = JoinSet::new();
+        ownership.drained(current.generation);
+        let shards: Vec<u16> = current.shards.iter().copied().collect();
+        let groups = config.shard_loops.clamp(1, shards.len().max(1));
+        let mut opened = true;
+        for group in 0..groups {
+            if shards.is_empty() {
+                break;
+            }
+            let mine: Vec<u16> = shards.iter().copied().skip(group).step_by(groups).collect();
+            match Inputs::open(&engine, &config, Some(&mine)).await {
+                Ok(inputs) => inputs.spawn(&engine, &config, &mut loops, &stop),
+                Err(e) => {
+                    tracing::warn!(error = %e, "partitions of owned shards not opened; retrying");
+                    opened = false;
+                    break;
+                }
+            }
+        }
+        if opened {
+            failures.reset();
+            tracing::info!(shards = shards.len(), groups, generation = current.generation, "reading owned shards");
+        }
+        let retry = if opened { None } else { Some(failures.next_delay()) };
+        let failed = tokio::select! {
+            () = shutdown.wait() => None,
+            changed = owned.changed() => changed.err().map(|_| ()),
+            () = async { match retry { Some(delay) => tokio::time::sleep(delay).await, None => std::future::pending().await } } => None,
+            Some(Ok(Err(e))) = loops.join_next() => {
+                tracing::warn!(error = %e, "a loop over owned shards stopped; opening them again");
+                None
+            }
+        };
+        stop.trigger();
+        while loops.join_next().await.is_some() {}
+        if shutdown.is_triggered() || failed.is_some() {
+            ownership.drained(u64::MAX);
+            return Ok(());
+        }
+    }
 }
 
 /// Feeds `hub` from the event topics while anyone watches: subscribes (as `subscription`'s

@@ -51,6 +51,19 @@ pub const CONSUMER_LAG: &str = "imagepipe_queue_consumer_lag";
 /// Dead letters in the archive (`GET /v1/dlq`). Sampled every few seconds.
 pub const DEAD_LETTERS: &str = "imagepipe_coordinator_dead_letters";
 
+/// Shards this replica holds a lease on.
+pub const SHARDS_OWNED: &str = "imagepipe_coordinator_shards_owned";
+/// Shards that changed hands at this replica, by `reason` (`released`, `shutdown`: given up;
+/// `expired`, `free`: taken).
+pub const HANDOVERS: &str = "imagepipe_coordinator_shard_handovers_total";
+/// Lease periods whose store calls failed (the leases may run out if it lasts).
+pub const LEASE_ERRORS: &str = "imagepipe_coordinator_lease_errors_total";
+/// Inputs handed on to their shard's partition (sent to the queue itself, or to a
+/// partition of a shard this replica does not own), by `queue`.
+pub const INPUTS_ROUTED: &str = "imagepipe_coordinator_inputs_routed_total";
+/// Writes the store refused because the replica's lease on the shard was gone.
+pub const WRITES_FENCED: &str = "imagepipe_coordinator_writes_fenced_total";
+
 /// The value of the `reason` label of [`SUBMISSIONS_PAUSED`].
 pub const PAUSED_BY_CAP: &str = "in_flight_cap";
 
@@ -101,4 +114,13 @@ pub fn describe() {
         "Messages of a task queue not yet delivered (Kafka: not committed), by queue."
     );
     describe_gauge!(DEAD_LETTERS, Unit::Count, "Dead letters in the archive (GET /v1/dlq).");
+    describe_gauge!(SHARDS_OWNED, Unit::Count, "Shards this replica holds a lease on.");
+    describe_counter!(
+        HANDOVERS,
+        Unit::Count,
+        "Shards that changed hands at this replica, by reason (released, shutdown, expired, free)."
+    );
+    describe_counter!(LEASE_ERRORS, Unit::Count, "Lease periods whose store calls failed.");
+    describe_counter!(INPUTS_ROUTED, Unit::Count, "Inputs handed on to their shard's partition, by queue.");
+    describe_counter!(WRITES_FENCED, Unit::Count, "Writes refused because the replica's lease on the shard was gone.");
 }

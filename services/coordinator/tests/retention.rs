@@ -244,6 +244,8 @@ async fn a_stopped_coordinator_leaves_no_events_consumer_on_nats() {
         events_idle: Duration::from_secs(1),
         retention: retention(),
         expiry_interval: Duration::from_secs(60),
+        cluster: None,
+        shard_loops: 1,
     };
     let shutdown = Shutdown::new();
     let hub = EventHub::new(16, 4);

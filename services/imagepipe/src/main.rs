@@ -95,6 +95,8 @@ enum Command {
     Similarity(cmd::similar::SimilarityArgs),
     /// Show pipeline statistics.
     Stats(cmd::stats::StatsArgs),
+    /// Show the coordinator replicas, the shards each owns and the recent handovers.
+    Cluster(cmd::cluster::ClusterArgs),
     /// Inspect, replay or purge dead letters.
     Dlq(cmd::dlq::DlqArgs),
     /// Measure the pipeline's throughput, latency, broker messages, CPU and memory.
@@ -237,6 +239,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Duplicates(args) => cmd::similar::run_duplicates(&cli.api, args).await,
         Command::Similarity(args) => cmd::similar::run_similarity(&cli.api, args).await,
         Command::Stats(args) => cmd::stats::run(&cli.api, args).await,
+        Command::Cluster(args) => cmd::cluster::run(&cli.api, args).await,
         Command::Dlq(args) => cmd::dlq::run(&cli.api, args).await,
         Command::Bench(args) => cmd::bench::run(&cli.config, args).await,
         Command::Healthcheck(args) => cmd::healthcheck::run(&cli.config, args).await,

@@ -187,6 +187,12 @@ pub struct TaskView {
     /// The latest error of any step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<StepError>,
+    /// The task's shard (`GET /v1/tasks/{id}` of a sharded coordinator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u16>,
+    /// The replica holding the lease on the task's shard now, if any holds one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl From<Task> for TaskView {
@@ -195,7 +201,7 @@ impl From<Task> for TaskView {
             let current = task.state.step().map(|s| task.steps.get(s).last_error.clone());
             current.flatten()
         });
-        Self { task, last_error }
+        Self { task, last_error, shard: None, owner: None }
     }
 }
 
@@ -204,8 +210,16 @@ async fn get_task(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = task_id(path)?;
-    let task = state.engine.store().get(&id).await?.ok_or_else(|| ApiError::not_found(format!("no task {id}")))?;
-    Ok(Json(task.into()))
+    let store = state.engine.store();
+    let task = store.get(&id).await?.ok_or_else(|| ApiError::not_found(format!("no task {id}")))?;
+    let mut view = TaskView::from(task);
+    if let Some(ownership) = state.engine.ownership() {
+        let shard = ownership.shard_of(&id);
+        let now = state.engine.clock().unix_ms();
+        view.shard = Some(shard);
+        view.owner = store.leases().await?.into_iter().find(|l| l.shard == shard && l.is_held(now)).map(|l| l.owner);
+    }
+    Ok(Json(view))
 }
 
 /// Answer of `GET /v1/tasks/{id}/history`.

@@ -16,6 +16,7 @@ use super::layout::{self, Section};
 use super::{Dashboard, format};
 use crate::api::DeadLetterListing;
 use crate::api::queue_control::{QueueView, QueuesView};
+use crate::cluster::ClusterView;
 
 /// `GET /`.
 pub async fn page(State(dashboard): State<Dashboard>, viewer: Viewer) -> Html<String> {
@@ -34,10 +35,11 @@ pub async fn partial(State(dashboard): State<Dashboard>, viewer: Viewer) -> Html
 }
 
 async fn live(dashboard: &Dashboard, viewer: &Viewer) -> Markup {
-    let (queues, stats, dead) = tokio::join!(
+    let (queues, stats, dead, cluster) = tokio::join!(
         dashboard.api.get::<QueuesView>("/v1/queues"),
         dashboard.api.get::<StatsResponse>("/v1/stats"),
         dashboard.api.get::<DeadLetterListing>("/v1/dlq?limit=1"),
+        dashboard.api.get::<ClusterView>("/v1/cluster"),
     );
     html! {
         section aria-labelledby="queues-h" {
@@ -67,6 +69,45 @@ async fn live(dashboard: &Dashboard, viewer: &Viewer) -> Markup {
                     (failure_reasons(&stats.last_hour))
                 }
             }
+        }
+        section aria-labelledby="cluster-h" {
+            h2 id="cluster-h" { "Coordinators" }
+            @match &cluster {
+                Ok(view) => (replica_table(view)),
+                Err(e) => (layout::unavailable("Coordinators", e)),
+            }
+        }
+    }
+}
+
+/// The coordinator replicas with the shards each owns (the balance: `shards / replicas` ± 1
+/// once settled) and their work, and the shards nobody owns.
+fn replica_table(view: &ClusterView) -> Markup {
+    let unowned = view.shards.iter().filter(|s| s.owner.is_none()).count();
+    html! {
+        div.scroll {
+            table.replicas data-shards=(view.shard_count) data-unowned=(unowned) {
+                caption { (format::count(view.replicas.len() as u64, "replica", "replicas")) ", " (format::count(u64::from(view.shard_count), "shard", "shards")) }
+                thead { tr {
+                    th scope="col" { "Replica" } th.num scope="col" { "Shards" } th.num scope="col" { "In flight" }
+                    th.num scope="col" { "Queued" }
+                } }
+                tbody {
+                    @for replica in &view.replicas {
+                        @let mine = view.shards.iter().filter(|s| s.owner.as_deref() == Some(replica.id.as_str()));
+                        @let (in_flight, queued) = mine.fold((0, 0), |(f, q), s| (f + s.in_flight, q + s.queued));
+                        tr data-replica=(replica.id) {
+                            th scope="row" { (replica.id) @if let Some(address) = &replica.address { br; small { (address) } } }
+                            td.num data-owned=(replica.shards) { (replica.shards) }
+                            td.num { (in_flight) }
+                            td.num { (queued) }
+                        }
+                    }
+                }
+            }
+        }
+        @if unowned > 0 {
+            p.warning { (format::count(unowned as u64, "shard has", "shards have")) " no owner right now (a replica stopped; another takes them when their leases run out)." }
         }
     }
 }

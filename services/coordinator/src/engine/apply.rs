@@ -114,19 +114,25 @@ impl Engine {
                 // Only a transition is checked by its compare-and-set: anything else is decided
                 // again on the stored task.
                 match machine::decide(task, input, &self.context(now), &self.config.policy) {
-                    Ok(Verdict::Apply(decision)) => {
-                        decisions.push(*decision);
-                        decided.push((i, span));
-                    }
+                    Ok(Verdict::Apply(mut decision)) => match self.fence(&mut decision, input) {
+                        Ok(()) => {
+                            decisions.push(*decision);
+                            decided.push((i, span));
+                        }
+                        Err(e) => results.fill(i, Err(e)),
+                    },
                     _ => lost.push((i, span)),
                 }
                 continue;
             }
             match span.in_scope(|| self.decide(task, input, now)) {
-                Ok(Verdict::Apply(decision)) => {
-                    decisions.push(*decision);
-                    decided.push((i, span));
-                }
+                Ok(Verdict::Apply(mut decision)) => match self.fence(&mut decision, input) {
+                    Ok(()) => {
+                        decisions.push(*decision);
+                        decided.push((i, span));
+                    }
+                    Err(e) => results.fill(i, Err(e)),
+                },
                 Ok(Verdict::Ignore(why)) => results.fill(i, Ok(Handled::Ignored(why))),
                 Err(e) => results.fill(i, Err(e)),
             }
@@ -212,9 +218,31 @@ impl Engine {
         Context { now, seed: rand::random(), paused: self.controls.paused_steps(), held: self.waits.snapshot() }
     }
 
-    /// The store refused `decision`'s write: its lease is gone.
+    /// Fences `decision` with this replica's lease on its task's shard (and names the replica
+    /// in its history entry). Without the lease, an input only the shard's owner may apply (a
+    /// step result, a timer, a start) is refused with [`EngineError::NotOwner`]; an operator's
+    /// request is written unfenced, by compare-and-set alone, from whichever replica took it.
+    pub(super) fn fence(&self, decision: &mut Decision, input: &Input) -> Result<(), EngineError> {
+        let Some(ownership) = &self.ownership else { return Ok(()) };
+        match ownership.fence(&decision.task.id, self.clock.unix_ms()) {
+            Ok(fence) => {
+                decision.fence = Some(fence);
+                decision.history.replica = Some(ownership.replica().to_owned());
+                Ok(())
+            }
+            Err(_) if !owner_only(input) => Ok(()),
+            Err(shard) => Err(EngineError::NotOwner { task: decision.task.id.clone(), shard }),
+        }
+    }
+
+    /// The store refused `decision`'s write: its lease is gone, and so is this replica's
+    /// ownership of the shard.
     fn fenced(&self, decision: &Decision) -> EngineError {
+        counter!(m::WRITES_FENCED).increment(1);
         let shard = decision.fence.map_or(0, |f| f.shard);
+        if let Some(ownership) = &self.ownership {
+            ownership.lose(shard);
+        }
         EngineError::NotOwner { task: decision.task.id.clone(), shard }
     }
 
@@ -228,10 +256,11 @@ impl Engine {
         for _ in 0..MAX_CONFLICTS {
             let task = self.get(id).await?;
             self.recent.put(&task, self.config.max_in_flight);
-            let decision = match self.decide(&task, input, self.clock.unix_ms())? {
+            let mut decision = match self.decide(&task, input, self.clock.unix_ms())? {
                 Verdict::Apply(decision) => *decision,
                 Verdict::Ignore(why) => return Ok(Handled::Ignored(why)),
             };
+            self.fence(&mut decision, input)?;
             match self.store.apply(&decision).await? {
                 Applied::Yes => {
                     self.written(&decision);
@@ -244,4 +273,12 @@ impl Engine {
         }
         Err(EngineError::Contention(id.to_owned()))
     }
+}
+
+/// Whether only the owner of the task's shard may apply `input`: what arrives through the
+/// shard's partitions (step results, submissions' starts) and its timers. An operator's
+/// request (cancel, pause, resume, reprocess) and what follows from one (a redispatch, a
+/// command the bus refused) may be written by any replica.
+fn owner_only(input: &Input) -> bool {
+    matches!(input, Input::Result(_) | Input::Timer(_) | Input::Start)
 }

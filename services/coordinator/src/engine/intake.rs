@@ -266,7 +266,9 @@ impl Engine {
         });
         for (k, (_, created, parent)) in startable {
             let span = parent.in_scope(|| task_span(&created.task, "transition", Input::Start.kind()));
-            if let Ok(Verdict::Apply(decision)) = span.in_scope(|| self.decide(&created.task, &Input::Start, now)) {
+            if let Ok(Verdict::Apply(mut decision)) = span.in_scope(|| self.decide(&created.task, &Input::Start, now))
+                && self.fence(&mut decision, &Input::Start).is_ok()
+            {
                 decisions.push(*decision);
                 which.push((k, span));
             }
@@ -298,13 +300,22 @@ impl Engine {
             return Ok(0);
         }
         // Queued tasks list high first: past the cap, only high ones start (in its headroom).
-        let query =
-            ListQuery { state: Some(TaskState::Queued), limit: high_room.min(256) as usize, ..ListQuery::default() };
-        let queued: Vec<Task> = self
-            .store
-            .list(&query)
-            .await?
-            .tasks
+        let limit = high_room.min(256) as usize;
+        let queued = match &self.ownership {
+            Some(ownership) => {
+                let owned = ownership.owned().shards;
+                if owned.is_empty() {
+                    return Ok(0);
+                }
+                let owned: Vec<u16> = owned.iter().copied().collect();
+                self.store.queued_in(&owned, limit).await?
+            }
+            None => {
+                let query = ListQuery { state: Some(TaskState::Queued), limit, ..ListQuery::default() };
+                self.store.list(&query).await?.tasks
+            }
+        };
+        let queued: Vec<Task> = queued
             .into_iter()
             .enumerate()
             .filter(|(i, task)| (*i as u64) < room || task.priority == Priority::High)

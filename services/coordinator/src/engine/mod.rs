@@ -19,6 +19,7 @@ use imagepipe_runtime::telemetry::join_trace;
 use metrics::gauge;
 use tracing::Span;
 
+use crate::cluster::Ownership;
 use crate::control::QueueControls;
 use crate::machine::{Ignored, IllegalTransition, Policy};
 use crate::metrics as m;
@@ -105,6 +106,9 @@ pub struct Engine {
     controls: QueueControls,
     /// What the stage queues hold (a deadline whose command may still wait is postponed).
     waits: Arc<QueueWaits>,
+    /// The shards this replica owns; `None`: an engine outside a cluster, which writes every
+    /// task unfenced (tests, tools).
+    ownership: Option<Ownership>,
 }
 
 /// Tasks as this process last wrote them (unfinished ones, at most four times the in-flight
@@ -149,7 +153,20 @@ impl Engine {
             config: Arc::new(config),
             starting: Arc::default(),
             recent: Arc::default(),
+            ownership: None,
         }
+    }
+
+    /// The same engine as one replica of a cluster: it writes only under its leases on the
+    /// shards of `ownership` (docs/design.md, "Shards, leases and routing").
+    pub fn with_ownership(mut self, ownership: Ownership) -> Self {
+        self.ownership = Some(ownership);
+        self
+    }
+
+    /// The shards this replica owns, when it is one of a cluster.
+    pub fn ownership(&self) -> Option<&Ownership> {
+        self.ownership.as_ref()
     }
 
     /// The same engine with its operator controls kept in `control` (by default in this

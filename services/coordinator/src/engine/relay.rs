@@ -126,6 +126,9 @@ impl Engine {
         inject_trace(&mut message.headers, entry.trace_id);
         match &entry.destination {
             Destination::Queue(queue) => {
+                if let Some(ownership) = &self.ownership {
+                    message.headers.insert(headers::SHARD, ownership.shard_of(id).to_string());
+                }
                 self.bus.queues.send(queue, message).await?;
                 counter!(m::OUTBOX_PUBLISHED, "kind" => "queue").increment(1);
             }

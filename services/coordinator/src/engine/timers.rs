@@ -47,7 +47,14 @@ impl Engine {
     /// releases them; then starts queued tasks. Returns how many tasks were claimed.
     pub async fn sweep(&self) -> Result<usize, EngineError> {
         let now = self.clock.unix_ms();
-        let ids = self.store.claim_due(now, self.config.lease, self.config.sweep_batch).await?;
+        let (lease, max) = (self.config.lease, self.config.sweep_batch);
+        let ids = match &self.ownership {
+            Some(ownership) => {
+                let owned: Vec<u16> = ownership.owned().shards.iter().copied().collect();
+                if owned.is_empty() { Vec::new() } else { self.store.claim_due_in(&owned, now, lease, max).await? }
+            }
+            None => self.store.claim_due(now, lease, max).await?,
+        };
         for id in &ids {
             if let Err(e) = self.wake(id, now).await {
                 counter!(m::SWEEP_ERRORS).increment(1);

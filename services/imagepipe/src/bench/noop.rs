@@ -36,9 +36,14 @@ impl NoopStage {
         Self { step, reporter: StepReporter::new(bus, source, Arc::new(SystemClock)) }
     }
 
-    async fn report(&self, payload: &[u8], priority: Priority) -> Result<Result<(), BusError>, String> {
+    async fn report(
+        &self,
+        payload: &[u8],
+        priority: Priority,
+        shard: Option<u16>,
+    ) -> Result<Result<(), BusError>, String> {
         let attempt =
-            |task_id: &str, attempt| Attempt { task_id: task_id.to_owned(), step: self.step, attempt, priority };
+            |task_id: &str, attempt| Attempt { task_id: task_id.to_owned(), step: self.step, attempt, priority, shard };
         Ok(match self.step {
             Step::Download => {
                 let command: DownloadCommand = decode(payload).map_err(|e| e.to_string())?;
@@ -73,7 +78,9 @@ impl NoopStage {
 #[async_trait]
 impl Handler for NoopStage {
     async fn handle(&self, delivery: &Delivery) -> Outcome {
-        match self.report(&delivery.message.payload, imagepipe_contracts::lane_of(&delivery.source).1).await {
+        let priority = imagepipe_contracts::lane_of(&delivery.source).1;
+        let shard = imagepipe_runtime::step::command_shard(&delivery.message);
+        match self.report(&delivery.message.payload, priority, shard).await {
             Ok(Ok(())) => Outcome::Ack,
             Ok(Err(error)) => Outcome::retry(format!("reporting the {} step: {}", self.step, error_chain(&error))),
             Err(malformed) => Outcome::reject(malformed),

@@ -4,6 +4,7 @@
 pub mod output;
 pub mod bench;
 pub mod cancel;
+pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod dlq;

@@ -79,6 +79,25 @@ pub struct CoordinatorConfig {
     /// Unset, those routes answer `404 not_configured`.
     #[serde(default, deserialize_with = "blank_as_none", skip_serializing_if = "Option::is_none")]
     pub similarity_url: Option<String>,
+    /// How many shards the tasks are spread over (a task's shard is a stable hash of its id;
+    /// docs/contracts.md, "Shards"). Coordinator replicas share the shards out by lease, each
+    /// owning `shards / replicas` ± 1, and a replica handles only its shards' submissions,
+    /// results and timers. Fixed for the life of a store: a coordinator configured with
+    /// another count than the store was written with refuses to start.
+    pub shards: u16,
+    /// How long a replica's lease on a shard lasts unless renewed (it renews five times per
+    /// lease): a replica that dies has its shards taken over by the others this long after
+    /// its last renewal, plus one renewal period.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
+    pub shard_lease: Duration,
+    /// How many batch loops a coordinator runs over the shards it owns, each over a share of
+    /// them (a task's inputs stay in one loop, in order); 0: one per CPU core.
+    pub shard_loops: usize,
+    /// The URL other replicas and operators reach this replica's API at, shown in
+    /// `GET /v1/cluster` (default: `http://<hostname>:<http.port>`).
+    #[serde(default, deserialize_with = "blank_as_none", skip_serializing_if = "Option::is_none")]
+    pub advertise_url: Option<String>,
 }
 
 impl Default for CoordinatorConfig {
@@ -102,6 +121,10 @@ impl Default for CoordinatorConfig {
             search_url: None,
             stats_url: None,
             similarity_url: None,
+            shards: imagepipe_contracts::shard::DEFAULT_SHARDS,
+            shard_lease: Duration::from_secs(5),
+            shard_loops: 0,
+            advertise_url: None,
         }
     }
 }
@@ -142,7 +165,25 @@ impl CoordinatorConfig {
         ] {
             url.as_deref().map_or(Ok(()), |url| base_url(key, url))?;
         }
+        if !(1..=imagepipe_contracts::shard::MAX_SHARDS).contains(&self.shards) {
+            let max = imagepipe_contracts::shard::MAX_SHARDS;
+            return Err(ConfigError::invalid("coordinator.shards", format!("must be between 1 and {max}")));
+        }
+        if self.shard_lease < Duration::from_millis(500) {
+            return Err(ConfigError::invalid("coordinator.shard_lease", "must be at least 500ms"));
+        }
+        if let Some(url) = &self.advertise_url {
+            base_url("coordinator.advertise_url", url)?;
+        }
         positive("coordinator.sweep_interval", self.sweep_interval)
+    }
+
+    /// How many batch loops to run over owned shards: `shard_loops`, or one per core.
+    pub fn shard_loops(&self) -> usize {
+        match self.shard_loops {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        }
     }
 }
 

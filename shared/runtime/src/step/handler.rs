@@ -60,7 +60,7 @@ impl<H: StepHandler> Handler for Reporting<H> {
             Err(error) => return Outcome::reject(error),
         };
         let priority = imagepipe_contracts::lane_of(&delivery.source).1;
-        let attempt = Attempt::of(&command).in_lane(priority);
+        let attempt = Attempt::of(&command).in_lane(priority).in_shard(super::report::command_shard(&delivery.message));
         let (task_id, step) = (attempt.task_id.as_str(), attempt.step);
         let running = self.cancels.as_ref().map(|c| c.register(task_id));
         if priority == imagepipe_contracts::Priority::High {

@@ -30,6 +30,10 @@ pub struct Attempt {
     /// The lane the command came in on: its result goes back on the same lane of
     /// `tasks.results`.
     pub priority: Priority,
+    /// The partition of `tasks.results` its result goes to: the task's shard, as the
+    /// command's [`headers::SHARD`] named it (none: the queue itself, where any coordinator
+    /// takes it and hands it to the shard's owner).
+    pub shard: Option<u16>,
 }
 
 impl Attempt {
@@ -40,7 +44,14 @@ impl Attempt {
             step: C::STEP,
             attempt: command.attempt(),
             priority: Priority::Normal,
+            shard: None,
         }
+    }
+
+    /// The same attempt, its result sent to partition `shard` of `tasks.results`.
+    pub fn in_shard(mut self, shard: Option<u16>) -> Self {
+        self.shard = shard;
+        self
     }
 
     /// The same attempt, reported on `priority`'s lane.
@@ -48,6 +59,11 @@ impl Attempt {
         self.priority = priority;
         self
     }
+}
+
+/// The shard a stage command names for its result ([`headers::SHARD`]), if it names one.
+pub fn command_shard(message: &imagepipe_bus::Message) -> Option<u16> {
+    message.headers.get(headers::SHARD).and_then(|s| s.parse().ok())
 }
 
 /// Sends a worker's events and step results (see the module docs).
@@ -122,7 +138,9 @@ impl StepReporter {
     async fn send(&self, attempt: &Attempt, outcome: StepOutcome, id: String) -> Result<(), BusError> {
         let result =
             StepResult { task_id: attempt.task_id.clone(), step: attempt.step, attempt: attempt.attempt, outcome };
-        self.bus.queues.send(&attempt.priority.lane(queues::RESULTS), outgoing(&result, &attempt.task_id, id)).await
+        let mut message = outgoing(&result, &attempt.task_id, id);
+        message.partition = attempt.shard;
+        self.bus.queues.send(&attempt.priority.lane(queues::RESULTS), message).await
     }
 }
 
@@ -163,7 +181,13 @@ mod tests {
         let events = bus.events.subscribe(Subscription::new("t", Selector::all())).await.unwrap();
         let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
         let reporter = StepReporter::new(bus, "download-worker", Arc::new(ManualClock::at_unix_ms(1_000)));
-        let attempt = Attempt { task_id: "tsk_1".into(), step: Step::Download, attempt: 2, priority: Priority::Normal };
+        let attempt = Attempt {
+            task_id: "tsk_1".into(),
+            step: Step::Download,
+            attempt: 2,
+            priority: Priority::Normal,
+            shard: None,
+        };
         let payload = ImageDownloaded { image: output(), labels: Default::default() };
         reporter.succeeded(&attempt, payload, StepOutput::Download(output())).await.unwrap();
 
@@ -187,7 +211,13 @@ mod tests {
         let events = bus.events.subscribe(Subscription::new("t", Selector::all())).await.unwrap();
         let results = bus.queues.consume(queues::RESULTS, ConsumerConfig::default()).await.unwrap();
         let reporter = StepReporter::new(bus, "download-worker", Arc::new(ManualClock::at_unix_ms(0)));
-        let attempt = Attempt { task_id: "tsk_2".into(), step: Step::Download, attempt: 1, priority: Priority::Normal };
+        let attempt = Attempt {
+            task_id: "tsk_2".into(),
+            step: Step::Download,
+            attempt: 1,
+            priority: Priority::Normal,
+            shard: None,
+        };
         reporter.retryable(&attempt, StepError::new("http_503", "busy"), Some(Duration::from_secs(3))).await.unwrap();
         let next = Attempt { attempt: 2, ..attempt.clone() };
         reporter.permanent(&next, StepError::new("http_404", "gone")).await.unwrap();
