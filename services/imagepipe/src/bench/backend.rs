@@ -87,27 +87,31 @@ pub async fn clean_up(nats: Option<&NatsBus>, prefix: &str, redis_url: Option<&s
     left
 }
 
-/// Deletes every key starting with `prefix:`.
+/// Deletes every key starting with `prefix:`, or with the hash tag `{prefix:` (a key that
+/// starts with its shard's tag).
 async fn delete_redis_keys(url: &str, prefix: &str) -> Result<(), redis::RedisError> {
     let mut conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}:*"))
-            .arg("COUNT")
-            .arg(1_000)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            redis::cmd("UNLINK").arg(&keys).query_async::<()>(&mut conn).await?;
+    for pattern in [format!("{prefix}:*"), format!("{{{prefix}:*")] {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(&mut conn)
+                .await?;
+            if !keys.is_empty() {
+                redis::cmd("UNLINK").arg(&keys).query_async::<()>(&mut conn).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
     }
+    Ok(())
 }
 
 /// Per-stream `after - before`.

@@ -9,6 +9,7 @@ use futures::future::join_all;
 use imagepipe_bus::{Bus, BusError, Consumer, Message, Selector, Subscription};
 use imagepipe_contracts::SubmitTask;
 use imagepipe_contracts::names::{headers, queues};
+use imagepipe_contracts::shard::shard_of;
 use imagepipe_runtime::Shutdown;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -126,6 +127,29 @@ pub fn submit_message(submit: &SubmitTask) -> Message {
     }
 }
 
+/// Where the driver sends a submit command.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SubmitRoute {
+    /// To the queue `tasks.submit` itself, as a client that knows nothing of shards does: a
+    /// coordinator that does not own the task's shard hands it on (one more hop).
+    #[default]
+    Queue,
+    /// To the partition of the task's shard among this many shards (docs/contracts.md,
+    /// "Shards"): read by the shard's owner directly.
+    Shard(u16),
+}
+
+impl SubmitRoute {
+    /// The submit message of `submit`, sent where this route says.
+    pub fn message(self, submit: &SubmitTask) -> Message {
+        let message = submit_message(submit);
+        match (self, &submit.task_id) {
+            (Self::Shard(shards), Some(id)) => message.with_partition(shard_of(id, shards)),
+            _ => message,
+        }
+    }
+}
+
 /// What a phase measured.
 #[derive(Debug, Clone, Default)]
 pub struct Phase {
@@ -142,11 +166,13 @@ pub struct Phase {
 }
 
 /// Submits every task of `submits` as fast as the bus accepts them (batches of
-/// [`SUBMIT_BATCH`]) while the observer collects their ends; `timeout` bounds the phase.
+/// [`SUBMIT_BATCH`], sent where `route` says) while the observer collects their ends;
+/// `timeout` bounds the phase.
 pub async fn full_load(
     bus: &Bus,
     observer: &mut Observer,
     submits: Vec<SubmitTask>,
+    route: SubmitRoute,
     timeout: Duration,
 ) -> Result<Phase, DriverError> {
     let expected: HashSet<String> = submits.iter().filter_map(|s| s.task_id.clone()).collect();
@@ -159,7 +185,7 @@ pub async fn full_load(
             for chunk in submits.chunks(SUBMIT_BATCH) {
                 let at = Instant::now();
                 sent_at.extend(chunk.iter().filter_map(|s| s.task_id.clone()).map(|id| (id, at)));
-                bus.queues.send_batch(queues::SUBMIT, chunk.iter().map(submit_message).collect()).await?;
+                bus.queues.send_batch(queues::SUBMIT, chunk.iter().map(|s| route.message(s)).collect()).await?;
             }
             Ok::<_, BusError>(sent_at)
         })
@@ -187,12 +213,13 @@ pub async fn full_load(
     Ok(phase(&sent_at, ends.into_values(), started))
 }
 
-/// Submits the tasks of `submits` one at a time, each after the previous one ended; `timeout`
-/// bounds each task.
+/// Submits the tasks of `submits` one at a time (sent where `route` says), each after the
+/// previous one ended; `timeout` bounds each task.
 pub async fn one_at_a_time(
     bus: &Bus,
     observer: &mut Observer,
     submits: Vec<SubmitTask>,
+    route: SubmitRoute,
     timeout: Duration,
 ) -> Result<Phase, DriverError> {
     let started = Instant::now();
@@ -201,7 +228,7 @@ pub async fn one_at_a_time(
     for submit in &submits {
         let id = submit.task_id.clone().unwrap_or_default();
         let at = Instant::now();
-        bus.queues.send(queues::SUBMIT, submit_message(submit)).await.map_err(DriverError::Submit)?;
+        bus.queues.send(queues::SUBMIT, route.message(submit)).await.map_err(DriverError::Submit)?;
         sent_at.insert(id.clone(), at);
         let deadline = at + timeout;
         loop {

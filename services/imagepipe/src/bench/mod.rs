@@ -39,8 +39,7 @@ use imagepipe_bus::{Bus, BusError, BusKind};
 use imagepipe_contracts::{Priority, Step, SubmitTask};
 use imagepipe_coordinator::Task;
 use imagepipe_coordinator::app::{Coordinator, open_store};
-use imagepipe_coordinator::engine::Engine;
-use imagepipe_coordinator::store::StoreError;
+use imagepipe_coordinator::store::{StoreError, TaskStore};
 use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::config::StoreKind;
 use imagepipe_runtime::{Settings, Shutdown};
@@ -98,6 +97,24 @@ pub struct BenchOptions {
     pub photos: Option<std::path::PathBuf>,
 }
 
+/// Where the run's coordinator is and how the driver addresses it; the default is the
+/// coordinator in this process, under a prefix of each run's own, submits to the queue.
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// Coordinator processes started by someone else (`scripts/bench-shards.sh`), on the bus
+    /// prefix of the settings; `None`: the coordinator runs in this process.
+    pub external: Option<External>,
+    /// Where the driver sends its submits.
+    pub route: driver::SubmitRoute,
+}
+
+/// Coordinators in processes of their own.
+#[derive(Debug, Clone, Default)]
+pub struct External {
+    /// Their pids, to read their CPU time (may be empty).
+    pub pids: Vec<u32>,
+}
+
 /// A run could not be completed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -147,8 +164,18 @@ pub async fn report(
     options: &BenchOptions,
     idle: Option<idle::Launch>,
 ) -> Result<Report, BenchError> {
+    report_with(settings, options, &Setup::default(), idle).await
+}
+
+/// [`report`] with the coordinator where `setup` says.
+pub async fn report_with(
+    settings: &Settings,
+    options: &BenchOptions,
+    setup: &Setup,
+    idle: Option<idle::Launch>,
+) -> Result<Report, BenchError> {
     let mut left_behind = Vec::new();
-    let runs = run(settings, options, &mut left_behind).await?;
+    let runs = run_with(settings, options, setup, &mut left_behind).await?;
     let idle_rss = match idle {
         Some(launch) => measure_idle(settings, launch, &mut left_behind).await,
         None => Vec::new(),
@@ -161,6 +188,11 @@ pub async fn report(
         bus: kind_name(&settings.bus.kind),
         store: kind_name(&settings.store.kind),
         cores: std::thread::available_parallelism().map_or(1, usize::from),
+        external_coordinators: setup.external.as_ref().map(|e| e.pids.len()),
+        submit_to: match setup.route {
+            driver::SubmitRoute::Queue => "queue".to_owned(),
+            driver::SubmitRoute::Shard(_) => "shard".to_owned(),
+        },
         median: RunFigures::median(&runs),
         runs,
         idle_rss,
@@ -203,13 +235,25 @@ pub async fn run(
     options: &BenchOptions,
     left_behind: &mut Vec<String>,
 ) -> Result<Vec<RunFigures>, BenchError> {
+    run_with(settings, options, &Setup::default(), left_behind).await
+}
+
+/// [`run`] with the coordinator where `setup` says. With external coordinators every run uses
+/// their prefix (`bus.prefix` of `settings`) and leaves its streams and keys for whoever
+/// started them to delete once they stopped ([`clean_up_prefix`]).
+pub async fn run_with(
+    settings: &Settings,
+    options: &BenchOptions,
+    setup: &Setup,
+    left_behind: &mut Vec<String>,
+) -> Result<Vec<RunFigures>, BenchError> {
     let classifier = match options.mode {
         Stages::Noop => None,
         Stages::Real => Some(Classifier::load(&settings.ai).await.map_err(BenchError::Model)?),
     };
     let mut runs = Vec::with_capacity(options.runs);
     for _ in 0..options.runs {
-        runs.push(one_run(settings, options, classifier.clone(), left_behind).await?);
+        runs.push(one_run(settings, options, setup, classifier.clone(), left_behind).await?);
     }
     Ok(runs)
 }
@@ -219,9 +263,18 @@ pub fn run_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
 }
 
+/// Deletes the streams, topics and Redis keys of bus prefix `settings.bus.prefix` (what runs
+/// with external coordinators leave); returns what could not be cleaned. Call it once the
+/// coordinators of that prefix have stopped.
+pub async fn clean_up_prefix(settings: &Settings) -> Result<Vec<String>, BenchError> {
+    let backend = RunBackend::connect(settings).await.map_err(BenchError::Bus)?;
+    Ok(backend.clean_up(settings).await)
+}
+
 async fn one_run(
     settings: &Settings,
     options: &BenchOptions,
+    setup: &Setup,
     classifier: Option<Classifier>,
     left_behind: &mut Vec<String>,
 ) -> Result<RunFigures, BenchError> {
@@ -229,18 +282,23 @@ async fn one_run(
     let work =
         tempfile::tempdir().map_err(|e| BenchError::Io { what: "creating a work directory", source: e.into() })?;
     let mut settings = settings.clone();
-    settings.bus.prefix = format!("bench-{id}");
-    settings.store.path = work.path().join("store");
+    if setup.external.is_none() {
+        settings.bus.prefix = format!("bench-{id}");
+        settings.store.path = work.path().join("store");
+    }
     settings.blob.dir = work.path().join("blobs");
     let backend = RunBackend::connect(&settings).await.map_err(BenchError::Bus)?;
-    let measured = measure(&settings, options, classifier, &backend, &id).await;
-    left_behind.extend(backend.clean_up(&settings).await);
+    let measured = measure(&settings, options, setup, classifier, &backend, &id).await;
+    if setup.external.is_none() {
+        left_behind.extend(backend.clean_up(&settings).await);
+    }
     measured
 }
 
 async fn measure(
     settings: &Settings,
     options: &BenchOptions,
+    setup: &Setup,
     classifier: Option<Classifier>,
     backend: &RunBackend,
     id: &str,
@@ -251,16 +309,22 @@ async fn measure(
         tracing::warn!("the peak RSS cannot be reset (/proc/self/clear_refs): not reported");
     }
     let bus = &backend.bus;
+    // With external coordinators the store is opened only to read the tasks' stage times.
     let store = open_store(settings).await.map_err(BenchError::Store)?;
-    let coordinator = Coordinator::new(settings, store, bus.clone(), Arc::new(SystemClock));
-    let engine = coordinator.engine.clone();
+    let coordinator =
+        setup.external.is_none().then(|| Coordinator::new(settings, store.clone(), bus.clone(), Arc::new(SystemClock)));
+    let pids: &[u32] = setup.external.as_ref().map_or(&[], |e| &e.pids);
     let mut observer = Observer::start(bus, &format!("bench-observer-{id}"))
         .await
         .map_err(|source| BenchError::Driver { phase: "start", source, services: ServiceErrors::default() })?;
     let stop = Shutdown::new();
     let mut services: JoinSet<Result<(), String>> = JoinSet::new();
-    let coordinator_stop = stop.clone();
-    services.spawn(async move { coordinator.run(coordinator_stop).await.map_err(|e| error_text("coordinator", &e)) });
+    if let Some(coordinator) = coordinator {
+        let coordinator_stop = stop.clone();
+        services
+            .spawn(async move { coordinator.run(coordinator_stop).await.map_err(|e| error_text("coordinator", &e)) });
+    }
+    let route = setup.route;
     let sources = match classifier {
         None => {
             noop::spawn(bus, settings, &stop, &mut services).await.map_err(BenchError::Bus)?;
@@ -275,7 +339,7 @@ async fn measure(
 
     let phases = async {
         let timeout = options.timeout;
-        driver::one_at_a_time(bus, &mut observer, submits.batch("w", WARM_UP_TASKS, Priority::Normal), timeout)
+        driver::one_at_a_time(bus, &mut observer, submits.batch("w", WARM_UP_TASKS, Priority::Normal), route, timeout)
             .await
             .map_err(|e| ("warm-up", e))?;
         if options.scenario == Scenario::Priority {
@@ -285,20 +349,21 @@ async fn measure(
                 under_backlog: submits.batch("hb", options.low_load_tasks, Priority::High),
             };
             let ids: Vec<String> = probes.under_backlog.iter().filter_map(|s| s.task_id.clone()).collect();
-            let before = Snapshot::take(backend, settings).await;
+            let before = Snapshot::take(backend, settings, pids).await;
             let (figures, backlog) =
                 priority::phases(bus, &mut observer, probes, timeout).await.map_err(|e| ("priority", e))?;
-            let after = Snapshot::take(backend, settings).await;
+            let after = Snapshot::take(backend, settings, pids).await;
             return Ok((backlog, driver::Phase::default(), before, after, ids, Some(figures)));
         }
-        let before = Snapshot::take(backend, settings).await;
-        let full = driver::full_load(bus, &mut observer, submits.batch("f", options.tasks, Priority::Normal), timeout)
-            .await
-            .map_err(|e| ("full-load", e))?;
-        let after = Snapshot::take(backend, settings).await;
+        let before = Snapshot::take(backend, settings, pids).await;
+        let full_submits = submits.batch("f", options.tasks, Priority::Normal);
+        let full =
+            driver::full_load(bus, &mut observer, full_submits, route, timeout).await.map_err(|e| ("full-load", e))?;
+        let after = Snapshot::take(backend, settings, pids).await;
         let low_ids = submits.batch("l", options.low_load_tasks, Priority::Normal);
         let ids: Vec<String> = low_ids.iter().filter_map(|s| s.task_id.clone()).collect();
-        let low = driver::one_at_a_time(bus, &mut observer, low_ids, timeout).await.map_err(|e| ("low-load", e))?;
+        let low =
+            driver::one_at_a_time(bus, &mut observer, low_ids, route, timeout).await.map_err(|e| ("low-load", e))?;
         Ok::<_, (&'static str, DriverError)>((full, low, before, after, ids, None))
     }
     .await;
@@ -313,7 +378,7 @@ async fn measure(
     if !service_errors.0.is_empty() {
         return Err(BenchError::Services(service_errors));
     }
-    let stage_ms = stage_times(&engine, &low_ids).await.map_err(BenchError::Store)?;
+    let stage_ms = stage_times(store.as_ref(), &low_ids).await.map_err(BenchError::Store)?;
     Ok(RunFigures {
         full_load: LoadFigures::of(&full),
         low_load: LoadFigures::of(&low),
@@ -352,10 +417,12 @@ struct Snapshot {
     cpu: Option<Duration>,
     broker_cpu: Option<Duration>,
     store_cpu: Option<Duration>,
+    coordinators_cpu: Option<Duration>,
 }
 
 impl Snapshot {
-    async fn take(backend: &RunBackend, settings: &Settings) -> Self {
+    /// The counters now; `coordinators`: the pids of external coordinator processes.
+    async fn take(backend: &RunBackend, settings: &Settings, coordinators: &[u32]) -> Self {
         let broker = backend.broker_counts().await.unwrap_or_else(|error| {
             tracing::warn!(error = %imagepipe_runtime::error_chain(&error), "broker message counts unavailable");
             None
@@ -367,6 +434,9 @@ impl Snapshot {
             cpu: process::cpu_time(Pid::Current),
             broker_cpu: broker_pid.and_then(|p| process::cpu_time(Pid::Other(p))),
             store_cpu: store_pid.and_then(|p| process::cpu_time(Pid::Other(p))),
+            coordinators_cpu: (!coordinators.is_empty())
+                .then(|| coordinators.iter().map(|p| process::cpu_time(Pid::Other(*p))).sum::<Option<Duration>>())
+                .flatten(),
         }
     }
 }
@@ -414,14 +484,15 @@ fn cpu(before: &Snapshot, after: &Snapshot, tasks: usize) -> CpuFigures {
         imagepipe: per_task(before.cpu, after.cpu),
         broker: per_task(before.broker_cpu, after.broker_cpu),
         store: per_task(before.store_cpu, after.store_cpu),
+        coordinators: per_task(before.coordinators_cpu, after.coordinators_cpu),
     }
 }
 
 /// Each step's time (first dispatch to its result, ms) over the tasks `ids`.
-async fn stage_times(engine: &Engine, ids: &[String]) -> Result<BTreeMap<String, Percentiles>, StoreError> {
+async fn stage_times(store: &dyn TaskStore, ids: &[String]) -> Result<BTreeMap<String, Percentiles>, StoreError> {
     let mut samples: BTreeMap<Step, Vec<Duration>> = BTreeMap::new();
     for id in ids {
-        let Some(task) = engine.store().get(id).await? else { continue };
+        let Some(task) = store.get(id).await? else { continue };
         for step in [Step::Download, Step::Metadata, Step::Analyze] {
             if let Some(ms) = step_ms(&task, step) {
                 samples.entry(step).or_default().push(Duration::from_millis(ms));

@@ -101,7 +101,7 @@ impl MessageFigures {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CpuFigures {
-    /// This process: the coordinator, the stage workers and the driver.
+    /// This process: the coordinator (unless external), the stage workers and the driver.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub imagepipe: Option<f64>,
     /// The local broker process (nats-server, or a Tansu Kafka broker), when it could be identified.
@@ -110,6 +110,9 @@ pub struct CpuFigures {
     /// The local store process (redis-server), when it could be identified.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store: Option<f64>,
+    /// The external coordinator processes together (`--coordinator-pids`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coordinators: Option<f64>,
 }
 
 impl CpuFigures {
@@ -118,7 +121,12 @@ impl CpuFigures {
             let values: Vec<f64> = runs.iter().filter_map(|r| f(r)).collect();
             (!values.is_empty()).then(|| median(values))
         };
-        Self { imagepipe: of(|c| c.imagepipe), broker: of(|c| c.broker), store: of(|c| c.store) }
+        Self {
+            imagepipe: of(|c| c.imagepipe),
+            broker: of(|c| c.broker),
+            store: of(|c| c.store),
+            coordinators: of(|c| c.coordinators),
+        }
     }
 }
 
@@ -188,6 +196,13 @@ pub struct Report {
     pub store: String,
     /// CPU cores of the machine.
     pub cores: usize,
+    /// The coordinator ran in processes of its own (`--external-coordinators`), not in this one:
+    /// how many (`--coordinator-pids`; 0 when not listed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_coordinators: Option<usize>,
+    /// Where the driver sent the submits: `queue` (`tasks.submit`) or `shard` (the partition of
+    /// the task's shard).
+    pub submit_to: String,
     /// Each figure's median across runs.
     pub median: RunFigures,
     /// Every run.
@@ -227,8 +242,25 @@ impl Report {
             self.cores,
             self.runs.len()
         );
-        let _ =
-            writeln!(out, "  everything in this process: coordinator, 3 stage workers, driver; broker and store local");
+        match self.external_coordinators {
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  everything in this process: coordinator, 3 stage workers, driver; broker and store local; \
+                     submits to the {}",
+                    route_text(&self.submit_to)
+                );
+            }
+            Some(n) => {
+                let _ = writeln!(
+                    out,
+                    "  {} external coordinator process(es); in this process: 3 stage workers, driver; broker and \
+                     store local; submits to the {}",
+                    if n == 0 { "unlisted".to_owned() } else { n.to_string() },
+                    route_text(&self.submit_to)
+                );
+            }
+        }
         if let Some(p) = &m.priority {
             let _ = writeln!(
                 out,
@@ -304,6 +336,9 @@ impl Report {
         }
         if let Some(store) = cpu.store {
             processes.push(format!("store {store:.3} ms"));
+        }
+        if let Some(coordinators) = cpu.coordinators {
+            processes.push(format!("coordinators {coordinators:.3} ms"));
         }
         let _ =
             writeln!(out, "CPU per task {} (process CPU time over the full-load phase / tasks)", processes.join(", "));
@@ -414,6 +449,10 @@ fn ms(value: Option<f64>) -> String {
     value.map_or_else(|| "n/a".into(), |v| format!("{v:.3} ms"))
 }
 
+fn route_text(route: &str) -> &'static str {
+    if route == "shard" { "partition of the task's shard" } else { "queue tasks.submit" }
+}
+
 fn mb(bytes: Option<u64>) -> String {
     bytes.map_or_else(|| "n/a".into(), |b| format!("{:.1} MB", b as f64 / 1e6))
 }
@@ -435,7 +474,7 @@ mod tests {
                 by_destination: [("tasks.submit".to_owned(), 1.0)].into(),
                 ..MessageFigures::default()
             },
-            cpu_ms_per_task: CpuFigures { imagepipe: Some(tps / 1000.0), broker: None, store: None },
+            cpu_ms_per_task: CpuFigures { imagepipe: Some(tps / 1000.0), ..CpuFigures::default() },
             peak_rss_bytes: Some(tps as u64),
             ..RunFigures::default()
         }

@@ -70,6 +70,33 @@ pub struct BenchArgs {
     /// Internal: where the metadata probe writes the previews the AI probe reads.
     #[arg(long, hide = true)]
     previews: Option<PathBuf>,
+    /// Run no coordinator in this process: coordinator processes started beforehand (for
+    /// instance by scripts/bench-shards.sh) on the same bus and Redis under the configured
+    /// `bus.prefix` (`IMAGEPIPE_BUS__PREFIX`) do the coordination; this process runs the no-op
+    /// stages and the driver. The prefix's streams and keys are left for `--clean-up-prefix`
+    /// once those coordinators stopped. Needs NATS or Kafka and Redis.
+    #[arg(long)]
+    external_coordinators: bool,
+    /// With `--external-coordinators`: the coordinators' pids (comma-separated), whose CPU time
+    /// per task is reported.
+    #[arg(long, value_delimiter = ',', requires = "external_coordinators")]
+    coordinator_pids: Vec<u32>,
+    /// Where the driver sends each submit: `queue` (`tasks.submit`, as a client that knows
+    /// nothing of shards; a replica that does not own the task's shard hands it on) or `shard`
+    /// (the partition of the task's shard, read by its owner: docs/contracts.md, "Shards").
+    #[arg(long, value_enum, default_value_t = SubmitToArg::Queue)]
+    submit_to: SubmitToArg,
+    /// Delete the streams, topics and Redis keys of the configured `bus.prefix` (what runs
+    /// with `--external-coordinators` leave behind) and exit; run it once the coordinators of
+    /// that prefix stopped.
+    #[arg(long)]
+    clean_up_prefix: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SubmitToArg {
+    Queue,
+    Shard,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -118,6 +145,20 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
             StoreArg::Embedded => StoreKind::Embedded,
             StoreArg::Redis => StoreKind::Redis,
         };
+    }
+    if args.clean_up_prefix {
+        let left = bench::clean_up_prefix(&settings).await;
+        telemetry.shutdown();
+        let left = left.context("cleaning up the prefix")?;
+        for what in &left {
+            eprintln!("imagepipe bench: left behind: {what}");
+        }
+        return Ok(if left.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+    }
+    if args.external_coordinators && (settings.bus.kind == BusKind::Memory || settings.store.kind != StoreKind::Redis) {
+        anyhow::bail!(
+            "--external-coordinators needs a bus and a store other processes share: --bus nats|kafka --store redis"
+        );
     }
     let mode = if args.mode == ModeArg::Real { Stages::Real } else { Stages::Noop };
     if args.photos.is_some() && mode != Stages::Real {
@@ -190,7 +231,21 @@ pub async fn run(config: &ConfigArgs, args: BenchArgs) -> anyhow::Result<ExitCod
         }
         _ => None,
     };
-    let report = bench::report(&settings, &options, launch).await;
+    let setup = bench::Setup {
+        external: args.external_coordinators.then(|| bench::External { pids: args.coordinator_pids.clone() }),
+        route: match args.submit_to {
+            SubmitToArg::Queue => bench::driver::SubmitRoute::Queue,
+            SubmitToArg::Shard => bench::driver::SubmitRoute::Shard(settings.coordinator.shards),
+        },
+    };
+    if let Some(external) = &setup.external {
+        eprintln!(
+            "imagepipe bench: external coordinators ({} pid(s) given) under prefix {}",
+            external.pids.len(),
+            settings.bus.prefix
+        );
+    }
+    let report = bench::report_with(&settings, &options, &setup, launch).await;
     telemetry.shutdown();
     let mut report = report.context("running the benchmark")?;
     report.stages = stages;
