@@ -57,6 +57,7 @@ macro_rules! __conformance_suite {
             case!(one_consumer_reads_several_partitions);
             case!(partition_deliveries_retry_and_dead_letter);
             case!(dropped_partition_consumer_hands_over_at_once);
+            case!(many_partitions_open_quickly_and_deliver_from_any);
             // Dead letters.
             case!(max_deliveries_dead_letters);
             case!(expired_last_delivery_dead_letters);

@@ -8,11 +8,12 @@
 //! free room in the buffer ([`PREFETCH`] per partition), so what waits there is bounded and
 //! handed out well within its ack deadline.
 //!
-//! Dropping the consumer gives back at once what it holds and has not handed out: the
-//! buffered messages are nacked without delay, and each task ends its subscription the
-//! draining way (unsubscribe, then nack whatever was already on its way), so the next
-//! consumer of the partition gets them without waiting for their ack deadline. A message
-//! that reaches the client after the subscription is gone is redelivered after its deadline.
+//! Dropping the consumer gives back at once what it holds and has not handed out: each task
+//! unsubscribes its outstanding request (so the server hands it nothing more, not even what
+//! is given back), then nacks without delay its partition's messages in the buffer and what
+//! was already on its way, so the next consumer of the partition gets them in order without
+//! waiting for their ack deadline. A message that reaches the client after the subscription
+//! is gone is redelivered after its deadline.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -68,40 +69,35 @@ struct Pulled {
 
 /// What the partition tasks pulled and `fetch` has not handed out yet.
 struct Buffer {
-    /// `None` once the consumer is dropped: tasks then nack what they pull.
-    items: Mutex<Option<VecDeque<Pulled>>>,
+    items: Mutex<VecDeque<Pulled>>,
     /// Something was put in.
     filled: Notify,
 }
 
 impl Buffer {
-    /// Adds `pulled`, or hands it back when the consumer is gone.
-    fn put(&self, pulled: Pulled) -> Result<(), Pulled> {
-        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
-        match items.as_mut() {
-            Some(items) => {
-                items.push_back(pulled);
-                self.filled.notify_waiters();
-                Ok(())
-            }
-            None => Err(pulled),
-        }
+    fn put(&self, pulled: Pulled) {
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).push_back(pulled);
+        self.filled.notify_waiters();
     }
 
     /// Takes up to `max` messages, oldest first, giving their room back to their partitions.
     fn take(&self, max: usize) -> Vec<Pulled> {
         let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(items) = items.as_mut() else { return Vec::new() };
-        let taken: Vec<Pulled> = items.drain(..max.min(items.len())).collect();
+        let n = max.min(items.len());
+        let taken: Vec<Pulled> = items.drain(..n).collect();
         for pulled in &taken {
             pulled.room.add_permits(1);
         }
         taken
     }
 
-    /// Closes the buffer and returns what it held.
-    fn close(&self) -> VecDeque<Pulled> {
-        self.items.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default()
+    /// Takes every message of `partition`, oldest first (a stopping partition task's).
+    fn take_partition(&self, partition: u16) -> Vec<Pulled> {
+        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        let (of, rest): (VecDeque<Pulled>, VecDeque<Pulled>) =
+            std::mem::take(&mut *items).into_iter().partition(|pulled| pulled.partition == partition);
+        *items = rest;
+        of.into()
     }
 }
 
@@ -161,7 +157,7 @@ impl PartitionsConsumer {
         }))
         .await?;
 
-        let buffer = Arc::new(Buffer { items: Mutex::new(Some(VecDeque::new())), filled: Notify::new() });
+        let buffer = Arc::new(Buffer { items: Mutex::new(VecDeque::new()), filled: Notify::new() });
         let (stop, stopped) = watch::channel(false);
         for (partition, spec, consumer) in opened {
             let target = Arc::new(DeadLetterTarget {
@@ -241,22 +237,9 @@ impl Consumer for PartitionsConsumer {
 }
 
 impl Drop for PartitionsConsumer {
+    /// Stops the partition tasks, which give back what they pulled (see the module docs).
     fn drop(&mut self) {
         self.stop.send_replace(true);
-        let held = self.buffer.close();
-        if held.is_empty() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(queue = %self.queue, held = held.len(),
-                "consumer dropped outside a runtime; its prefetched messages come back after their ack deadline");
-            return;
-        };
-        runtime.spawn(async move {
-            for pulled in held {
-                give_back(pulled.message, &pulled.target).await;
-            }
-        });
     }
 }
 
@@ -339,11 +322,12 @@ impl Puller {
                     self.recover().await;
                 }
                 Ended::Stopping => {
-                    self.drain(subscriber).await;
-                    break;
+                    self.hand_back(Some(subscriber)).await;
+                    return;
                 }
             }
         }
+        self.hand_back(None).await;
     }
 
     /// Waits for room in the buffer and takes all there is; `None` once the consumer is dropped.
@@ -387,7 +371,7 @@ impl Puller {
                     Some(message) => match message.status {
                         None | Some(StatusCode::OK) => {
                             received += 1;
-                            self.keep(message).await;
+                            self.keep(message);
                             if received == want {
                                 return (Ended::Done, received);
                             }
@@ -413,27 +397,41 @@ impl Puller {
         }
     }
 
-    /// Puts a pulled message into the buffer, or gives it back when the consumer is gone.
-    async fn keep(&self, message: async_nats::Message) {
-        let pulled = Pulled {
+    /// Puts a pulled message into the buffer.
+    fn keep(&self, message: async_nats::Message) {
+        self.buffer.put(Pulled {
             partition: self.partition,
             message: jetstream::Message { message, context: self.shared.js.clone() },
             target: self.target.clone(),
             room: self.room.clone(),
-        };
-        if let Err(pulled) = self.buffer.put(pulled) {
-            give_back(pulled.message, &self.target).await;
-        }
+        });
     }
 
-    /// Ends the subscription of the outstanding request the draining way and gives back what
-    /// was already on its way.
-    async fn drain(&self, mut subscriber: Subscriber) {
-        if let Err(err) = subscriber.drain().await {
-            tracing::debug!(source = %self.target.source, partition = self.partition, error = %err,
-                "draining a partition's subscription failed");
-            return;
+    /// Gives back everything of this partition the consumer holds: first ends the
+    /// subscription of the outstanding request, if any (so that the server hands nothing more
+    /// to it, the messages given back included), then nacks what waits in the buffer, then
+    /// what was already on its way to the subscription.
+    async fn hand_back(&self, outstanding: Option<Subscriber>) {
+        let mut draining = None;
+        if let Some(mut subscriber) = outstanding {
+            match subscriber.drain().await {
+                Ok(()) => draining = Some(subscriber),
+                Err(err) => tracing::debug!(source = %self.target.source, partition = self.partition, error = %err,
+                    "ending a partition's subscription failed"),
+            }
         }
+        if draining.is_some() {
+            // A round trip through the server: the unsubscribe before it is then processed, so
+            // the request it ended takes none of what is given back.
+            if let Err(err) = self.stream.consumer_info(&self.spec.durable).await {
+                tracing::debug!(source = %self.target.source, partition = self.partition, error = %err,
+                    "waiting for the server to end a partition's pull request failed");
+            }
+        }
+        for pulled in self.buffer.take_partition(self.partition) {
+            give_back(pulled.message, &self.target).await;
+        }
+        let Some(mut subscriber) = draining else { return };
         let until = Instant::now() + DRAIN_LIMIT;
         while let Ok(Some(message)) = tokio::time::timeout_at(until, subscriber.next()).await {
             if matches!(message.status, None | Some(StatusCode::OK)) {

@@ -14,7 +14,9 @@ use imagepipe_contracts::names::{self, headers, queues};
 
 use crate::config::ConsumerConfig;
 use crate::conformance::Harness;
-use crate::conformance::support::{PATIENCE, ack_all, bodies, collect, collect_exactly, consumer_config, expect_none};
+use crate::conformance::support::{
+    PATIENCE, ack_all, bodies, body, collect, collect_exactly, consumer_config, expect_none,
+};
 use crate::delivery::Delivery;
 use crate::message::Message;
 
@@ -209,13 +211,51 @@ pub async fn dropped_partition_consumer_hands_over_at_once(h: &dyn Harness) {
     let started = Instant::now();
     let next = bus.queues.consume_partitions(QUEUE, &[6], long.clone()).await.expect("consume again");
     let got = collect(&*next, 3, PATIENCE).await;
+    let seen: Vec<String> =
+        got.iter().map(|d| format!("{} (delivery {}) at {}", body(d), d.delivery_count, d.position())).collect();
     assert_eq!(
         bodies(&got),
         ["h1", "h2", "h3"],
         "the next consumer of the partition gets what the dropped one held, in order, within {PATIENCE:?} \
-         (ack deadline {:?})",
+         (ack deadline {:?}): {seen:?}",
         long.ack_wait
     );
     assert!(started.elapsed() < long.ack_wait / 2, "handed over after {:?}", started.elapsed());
     ack_all(got).await;
+}
+
+/// A consumer over 64 partitions (a coordinator owning every shard) opens within seconds,
+/// gets a message sent to any of them promptly, and opens again as quickly (the broker's
+/// consumers are reused); the queue's own backlog and oldest message do not count partition
+/// messages.
+pub async fn many_partitions_open_quickly_and_deliver_from_any(h: &dyn Harness) {
+    let t = h.timing();
+    let bus = h.bus().await;
+    let all: Vec<u16> = (0..64).collect();
+    let quick = Duration::from_secs(5);
+    let started = Instant::now();
+    let consumer = bus.queues.consume_partitions(QUEUE, &all, consumer_config(&t, 5)).await.expect("consume 64");
+    let opened = started.elapsed();
+    assert!(opened < quick, "opening a consumer over 64 partitions took {opened:?}");
+
+    for partition in [0u16, 31, 63] {
+        bus.queues.send(QUEUE, to(Some(partition), "tsk_m", &format!("m{partition}"))).await.expect("send");
+    }
+    if !bus.queues.routes_by_key() {
+        let oldest = bus.queues.oldest(QUEUE).await.expect("oldest of the queue");
+        assert_eq!(oldest, None, "the queue itself holds nothing; its partitions do");
+        let backlog = bus.queues.backlog(QUEUE).await.expect("backlog of the queue");
+        assert!(backlog.is_none_or(|b| b.waiting == 0 && b.unacked == 0), "the queue's own backlog: {backlog:?}");
+    }
+    let got = collect(&*consumer, 3, PATIENCE).await;
+    let partitions: BTreeSet<Option<u16>> = got.iter().map(|d| d.message.partition).collect();
+    assert_eq!(partitions, BTreeSet::from([Some(0), Some(31), Some(63)]), "got {:?}", bodies(&got));
+    ack_all(got).await;
+    drop(consumer);
+
+    let started = Instant::now();
+    let again = bus.queues.consume_partitions(QUEUE, &all, consumer_config(&t, 5)).await.expect("consume 64 again");
+    let reopened = started.elapsed();
+    assert!(reopened < quick, "opening the 64 partitions again took {reopened:?}");
+    expect_none(&*again, t.settle, "after everything was acked").await;
 }
