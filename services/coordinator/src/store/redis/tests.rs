@@ -60,12 +60,21 @@ async fn every_key_of_a_task_shares_its_hash_slot() {
         tag.unwrap_or_else(|| key.to_owned())
     };
     let id = "tsk_01J";
-    assert_eq!(slot(&store.task_key(id)), id);
-    assert_eq!(slot(&store.history_key(id)), id);
-    assert_eq!(slot(&store.legacy_history_key(id)), id);
-    assert_eq!(slot(&store.outbox_key(id)), id);
+    let shard = imagepipe_contracts::shard::shard_of(id, imagepipe_contracts::shard::DEFAULT_SHARDS);
+    let tag = format!("{}:s{shard}", store.prefix);
+    assert_eq!(slot(&store.task_key(id)), tag, "tagged with the task's shard");
+    assert_eq!(slot(&store.history_key(id)), tag);
+    assert_eq!(slot(&store.legacy_history_key(id)), tag);
+    assert_eq!(slot(&store.outbox_key(id)), tag);
+    assert_eq!(slot(&store.lease_key(shard)), tag, "the transition script checks the lease in the same slot");
+    let other = store.clone().with_shards(7);
+    assert_eq!(slot(&other.task_key(id)), format!("{}:s{}", store.prefix, imagepipe_contracts::shard::shard_of(id, 7)));
     assert_eq!(slot(&store.index_key("due")), slot(&store.index_key("claimed")));
     assert_eq!(slot(&store.state_key(TaskState::Queued)), slot(&store.index_key("all")));
+    for name in ["due", "claimed", "queued"] {
+        assert_eq!(slot(&store.shard_index_key(name, shard)), slot(&store.index_key("all")), "{name}: the index slot");
+    }
+    assert_eq!(slot(&store.cluster_key("replicas")), slot(&store.cluster_key("handovers")));
 }
 
 #[tokio::test]
@@ -109,8 +118,11 @@ async fn an_expired_task_leaves_no_key_behind() {
     let mut keys: Vec<String> =
         redis::cmd("KEYS").arg(format!("{}:*", store.prefix)).query_async(&mut store.conn.clone()).await.unwrap();
     keys.sort();
-    // The store's own marker, and the task's blobs, released for the blob sweeper.
-    assert_eq!(keys, [store.index_key("blob_refs_built"), store.index_key("released_blobs")]);
+    // The store's own markers, and the task's blobs, released for the blob sweeper.
+    assert_eq!(
+        keys,
+        [store.index_key("blob_refs_built"), store.index_key("layout"), store.index_key("released_blobs")]
+    );
     assert!(!store.take_released_blobs(10).await.unwrap().is_empty());
 }
 
