@@ -1,6 +1,6 @@
 //! The cluster's records (replicas, leases, handovers) and the per-shard claims and queues.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -231,6 +231,22 @@ pub(super) async fn claim_due(
     Ok(ids)
 }
 
+/// One shard's queued set as [`queued_in`] reads it: rows fetched and not yet taken (score,
+/// id; in order), the offset of the next page, whether the set has more.
+#[derive(Default)]
+struct Head {
+    rows: VecDeque<(u64, String)>,
+    next: usize,
+    exhausted: bool,
+}
+
+impl Head {
+    /// Whether the merge must fetch this shard's next page before it can take another row.
+    fn needs_page(&self) -> bool {
+        self.rows.is_empty() && !self.exhausted
+    }
+}
+
 /// The store's [`TaskStore::queued_in`](crate::store::TaskStore::queued_in): merges the
 /// shards' queued sets in score order (priority band, then creation time, then id), a page per
 /// shard at a time, and keeps the tasks still queued.
@@ -238,53 +254,42 @@ pub(super) async fn queued_in(store: &RedisStore, shards: &[u16], max: usize) ->
     let shards: Vec<u16> =
         shards.iter().copied().filter(|s| *s < store.shards).collect::<BTreeSet<_>>().into_iter().collect();
     let page = max.clamp(16, 512);
-    // Per shard: the rows fetched and not yet taken (in order), the next offset, and whether
-    // the set has more.
-    let mut heads: Vec<(std::collections::VecDeque<(u64, String)>, usize, bool)> =
-        shards.iter().map(|_| (Default::default(), 0, true)).collect();
+    let mut heads: Vec<Head> = shards.iter().map(|_| Head::default()).collect();
     let mut out = Vec::new();
     while out.len() < max {
-        let refill: Vec<usize> = (0..shards.len()).filter(|i| heads[*i].0.is_empty() && heads[*i].2).collect();
+        let refill: Vec<usize> = (0..heads.len()).filter(|i| heads[*i].needs_page()).collect();
         if !refill.is_empty() {
             let mut pipe = redis::pipe();
             for i in &refill {
-                pipe.cmd("ZRANGE")
-                    .arg(store.shard_index_key("queued", shards[*i]))
-                    .arg(heads[*i].1)
-                    .arg(heads[*i].1 + page - 1)
-                    .arg("WITHSCORES");
+                let key = store.shard_index_key("queued", shards[*i]);
+                pipe.cmd("ZRANGE").arg(key).arg(heads[*i].next).arg(heads[*i].next + page - 1).arg("WITHSCORES");
             }
-            let rows: Vec<Vec<(String, u64)>> =
+            let pages: Vec<Vec<(String, u64)>> =
                 pipe.query_async(&mut store.conn.clone()).await.map_err(redis_err("listing queued tasks"))?;
-            for (i, rows) in refill.into_iter().zip(rows) {
+            for (i, rows) in refill.into_iter().zip(pages) {
                 let head = &mut heads[i];
-                head.1 += rows.len();
-                head.2 = rows.len() == page;
-                head.0.extend(rows.into_iter().map(|(id, score)| (score, id)));
+                head.next += rows.len();
+                head.exhausted = rows.len() < page;
+                head.rows.extend(rows.into_iter().map(|(id, score)| (score, id)));
             }
         }
-        // Take entries in order while every shard with more to fetch still has rows in hand.
+        // The smallest rows while every shard that has more still has rows in hand.
         let mut candidates = Vec::new();
-        while candidates.len() < max - out.len() {
-            if heads.iter().any(|h| h.0.is_empty() && h.2) {
-                break;
-            }
-            let Some(i) = (0..heads.len()).filter(|i| !heads[*i].0.is_empty()).min_by(|a, b| {
-                let (x, y) = (&heads[*a].0[0], &heads[*b].0[0]);
-                x.cmp(y)
-            }) else {
+        while candidates.len() < max - out.len() && !heads.iter().any(Head::needs_page) {
+            let Some(head) = heads.iter_mut().filter(|h| !h.rows.is_empty()).min_by(|a, b| a.rows[0].cmp(&b.rows[0]))
+            else {
                 break;
             };
-            candidates.extend(heads[i].0.pop_front().map(|(_, id)| id));
+            candidates.extend(head.rows.pop_front().map(|(_, id)| id));
         }
         if candidates.is_empty() {
-            if heads.iter().all(|h| h.0.is_empty() && !h.2) {
-                break;
+            if heads.iter().any(Head::needs_page) {
+                continue;
             }
-            continue;
+            break;
         }
-        let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
-        let tasks = store.read_tasks(&refs).await?;
+        let ids: Vec<&str> = candidates.iter().map(String::as_str).collect();
+        let tasks = store.read_tasks(&ids).await?;
         out.extend(tasks.into_iter().flatten().filter(|t| t.state == TaskState::Queued));
     }
     out.truncate(max);
