@@ -24,6 +24,17 @@
 //! ([`crate::blob_sweep`]) deletes it, and any other blob [`TaskStore::referenced_blobs`] says
 //! no task references, once it is older than `blob.orphan_grace`.
 //!
+//! *Shards* (docs/design.md, "Shards, leases and routing"): every task belongs to the shard
+//! [`imagepipe_contracts::shard::shard_of`] gives its id under the store's shard count (each
+//! backend's `with_shards`, pinned with [`TaskStore::pin_shards`]). A replica works the shards
+//! it holds a *lease* on ([`TaskStore::acquire_shards`]); each lease carries a *fencing token*
+//! that grows each time the shard changes hands, and a write that carries a [`Decision::fence`]
+//! is made only while that token is the shard's current lease, checked atomically with the
+//! write, so a replica that lost a shard writes nothing to it. The wake and queued indexes are
+//! kept per shard too ([`TaskStore::claim_due_in`], [`TaskStore::queued_in`]); replicas announce
+//! themselves ([`TaskStore::heartbeat`]) and handovers are logged
+//! ([`TaskStore::record_handovers`]).
+//!
 //! Here: the [`TaskStore`] trait and the helpers both backends share; the values it takes and
 //! returns are in `types`, listing (query, page, cursors, filters) in `listing`.
 

@@ -155,7 +155,7 @@ return 0
 "#;
 
 /// Removes task ARGV[1] from every sorted set of KEYS where its score is ARGV[2] (its creation
-/// time), so that a new task reusing the id keeps its entries.
+/// time, or its queued index score), so that a new task reusing the id keeps its entries.
 pub(super) const UNINDEX: &str = r#"
 for _, key in ipairs(KEYS) do
   local score = redis.call('ZSCORE', key, ARGV[1])
