@@ -957,8 +957,11 @@ pub async fn a_write_under_a_lost_lease_is_fenced_and_writes_nothing(store: &imp
     let a = store.acquire_shards("a", &[shard], T0, ttl).await.unwrap().remove(0).unwrap();
     let new = fenced(created(id, None, T0), &a, T0);
     assert_eq!(store.create(&new).await.unwrap(), Created::New, "a current fence writes");
-    let started = fenced(next(&new.task, Input::Start, T0 + 1), &a, T0 + 1);
+    let mut started = fenced(next(&new.task, Input::Start, T0 + 1), &a, T0 + 1);
+    started.history.replica = Some("a".into());
     assert_eq!(store.apply_many(std::slice::from_ref(&started)).await.unwrap(), [Applied::Yes]);
+    let written = store.history(id).await.unwrap();
+    assert_eq!(written.last().and_then(|h| h.replica.as_deref()), Some("a"), "the writing replica is kept");
 
     // a stops renewing; b takes the shard once the lease ran out.
     let b = store.acquire_shards("b", &[shard], T0 + 5_000, ttl).await.unwrap().remove(0).unwrap();
