@@ -68,6 +68,12 @@ pub trait TaskQueue: Send + Sync {
         })
     }
 
+    /// Whether a send without a partition is already routed to a partition by its key, so the
+    /// queue has no unrouted channel.
+    fn routes_by_key(&self) -> bool {
+        false
+    }
+
     /// How many messages of `queue` its consumer has not finished, as the broker counts them
     /// (for gauges); `None` when the backend cannot say, or nothing has consumed `queue` yet.
     async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
