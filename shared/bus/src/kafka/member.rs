@@ -46,6 +46,9 @@ use crate::selector::Selector;
 /// Longest the poll thread blocks before it looks at its timers again.
 const POLL: Duration = Duration::from_millis(50);
 
+/// How long a member of chosen partitions waits before it tries again to take them.
+const ASSIGN_RETRY: Duration = Duration::from_secs(1);
+
 /// What a member reads and where its failures go.
 #[derive(Debug, Clone)]
 pub(crate) struct MemberSpec {
@@ -231,12 +234,17 @@ impl Core {
         }
     }
 
-    /// Partitions were assigned (context callback, on the poll thread).
-    fn on_assign(&self, consumer: &BaseConsumer<MemberContext>, tpl: &mut TopicPartitionList) {
+    /// Partitions were assigned (context callback, or the chosen partitions; on the poll
+    /// thread). Returns whether they were taken: chosen partitions are taken all or none, only
+    /// once every start offset is known (the caller tries again).
+    fn on_assign(&self, consumer: &BaseConsumer<MemberContext>, tpl: &mut TopicPartitionList) -> bool {
         let fresh = self.start_offsets(consumer, tpl);
+        if self.spec.assigned.is_some() && tpl.elements().iter().any(|e| !matches!(e.offset(), Offset::Offset(_))) {
+            return false;
+        }
         if let Err(err) = consumer.assign(tpl) {
             tracing::error!(group = %self.spec.group_id, error = %err, "assigning partitions failed");
-            return;
+            return false;
         }
         // The group starts here for good: a member taking over later resumes from these.
         self.commit(consumer, &fresh, CommitMode::Sync);
@@ -253,6 +261,7 @@ impl Core {
         tracing::info!(group = %self.spec.group_id, partitions = partitions.len(), "partitions assigned");
         self.lock().assign(partitions);
         self.ready.notify_waiters();
+        true
     }
 
     /// Partitions were revoked (context callback): commit their points, forget their messages.
@@ -285,7 +294,9 @@ impl ClientContext for MemberContext {
 impl ConsumerContext for MemberContext {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
         match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.core.on_assign(consumer, tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.core.on_assign(consumer, tpl);
+            }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.core.on_revoke(consumer, tpl),
             other => {
                 tracing::error!(group = %self.core.spec.group_id, error = ?other, "rebalance failed");
@@ -389,8 +400,11 @@ impl Member {
             std::thread::Builder::new()
                 .name(format!("kafka-{}", spec.source))
                 .spawn(move || {
-                    if let Some(mut assignment) = assignment {
-                        core.on_assign(&consumer, &mut assignment);
+                    if let Some(assignment) = assignment {
+                        while !stop.load(Ordering::Acquire) && !core.on_assign(&consumer, &mut assignment.clone()) {
+                            tracing::warn!(group = %core.spec.group_id, "cannot take the chosen partitions yet; trying again");
+                            std::thread::sleep(ASSIGN_RETRY);
+                        }
                     }
                     poll_loop(&core, &consumer, &stop, &runtime);
                     departure.done();
