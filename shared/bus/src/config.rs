@@ -279,7 +279,10 @@ pub struct KafkaConfig {
     /// input queues are partitioned by shard: their topics (`tasks.submit`, `tasks.results`
     /// and their lanes) get at least this many partitions, and a keyed send to them without a
     /// partition goes to partition `shard_of(key, shards)`. `None`: they get `partitions` like
-    /// every topic, and keys are spread over the partitions a topic has.
+    /// every topic, and keys are spread over the partitions a topic has. Not a key of its own:
+    /// the runtime sets it from `coordinator.shards` when it loads the settings.
+    #[serde(skip)]
+    #[schemars(skip)]
     pub shards: Option<u16>,
     /// `security.protocol`: `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
     pub security_protocol: Option<String>,
