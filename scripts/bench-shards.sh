@@ -36,6 +36,7 @@ NATS_URL=${NATS_URL:-nats://127.0.0.1:4222}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 CG=/sys/fs/cgroup/cpu/imagepipe-bench
 OUT=${OUT:-$(mktemp -d /tmp/bench-shards.XXXXXX)}
+mkdir -p "$OUT"
 
 source "$here/redis.sh"
 source "$here/nats.sh"
