@@ -4,7 +4,7 @@
 # cgroup v1 cpu group of its own, so that what a second and third replica buy is measured
 # without them taking the cores the broker, Redis, the stages and the driver need.
 #
-# For each N in $REPLICAS and each of $RUNS runs, with a fresh bus prefix (state never piles up):
+# For each of $RUNS rounds and each N in $REPLICAS, with a fresh bus prefix (state never piles up):
 #   1. N coordinators start under that prefix, each in /sys/fs/cgroup/cpu/imagepipe-bench/c<i>
 #      (cpu.cfs_period_us = $PERIOD, cpu.cfs_quota_us = $QUOTA; QUOTA=-1: no limit);
 #   2. the script waits until GET /v1/cluster shows N replicas, every shard owned and the
@@ -16,14 +16,19 @@
 # Then it prints tasks/s per run, the medians, the ratios to N = 1 (targets: 2 ≥ 1.6×, 3 ≥
 # 2.4×), the coordinators' CPU per task and how often their quota throttled them.
 #
+# The quota: 4 ms per 100 ms (4 % of a core) by default. On the project's 2-core VM a task costs
+# about 0.35-0.45 ms of coordinator CPU and ~2 ms more in nats-server, Redis, the stages and the
+# driver, so 3 coordinators at 4 % move ~300 tasks/s and leave the rest of the pipeline ~0.7 of
+# the 2 cores; at 8 % the 3-coordinator runs were no longer held by their quota (throttled in
+# under a quarter of their periods) but by the machine (docs/performance.md, "Shards").
 # Needs root (cgroups), release binaries in $BIN (default $CARGO_TARGET_DIR/release), curl, jq.
 # Starts Redis and NATS (scripts/redis.sh, scripts/nats.sh) if they are down.
-# Usage: [QUOTA=10000] [REPLICAS="1 2 3"] [RUNS=3] [TASKS=5000] [LOW=100] scripts/bench-shards.sh
+# Usage: [QUOTA=4000] [REPLICAS="1 2 3"] [RUNS=3] [TASKS=5000] [LOW=100] scripts/bench-shards.sh
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 BIN=${BIN:-${CARGO_TARGET_DIR:-$here/../target}/release}
-QUOTA=${QUOTA:-10000}
+QUOTA=${QUOTA:-4000}
 PERIOD=${PERIOD:-100000}
 REPLICAS=${REPLICAS:-"1 2 3"}
 RUNS=${RUNS:-3}
@@ -112,8 +117,10 @@ echo "==> $(nproc) cores, $(uname -r); coordinators held to ${QUOTA}/${PERIOD} �
 results="$OUT/results.tsv"
 printf 'replicas\trun\ttasks_per_s\tcoordinator_cpu_ms_per_task\tbench_cpu\tnats_cpu\tredis_cpu\tthrottled_share\tshares\n' \
   >"$results"
-for n in $REPLICAS; do
-  for run in $(seq 1 "$RUNS"); do
+# Runs interleave (1, 2, 3, 1, 2, 3, ...) so that a change in the machine's load over the
+# minutes of the benchmark falls on every N alike.
+for run in $(seq 1 "$RUNS"); do
+  for n in $REPLICAS; do
     prefix="bench-shards-$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n')"
     for i in $(seq 1 "$n"); do start_coordinator "$prefix" "$i"; done
     if ! shares=$(wait_balanced "$n"); then
