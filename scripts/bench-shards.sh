@@ -18,7 +18,7 @@
 #
 # The quota: 4 ms per 100 ms (4 % of a core) by default. On the project's 2-core VM a task costs
 # about 0.35-0.45 ms of coordinator CPU and ~2 ms more in nats-server, Redis, the stages and the
-# driver, so 3 coordinators at 4 % move ~300 tasks/s and leave the rest of the pipeline ~0.7 of
+# driver, so 3 coordinators at 4 % move ~300 tasks/s while the rest of the pipeline needs ~0.7 of
 # the 2 cores; at 8 % the 3-coordinator runs were no longer held by their quota (throttled in
 # under a quarter of their periods) but by the machine (docs/performance.md, "Shards").
 # Needs root (cgroups), release binaries in $BIN (default $CARGO_TARGET_DIR/release), curl, jq.
