@@ -5,7 +5,7 @@
 #
 # Starts docker-compose.yml's profile `cluster` (three NATS servers, JetStream clustered) with
 # IMAGEPIPE_BUS__NATS__URL naming the three and IMAGEPIPE_BUS__NATS__REPLICAS=3 (streams of three
-# replicas), Redis, and two replicas of every service (--scale; the rendered file publishes on
+# replicas), Redis, three coordinators and two replicas of every other service (--scale; the rendered file publishes on
 # ephemeral host ports, so replicas do not collide), as project imagepipe-cluster-$$. Checks
 # that the three streams have three replicas, all current. Then, for each scenario, enqueues N
 # tasks (default 1000, POST /v1/tasks:batch; the coordinator stores each before it answers) and
@@ -70,7 +70,10 @@ unset IMAGEPIPE_HTTP__AUTH_TOKEN OTEL_EXPORTER_OTLP_ENDPOINT IMAGEPIPE_NET__ALLO
 services=(coordinator download-worker metadata-worker ai-worker notification-worker tag-indexer-worker
   similarity-indexer analytics-worker)
 scale=()
-for service in "${services[@]}"; do scale+=(--scale "$service=2"); done
+# Three coordinators share the shards out (22/21/21 of 64); two of every other service.
+for service in "${services[@]}"; do
+  if [[ "$service" == coordinator ]]; then scale+=(--scale "$service=3"); else scale+=(--scale "$service=2"); fi
+done
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/$project.XXXXXX")"
 chmod 0777 "$work" # the client runs as nobody and writes its event logs here
@@ -118,7 +121,7 @@ redis_info() {
 }
 
 
-log "up ($project: 3 NATS servers, R3 streams, 2 replicas of each of ${#services[@]} services)"
+log "up ($project: 3 NATS servers, R3 streams, 3 coordinators, 2 replicas of each of the other services)"
 up_started=$SECONDS
 compose up -d --no-build "${scale[@]}" >&2
 wait_healthy 360

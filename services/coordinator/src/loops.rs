@@ -317,8 +317,12 @@ async fn read_owned_shards(
             () = shutdown.wait() => None,
             changed = owned.changed() => changed.err().map(|_| ()),
             () = async { match retry { Some(delay) => tokio::time::sleep(delay).await, None => std::future::pending().await } } => None,
-            Some(Ok(Err(e))) = loops.join_next() => {
-                tracing::warn!(error = %e, "a loop over owned shards stopped; opening them again");
+            Some(joined) = loops.join_next() => {
+                match joined {
+                    Ok(Err(e)) => tracing::warn!(error = %e, "a loop over owned shards failed; opening them again"),
+                    Err(e) => tracing::error!(error = %e, "a loop over owned shards panicked; opening them again"),
+                    Ok(Ok(())) => tracing::warn!("a loop over owned shards ended; opening them again"),
+                }
                 None
             }
         };

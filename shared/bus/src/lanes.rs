@@ -105,6 +105,23 @@ impl Lanes {
         .await
     }
 
+    /// Opens a consumer on partitions `partitions` of every lane of `queue`, highest first
+    /// ([`TaskQueue::consume_partitions`]): the counterpart of [`open_each`](Self::open_each)
+    /// for a coordinator reading the shards it owns. Each lane's partition `p` is its own
+    /// (`tasks.results.high` partition 17 is not `tasks.results` partition 17).
+    pub async fn open_each_partitions(
+        queues: &dyn TaskQueue,
+        queue: &str,
+        partitions: &[u16],
+        config: ConsumerConfig,
+    ) -> Result<Vec<(Priority, Box<dyn Consumer>)>, BusError> {
+        futures::future::try_join_all(Priority::ALL.map(|priority| {
+            let (lane, config) = (priority.lane(queue), config.clone());
+            async move { Ok::<_, BusError>((priority, queues.consume_partitions(&lane, partitions, config).await?)) }
+        }))
+        .await
+    }
+
     /// How many of `slots` each lane gets, by smooth weighted round-robin over the lanes in
     /// `open`; a lane with weight 0 gets slots only when every open lane has weight 0.
     fn allot(&self, slots: usize, open: &[bool]) -> Vec<usize> {

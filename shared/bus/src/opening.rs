@@ -109,6 +109,26 @@ impl TaskQueue for CountedQueues {
         Box::pin(async move { opening.finish(self.inner.consume(queue, config).await) })
     }
 
+    fn consume_partitions<'s, 'q, 'p, 'f>(
+        &'s self,
+        queue: &'q str,
+        partitions: &'p [u16],
+        config: ConsumerConfig,
+    ) -> Opened<'f>
+    where
+        's: 'f,
+        'q: 'f,
+        'p: 'f,
+        Self: 'f,
+    {
+        let opening = self.openings.start();
+        Box::pin(async move { opening.finish(self.inner.consume_partitions(queue, partitions, config).await) })
+    }
+
+    fn routes_by_key(&self) -> bool {
+        self.inner.routes_by_key()
+    }
+
     async fn flush(&self) -> Result<(), BusError> {
         self.inner.flush().await
     }

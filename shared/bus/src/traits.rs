@@ -47,8 +47,13 @@ pub trait TaskQueue: Send + Sync {
     /// Opens a consumer on partitions `partitions` of `queue`: it gets only the messages sent
     /// to those partitions ([`Message::partition`]), in the order sent within each
     /// partition, and none sent to the queue itself. The coordinator that owns a shard is
-    /// the only one to open its partition; a consumer that is dropped gives its unsettled
-    /// deliveries back (redelivered to the next consumer of the partition).
+    /// the only one to open its partition. A consumer that is dropped gives back at once what
+    /// it holds but has not handed out (a NATS consumer prefetches), so the next consumer of
+    /// the partition gets it without waiting for an ack deadline; deliveries already handed
+    /// out are settled by their holders or redelivered after their ack deadline, as always.
+    /// [`Delivery::source`](crate::Delivery::source) is `queue` (no partition), so retries and
+    /// dead letters (`dlq.<queue>`) work as for [`consume`](Self::consume); a retried message
+    /// comes back in its partition.
     ///
     /// On NATS a partition is the subject `<queue subject>.<partition>` with a durable
     /// consumer of its own; on Kafka the topic's partition of that number, assigned to this
@@ -68,21 +73,28 @@ pub trait TaskQueue: Send + Sync {
         })
     }
 
-    /// Whether a send without a partition is already routed to a partition by its key (Kafka:
-    /// the topic's partitions are the shards), so that the queue has no unrouted channel.
+    /// Whether a send without a partition is already routed to a partition by its key
+    /// (Kafka: the topic's partitions are the shards), so that the queue has no unrouted
+    /// channel: [`consume`](Self::consume) and [`consume_partitions`](Self::consume_partitions)
+    /// then read the same messages. False when a send without a partition goes to the queue
+    /// itself, apart from every partition (memory, NATS).
     fn routes_by_key(&self) -> bool {
         false
     }
 
     /// How many messages of `queue` its consumer has not finished, as the broker counts them
     /// (for gauges); `None` when the backend cannot say, or nothing has consumed `queue` yet.
+    /// Messages of the queue's partitions are not counted (unless [`routes_by_key`]).
+    ///
+    /// [`routes_by_key`]: Self::routes_by_key
     async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
         let _ = queue;
         Ok(None)
     }
 
     /// When the oldest message `queue` still holds (waiting or being handled) was enqueued,
-    /// Unix ms; `None` when it holds none or the backend cannot say (Kafka).
+    /// Unix ms; `None` when it holds none or the backend cannot say (Kafka). Like
+    /// [`backlog`](Self::backlog), the queue itself, not its partitions.
     async fn oldest(&self, queue: &str) -> Result<Option<u64>, BusError> {
         let _ = queue;
         Ok(None)

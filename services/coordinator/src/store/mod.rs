@@ -24,6 +24,17 @@
 //! ([`crate::blob_sweep`]) deletes it, and any other blob [`TaskStore::referenced_blobs`] says
 //! no task references, once it is older than `blob.orphan_grace`.
 //!
+//! *Shards* (docs/design.md, "Shards, leases and routing"): every task belongs to the shard
+//! [`imagepipe_contracts::shard::shard_of`] gives its id under the store's shard count (each
+//! backend's `with_shards`, pinned with [`TaskStore::pin_shards`]). A replica works the shards
+//! it holds a *lease* on ([`TaskStore::acquire_shards`]); each lease carries a *fencing token*
+//! that grows each time the shard changes hands, and a write that carries a [`Decision::fence`]
+//! is made only while that token is the shard's current lease, checked atomically with the
+//! write, so a replica that lost a shard writes nothing to it. The wake and queued indexes are
+//! kept per shard too ([`TaskStore::claim_due_in`], [`TaskStore::queued_in`]); replicas announce
+//! themselves ([`TaskStore::heartbeat`]) and handovers are logged
+//! ([`TaskStore::record_handovers`]).
+//!
 //! Here: the [`TaskStore`] trait and the helpers both backends share; the values it takes and
 //! returns are in `types`, listing (query, page, cursors, filters) in `listing`.
 
@@ -56,7 +67,9 @@ use imagepipe_contracts::ImageSource;
 #[async_trait]
 pub trait TaskStore: Send + Sync + 'static {
     /// Writes a new task (`decision` from [`crate::machine::create`]) unless its id, or its
-    /// idempotency key, is taken; then returns the task that has it.
+    /// idempotency key, is taken; then returns the task that has it. With a fence
+    /// ([`Decision::fence`]) that is not the shard's current lease, writes nothing and fails
+    /// with [`StoreError::Fenced`].
     async fn create(&self, decision: &Decision) -> Result<Created, StoreError>;
 
     /// Writes `decision` if the stored task is still at version `decision.task.version - 1`,
@@ -76,6 +89,11 @@ pub trait TaskStore: Send + Sync + 'static {
     /// [`crate::machine::create`] without an idempotency key creates its task): each one a
     /// compare-and-set of its own, all of them in one round trip (Redis) or one write
     /// transaction (embedded: one commit for the batch). One [`Applied`] per decision, in order.
+    ///
+    /// A decision with a fence ([`Decision::fence`]) is written only while the lease on its
+    /// task's shard has the fence's token and runs past the fence's `now`, checked atomically
+    /// with the write; otherwise nothing of it is written and it is [`Applied::Fenced`]. Without
+    /// a fence, only the version is compared.
     ///
     /// A written task may stay listed under the state it left (readers skip such entries) and
     /// counted in flight until [`settle`](Self::settle) names its new state; the caller settles
@@ -164,88 +182,61 @@ pub trait TaskStore: Send + Sync + 'static {
     // --- Shards (docs/design.md, "Shards, leases and routing") ---
 
     /// Records `shards` as the store's shard count the first time; afterwards refuses any
-    /// other count with [`StoreError::ShardsChanged`].
-    async fn pin_shards(&self, shards: u16) -> Result<(), StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    /// other count with [`StoreError::ShardsChanged`]. A coordinator pins its configured count
+    /// (the one its store was opened with) before it works.
+    async fn pin_shards(&self, shards: u16) -> Result<(), StoreError>;
 
-    /// Announces `replica` (or renews its announcement) until `replica.heartbeat_at + ttl`.
-    async fn heartbeat(&self, replica: &Replica, ttl: std::time::Duration) -> Result<(), StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    /// Announces `replica` (or renews its announcement) until `replica.heartbeat_at + ttl`
+    /// (its id must not be empty: [`StoreError::EmptyReplicaId`]).
+    async fn heartbeat(&self, replica: &Replica, ttl: std::time::Duration) -> Result<(), StoreError>;
 
     /// The replicas whose announcement runs past `now`, by id (the others are forgotten).
-    async fn replicas(&self, now: u64) -> Result<Vec<Replica>, StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    async fn replicas(&self, now: u64) -> Result<Vec<Replica>, StoreError>;
 
     /// Withdraws replica `id`'s announcement (it stops).
-    async fn leave(&self, id: &str) -> Result<(), StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    async fn leave(&self, id: &str) -> Result<(), StoreError>;
 
     /// For each of `shards`, in one round trip: takes its lease for `owner` until `now + ttl`
     /// when it is free, released or run out (the token goes up by one), or renews it when
-    /// `owner` holds it (the token stays). `None` where another replica holds it.
+    /// `owner` holds it (the token stays). `None` where another replica holds it. Each shard's
+    /// step is atomic, so of owners racing for a free shard exactly one gets it; a token never
+    /// goes down, across releases too. `owner` must not be empty
+    /// ([`StoreError::EmptyReplicaId`]).
     async fn acquire_shards(
         &self,
         owner: &str,
         shards: &[u16],
         now: u64,
         ttl: std::time::Duration,
-    ) -> Result<Vec<Option<Lease>>, StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    ) -> Result<Vec<Option<Lease>>, StoreError>;
 
     /// Releases each of `leases` that is still `owner`'s with the same token (it becomes free
     /// at once; its token stays, so the next owner's is higher).
-    async fn release_shards(&self, owner: &str, leases: &[Lease]) -> Result<(), StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    async fn release_shards(&self, owner: &str, leases: &[Lease]) -> Result<(), StoreError>;
 
     /// Every shard's lease record, by shard (shards never leased are absent).
-    async fn leases(&self) -> Result<Vec<Lease>, StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    async fn leases(&self) -> Result<Vec<Lease>, StoreError>;
 
     /// Appends `handovers` to the handover log, which keeps the newest [`HANDOVERS_KEPT`].
-    async fn record_handovers(&self, handovers: &[Handover]) -> Result<(), StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    async fn record_handovers(&self, handovers: &[Handover]) -> Result<(), StoreError>;
 
     /// The newest `limit` handovers, newest first.
-    async fn handovers(&self, limit: usize) -> Result<Vec<Handover>, StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    async fn handovers(&self, limit: usize) -> Result<Vec<Handover>, StoreError>;
 
-    /// Like [`claim_due`](Self::claim_due), but only tasks of `shards` (the store's shard
-    /// count is set when it is opened).
+    /// Like [`claim_due`](Self::claim_due), but only tasks of `shards` (shards as the store's
+    /// shard count, set when it is opened, places tasks; shards beyond it are ignored). The
+    /// claims of this and of [`claim_due`](Self::claim_due) are disjoint.
     async fn claim_due_in(
         &self,
         shards: &[u16],
         now: u64,
         lease: std::time::Duration,
         max: usize,
-    ) -> Result<Vec<String>, StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    ) -> Result<Vec<String>, StoreError>;
 
     /// Up to `max` queued tasks of `shards`, high priority first, then oldest first (the
     /// order [`list`](Self::list) gives queued tasks).
-    async fn queued_in(&self, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError> {
-        // TEMP(shards): replaced by each backend.
-        Err(StoreError::Embedded { operation: "shards", message: "not implemented yet".into() })
-    }
+    async fn queued_in(&self, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError>;
 }
 
 /// The blobs `task` references: its uploaded source, its downloaded image, and every derivative
@@ -291,7 +282,7 @@ pub(crate) fn rank(state: TaskState) -> u8 {
     }
 }
 
-fn corrupt(what: &'static str, id: &str, err: impl std::fmt::Display) -> StoreError {
+pub(crate) fn corrupt(what: &'static str, id: &str, err: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt { what, id: id.to_owned(), message: err.to_string() }
 }
 

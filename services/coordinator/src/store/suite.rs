@@ -3,12 +3,14 @@
 
 use std::time::Duration;
 
+use imagepipe_contracts::shard::{DEFAULT_SHARDS, shard_of};
 use imagepipe_contracts::{Priority, StepOutcome, StepResult, SubmitTask, TraceId};
 
 use super::{
-    Applied, Created, DeadLetter, LABEL_SCAN_LIMIT, LabelFilter, ListOrder, ListQuery, Settled, StoreError, TaskStore,
+    Applied, Created, DeadLetter, HANDOVERS_KEPT, Handover, LABEL_SCAN_LIMIT, LabelFilter, Lease, ListOrder, ListQuery,
+    Replica, Settled, StoreError, TaskStore,
 };
-use crate::machine::{self, Context, Decision, Input, Policy, Verdict};
+use crate::machine::{self, Context, Decision, Fence, Input, Policy, Verdict};
 use crate::task::{Task, TaskState, TimerKind};
 
 /// The relay grace every suite store is opened with.
@@ -43,6 +45,13 @@ macro_rules! store_suite {
             expiry_takes_batches_and_spares_unfinished_tasks,
             dead_letters_are_capped_by_age_count_and_body_size,
             blob_references_follow_their_tasks,
+            leases_are_taken_renewed_released_and_run_out,
+            owners_racing_for_a_shard_get_it_once,
+            a_write_under_a_lost_lease_is_fenced_and_writes_nothing,
+            pinning_another_shard_count_is_refused,
+            replicas_are_forgotten_when_their_announcement_runs_out,
+            handovers_are_capped_and_newest_first,
+            claims_and_queues_per_shard_return_only_those_shards,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {
@@ -863,4 +872,252 @@ pub async fn write_a_blob_task(store: &impl TaskStore) -> Vec<String> {
 pub async fn check_blobs_referenced(store: &impl TaskStore, keys: &[String]) {
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     assert_eq!(store.referenced_blobs(&keys).await.unwrap(), vec![true; keys.len()]);
+}
+
+// --- Shards ---
+
+/// The shard of `id` in a suite store (opened with the default count).
+fn shard(id: &str) -> u16 {
+    shard_of(id, DEFAULT_SHARDS)
+}
+
+/// Ids `<stem>_<n>` of shard `shard`, the first `count` of them.
+fn ids_in_shard(stem: &str, shard: u16, count: usize) -> Vec<String> {
+    (0..).map(|n| format!("{stem}_{n}")).filter(|id| self::shard(id) == shard).take(count).collect()
+}
+
+/// `decision` carrying `lease` as its fence, written at `now`.
+fn fenced(mut decision: Decision, lease: &Lease, now: u64) -> Decision {
+    decision.fence = Some(Fence { shard: lease.shard, token: lease.token, now });
+    decision
+}
+
+pub async fn leases_are_taken_renewed_released_and_run_out(store: &impl TaskStore) {
+    let ttl = Duration::from_secs(5);
+    assert!(store.leases().await.unwrap().is_empty(), "no shard leased yet");
+    let taken = store.acquire_shards("a", &[3, 4], T0, ttl).await.unwrap();
+    let lease = |shard, owner: &str, token, expires_at| Lease { shard, owner: owner.into(), token, expires_at };
+    assert_eq!(taken, [Some(lease(3, "a", 1, T0 + 5_000)), Some(lease(4, "a", 1, T0 + 5_000))]);
+
+    let renewed = store.acquire_shards("a", &[3], T0 + 1_000, ttl).await.unwrap();
+    assert_eq!(renewed, [Some(lease(3, "a", 1, T0 + 6_000))], "a renewal keeps the token");
+    assert_eq!(
+        store.acquire_shards("b", &[3, 4, 5], T0 + 2_000, ttl).await.unwrap(),
+        [None, None, Some(lease(5, "b", 1, T0 + 7_000))]
+    );
+
+    // A release with a stale token, or by another owner, changes nothing.
+    store.release_shards("a", &[lease(3, "a", 0, T0 + 6_000)]).await.unwrap();
+    store.release_shards("b", &[lease(3, "a", 1, T0 + 6_000)]).await.unwrap();
+    assert_eq!(store.acquire_shards("b", &[3], T0 + 2_000, ttl).await.unwrap(), [None]);
+    store.release_shards("a", &[lease(3, "a", 1, T0 + 6_000)]).await.unwrap();
+    assert_eq!(store.leases().await.unwrap()[0], lease(3, "", 1, 0), "released: free at once, the token kept");
+    assert_eq!(
+        store.acquire_shards("b", &[3], T0 + 2_000, ttl).await.unwrap(),
+        [Some(lease(3, "b", 2, T0 + 7_000))],
+        "the next owner's token is higher"
+    );
+
+    // Shard 4 runs out at T0 + 5 s: still a's until then, anyone's from then on.
+    assert_eq!(store.acquire_shards("b", &[4], T0 + 4_999, ttl).await.unwrap(), [None]);
+    assert_eq!(store.acquire_shards("b", &[4], T0 + 5_000, ttl).await.unwrap(), [Some(lease(4, "b", 2, T0 + 10_000))]);
+    // An owner whose own lease ran out takes it anew, with a new token.
+    assert_eq!(store.acquire_shards("b", &[5], T0 + 8_000, ttl).await.unwrap(), [Some(lease(5, "b", 2, T0 + 13_000))]);
+    // Released by its owner and taken back by it: the token still goes up.
+    store.release_shards("b", &[lease(5, "b", 2, T0 + 13_000)]).await.unwrap();
+    assert_eq!(store.acquire_shards("b", &[5], T0 + 8_000, ttl).await.unwrap(), [Some(lease(5, "b", 3, T0 + 13_000))]);
+
+    let mut leases = store.leases().await.unwrap();
+    leases.sort_by_key(|l| l.shard);
+    assert_eq!(leases, [lease(3, "b", 2, T0 + 7_000), lease(4, "b", 2, T0 + 10_000), lease(5, "b", 3, T0 + 13_000)]);
+    assert!(store.acquire_shards("a", &[], T0, ttl).await.unwrap().is_empty());
+    assert!(matches!(store.acquire_shards("", &[9], T0, ttl).await, Err(StoreError::EmptyReplicaId { .. })));
+}
+
+pub async fn owners_racing_for_a_shard_get_it_once(store: &impl TaskStore) {
+    let ttl = Duration::from_secs(5);
+    for round in 0..10u64 {
+        let now = T0 + round * 10_000;
+        let shards = [7, 8];
+        let (a, b) =
+            tokio::join!(store.acquire_shards("a", &shards, now, ttl), store.acquire_shards("b", &shards, now, ttl));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        for i in 0..shards.len() {
+            assert!(a[i].is_some() != b[i].is_some(), "round {round}, shard {}: {a:?} / {b:?}", shards[i]);
+            let winner = a[i].as_ref().or(b[i].as_ref()).unwrap();
+            assert_eq!(winner.token, round + 1, "one token per change of hands");
+        }
+    }
+}
+
+pub async fn a_write_under_a_lost_lease_is_fenced_and_writes_nothing(store: &impl TaskStore) {
+    let ttl = Duration::from_secs(5);
+    let id = "tsk_fence";
+    let shard = shard(id);
+    let a = store.acquire_shards("a", &[shard], T0, ttl).await.unwrap().remove(0).unwrap();
+    let new = fenced(created(id, None, T0), &a, T0);
+    assert_eq!(store.create(&new).await.unwrap(), Created::New, "a current fence writes");
+    let mut started = fenced(next(&new.task, Input::Start, T0 + 1), &a, T0 + 1);
+    started.history.replica = Some("a".into());
+    assert_eq!(store.apply_many(std::slice::from_ref(&started)).await.unwrap(), [Applied::Yes]);
+    let written = store.history(id).await.unwrap();
+    assert_eq!(written.last().and_then(|h| h.replica.as_deref()), Some("a"), "the writing replica is kept");
+
+    // a stops renewing; b takes the shard once the lease ran out.
+    let b = store.acquire_shards("b", &[shard], T0 + 5_000, ttl).await.unwrap().remove(0).unwrap();
+    assert_eq!(b.token, a.token + 1);
+    let task = store.get(id).await.unwrap().unwrap();
+    let history = store.history(id).await.unwrap();
+    let outbox = store.outbox(id).await.unwrap();
+    let cancel = next(&task, Input::Cancel { reason: None }, T0 + 6_000);
+    // a wakes up late: whatever time it believes it is, its token is not the lease's.
+    for believed in [T0 + 2, T0 + 6_000] {
+        let late = fenced(cancel.clone(), &a, believed);
+        assert_eq!(store.apply_many(std::slice::from_ref(&late)).await.unwrap(), [Applied::Fenced]);
+        assert_eq!(store.apply(&late).await.unwrap(), Applied::Fenced);
+    }
+    assert_eq!(store.get(id).await.unwrap().unwrap(), task, "the task is unchanged");
+    assert_eq!(store.history(id).await.unwrap(), history, "no history entry");
+    assert_eq!(store.outbox(id).await.unwrap(), outbox, "no outbox entry");
+    assert_eq!(store.count_in_flight().await.unwrap(), 1);
+    let other = ids_in_shard("tsk_fence_new", shard, 1).remove(0);
+    let refused = store.create(&fenced(created(&other, None, T0 + 6_000), &a, T0 + 6_000)).await;
+    assert!(matches!(&refused, Err(StoreError::Fenced { shard: s, token, .. }) if *s == shard && *token == a.token));
+    assert!(store.get(&other).await.unwrap().is_none(), "a fenced creation writes nothing");
+    assert!(store.history(&other).await.unwrap().is_empty());
+
+    // In a batch, each decision is fenced on its own; b's current fence writes.
+    let unfenced = created("tsk_fence_free", None, T0 + 6_000);
+    let batch = [fenced(cancel.clone(), &a, T0 + 6_000), unfenced.clone()];
+    assert_eq!(store.apply_many(&batch).await.unwrap(), [Applied::Fenced, Applied::Yes]);
+    assert_eq!(store.apply(&fenced(cancel.clone(), &b, T0 + 6_000)).await.unwrap(), Applied::Yes);
+    assert_eq!(store.history(id).await.unwrap().len(), history.len() + 1);
+
+    // A lease that ran out fences its own owner's writes too, until renewed.
+    let again = next(&store.get(id).await.unwrap().unwrap(), ok_download(&task), T0 + 11_000);
+    assert_eq!(store.apply(&fenced(again.clone(), &b, T0 + 11_000)).await.unwrap(), Applied::Fenced);
+    let renewed = store.acquire_shards("b", &[shard], T0 + 11_000, ttl).await.unwrap().remove(0).unwrap();
+    assert_eq!(store.apply(&fenced(again, &renewed, T0 + 11_000)).await.unwrap(), Applied::Yes);
+}
+
+pub async fn pinning_another_shard_count_is_refused(store: &impl TaskStore) {
+    store.pin_shards(DEFAULT_SHARDS).await.unwrap();
+    store.pin_shards(DEFAULT_SHARDS).await.unwrap();
+    let refused = store.pin_shards(16).await.unwrap_err();
+    assert!(matches!(refused, StoreError::ShardsChanged { stored: DEFAULT_SHARDS, configured: 16 }), "{refused:?}");
+    let message = refused.to_string();
+    assert!(message.contains("coordinator.shards is 16 but this store was written with 64 shards"), "{message}");
+    assert!(message.contains("set it back to 64"), "{message}");
+}
+
+pub async fn replicas_are_forgotten_when_their_announcement_runs_out(store: &impl TaskStore) {
+    let replica = |id: &str, heartbeat_at| Replica {
+        id: id.into(),
+        address: Some(format!("http://{id}:8080")),
+        started_at: T0,
+        heartbeat_at,
+    };
+    let ttl = Duration::from_secs(5);
+    store.heartbeat(&replica("b", T0), ttl).await.unwrap();
+    store.heartbeat(&replica("a", T0 + 3_000), ttl).await.unwrap();
+    assert_eq!(store.replicas(T0 + 4_999).await.unwrap(), [replica("a", T0 + 3_000), replica("b", T0)]);
+    assert_eq!(store.replicas(T0 + 5_000).await.unwrap(), [replica("a", T0 + 3_000)], "b's ran out");
+    // b comes back: announced anew.
+    store.heartbeat(&replica("b", T0 + 6_000), ttl).await.unwrap();
+    store.heartbeat(&replica("a", T0 + 6_000), ttl).await.unwrap();
+    assert_eq!(store.replicas(T0 + 7_000).await.unwrap().len(), 2);
+    store.leave("a").await.unwrap();
+    assert_eq!(store.replicas(T0 + 7_000).await.unwrap(), [replica("b", T0 + 6_000)]);
+    store.leave("no-such-replica").await.unwrap();
+    assert!(store.replicas(T0 + 11_000).await.unwrap().is_empty());
+    assert!(matches!(store.heartbeat(&replica("", T0), ttl).await, Err(StoreError::EmptyReplicaId { .. })));
+}
+
+pub async fn handovers_are_capped_and_newest_first(store: &impl TaskStore) {
+    assert!(store.handovers(10).await.unwrap().is_empty());
+    let handover = |i: u64| Handover {
+        shard: (i % 64) as u16,
+        from: (i % 2 == 0).then(|| "a".to_owned()),
+        to: Some("b".into()),
+        at: T0 + i,
+        reason: if i % 2 == 0 { "expired".into() } else { "free".into() },
+    };
+    let all: Vec<Handover> = (0..HANDOVERS_KEPT as u64 + 44).map(handover).collect();
+    for batch in all.chunks(100) {
+        store.record_handovers(batch).await.unwrap();
+    }
+    store.record_handovers(&[]).await.unwrap();
+    let newest = store.handovers(3).await.unwrap();
+    let last = all.len() as u64 - 1;
+    assert_eq!(newest, [handover(last), handover(last - 1), handover(last - 2)]);
+    let kept = store.handovers(10_000).await.unwrap();
+    assert_eq!(kept.len(), HANDOVERS_KEPT);
+    assert_eq!(kept.last(), Some(&handover(44)), "the oldest beyond the cap are gone");
+    assert!(store.handovers(0).await.unwrap().is_empty());
+}
+
+pub async fn claims_and_queues_per_shard_return_only_those_shards(store: &impl TaskStore) {
+    let (x, y, z) = (5, 9, 40);
+    let xs = ids_in_shard("tsk_shx", x, 3);
+    let ys = ids_in_shard("tsk_shy", y, 2);
+    let zs = ids_in_shard("tsk_shz", z, 1);
+    let mut batch = Vec::new();
+    for (i, id) in xs.iter().chain(&ys).chain(&zs).enumerate() {
+        batch.push(created_with(id, T0 + i as u64, &[], Priority::Normal));
+    }
+    let urgent = ids_in_shard("tsk_shx_urgent", x, 1).remove(0);
+    batch.push(created_with(&urgent, T0 + 100, &[], Priority::High));
+    assert!(store.apply_many(&batch).await.unwrap().iter().all(|a| *a == Applied::Yes));
+    // xs[1] starts, not yet settled: its queued entry is left for readers to skip.
+    let started = next(&batch[1].task, Input::Start, T0 + 200);
+    assert_eq!(store.apply_many(&[started]).await.unwrap(), [Applied::Yes]);
+
+    let queued = |tasks: Vec<crate::task::Task>| tasks.into_iter().map(|t| t.id).collect::<Vec<_>>();
+    assert_eq!(
+        queued(store.queued_in(&[x], 10).await.unwrap()),
+        [urgent.as_str(), &xs[0], &xs[2]],
+        "high first, then oldest"
+    );
+    assert_eq!(queued(store.queued_in(&[x], 2).await.unwrap()), [urgent.as_str(), &xs[0]]);
+    assert_eq!(
+        queued(store.queued_in(&[y, x], 10).await.unwrap()),
+        [urgent.as_str(), &xs[0], &xs[2], &ys[0], &ys[1]],
+        "merged across shards"
+    );
+    assert_eq!(queued(store.queued_in(&[z], 10).await.unwrap()), [zs[0].as_str()]);
+    assert!(store.queued_in(&[1, 2], 10).await.unwrap().is_empty());
+    assert!(store.queued_in(&[], 10).await.unwrap().is_empty());
+    assert!(store.queued_in(&[x], 0).await.unwrap().is_empty());
+
+    // Every task is due for its creation's outbox (xs[1] keeps its earlier wake time).
+    let lease = Duration::from_secs(30);
+    let due = T0 + 100 + RELAY_GRACE.as_millis() as u64;
+    let sorted = |mut ids: Vec<String>| {
+        ids.sort();
+        ids
+    };
+    let claimed = sorted(store.claim_due_in(&[x, z], due, lease, 10).await.unwrap());
+    let mut in_x = xs.clone();
+    in_x.push(urgent.clone());
+    let in_x = sorted(in_x);
+    let mut expected = in_x.clone();
+    expected.push(zs[0].clone());
+    assert_eq!(claimed, sorted(expected));
+    assert!(store.claim_due_in(&[x, z], due, lease, 10).await.unwrap().is_empty(), "claimed once");
+    assert_eq!(
+        store.claim_due_in(&[y], due, lease, 1).await.unwrap(),
+        [ys[0].clone()],
+        "at most `max`, earliest first"
+    );
+    assert_eq!(store.claim_due(due, lease, 10).await.unwrap(), [ys[1].clone()], "the global claim takes the rest");
+    assert!(store.claim_due(due, lease, 10).await.unwrap().is_empty());
+    assert!(store.claim_due_in(&[x, y, z], due, lease, 10).await.unwrap().is_empty());
+
+    // Released, a task is due again at its stored wake time; leases run out make the others
+    // due again, each for its shard's claimer.
+    store.release(&zs[0], due).await.unwrap();
+    let after = due + 30_000;
+    assert_eq!(sorted(store.claim_due_in(&[x], after, lease, 10).await.unwrap()), in_x);
+    assert_eq!(store.claim_due_in(&[z], after, lease, 10).await.unwrap(), [zs[0].clone()]);
+    assert_eq!(sorted(store.claim_due(after, lease, 10).await.unwrap()), sorted(ys.clone()));
 }

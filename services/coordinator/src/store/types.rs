@@ -52,6 +52,27 @@ pub enum StoreError {
         /// The count this process was configured with.
         configured: u16,
     },
+    /// A new task was not written: its fence is not the shard's current lease (another replica
+    /// owns the shard, or this replica's lease ran out). [`TaskStore::apply_many`](super::TaskStore::apply_many)
+    /// reports the same as [`Applied::Fenced`].
+    #[error(
+        "task {task} was not written: the lease on its shard {shard} is no longer at fencing token {token} \
+         (the shard is another replica's now, or the lease ran out)"
+    )]
+    Fenced {
+        /// The task.
+        task: String,
+        /// Its shard.
+        shard: u16,
+        /// The token the write carried.
+        token: u64,
+    },
+    /// A replica id that cannot name a lease's owner or an announcement.
+    #[error("{operation}: a replica id must not be empty")]
+    EmptyReplicaId {
+        /// What was being done.
+        operation: &'static str,
+    },
 }
 
 /// What [`TaskStore::create`](super::TaskStore::create) did.

@@ -52,6 +52,12 @@ macro_rules! __conformance_suite {
             case!(publish_dedup_by_message_id_queue);
             case!(invalid_names_are_rejected);
             case!(messages_over_the_size_limit_are_refused);
+            // Partitioned queues.
+            case!(partition_messages_reach_only_their_partition);
+            case!(one_consumer_reads_several_partitions);
+            case!(partition_deliveries_retry_and_dead_letter);
+            case!(dropped_partition_consumer_hands_over_at_once);
+            case!(many_partitions_open_quickly_and_deliver_from_any);
             // Dead letters.
             case!(max_deliveries_dead_letters);
             case!(expired_last_delivery_dead_letters);

@@ -266,3 +266,27 @@ async fn messages_trickling_into_idle_lanes_are_each_delivered_once() {
         assert_eq!(bus.backlog(&priority.lane(QUEUE)).await.unwrap().unwrap().depth(), 0, "{priority}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn partitioned_lanes_read_their_partitions_of_every_lane_only() {
+    let bus = bus();
+    for priority in Priority::ALL {
+        let lane = priority.lane(QUEUE);
+        bus.send(&lane, Message::new(format!("{priority}-owned")).with_partition(2)).await.unwrap();
+        bus.send(&lane, Message::new(format!("{priority}-other")).with_partition(3)).await.unwrap();
+        bus.send(&lane, Message::new(format!("{priority}-unpartitioned"))).await.unwrap();
+    }
+    let consumers = Lanes::open_each_partitions(&bus, QUEUE, &[2], consumer_config()).await.unwrap();
+    let order: Vec<Priority> = consumers.iter().map(|(priority, _)| *priority).collect();
+    assert_eq!(order, Priority::ALL, "highest first");
+    let lanes = Lanes::new(consumers, Shares::default());
+    let got = lanes.fetch(10, Duration::from_secs(1)).await.unwrap();
+    let mut bodies: Vec<String> = got.iter().map(body).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["high-owned", "low-owned", "normal-owned"]);
+    assert!(got.iter().all(|d| d.message.partition == Some(2)));
+    assert!(
+        lanes.fetch(10, Duration::from_secs(1)).await.unwrap().is_empty(),
+        "nothing of partition 3 or the lanes themselves"
+    );
+}

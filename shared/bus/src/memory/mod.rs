@@ -7,6 +7,8 @@
 //!   `max_deliveries`-th one is dead-lettered instead. Dead letters go to the ordinary queue
 //!   `dlq.<queue>` (or `dlq.events.<group>`) with the dead-letter headers.
 //! - First deliveries keep send order, so messages with the same key arrive in order.
+//! - Partition `p` of a queue ([`Message::partition`], [`TaskQueue::consume_partitions`]) is a
+//!   queue of its own with the same rules, dead-lettering into the queue's `dlq.<queue>`.
 //! - A message whose id was accepted on the same queue or topic within
 //!   [`MemoryConfig::dedup_window`] is accepted and dropped.
 //! - Each topic retains its last [`MemoryConfig::retention`] events for groups that start from
@@ -21,6 +23,7 @@
 mod consumer;
 mod dedup;
 mod handle;
+mod partitions;
 mod queue;
 mod topics;
 
@@ -42,7 +45,9 @@ use crate::message::Message;
 use crate::selector::is_valid_event_type;
 use crate::traits::{Consumer, EventBus, TaskQueue};
 use consumer::{Member, MemoryConsumer};
+use partitions::PartitionsConsumer;
 use queue::Queue;
+use tokio::sync::Notify;
 use topics::Events;
 
 /// An in-process bus; clones share the same queues and topics.
@@ -55,14 +60,30 @@ struct Shared {
     prefix: String,
     config: MemoryConfig,
     queues: Mutex<HashMap<String, Arc<Queue>>>,
+    partitions: Mutex<Partitions>,
     events: Events,
+}
+
+/// The partitions of every queue, created on first use.
+#[derive(Default)]
+struct Partitions {
+    queues: HashMap<(String, u16), Arc<Queue>>,
+    /// Per queue: notified whenever one of its partitions may have something for a fetch.
+    families: HashMap<String, Arc<Notify>>,
 }
 
 impl MemoryBus {
     /// An empty bus whose names start with `prefix` (in logs and errors).
     pub fn new(prefix: String, config: MemoryConfig) -> Self {
         let events = Events::new(prefix.clone(), config.clone());
-        Self { shared: Arc::new(Shared { prefix, config, queues: Mutex::new(HashMap::new()), events }) }
+        let shared = Shared {
+            prefix,
+            config,
+            queues: Mutex::new(HashMap::new()),
+            partitions: Mutex::new(Partitions::default()),
+            events,
+        };
+        Self { shared: Arc::new(shared) }
     }
 
     /// This bus as a [`Bus`]; it is always connected.
@@ -88,15 +109,53 @@ impl MemoryBus {
                     shared.config.capacity,
                     shared.config.send_timeout,
                     shared.config.dedup_window,
+                    None,
                 ))
             })
             .clone()
+    }
+
+    /// Partition `partition` of queue `name`, created empty on first use, and the notifier
+    /// the partitions of `name` share.
+    fn partition(&self, name: &str, partition: u16) -> (Arc<Queue>, Arc<Notify>) {
+        let shared = &self.shared;
+        let mut partitions = shared.partitions.lock().expect("memory bus registry lock poisoned");
+        let family = partitions.families.entry(name.to_owned()).or_default().clone();
+        let queue = partitions
+            .queues
+            .entry((name.to_owned(), partition))
+            .or_insert_with(|| {
+                Arc::new(Queue::new(
+                    name.to_owned(),
+                    format!("{}.{name}.{partition}", shared.prefix),
+                    shared.config.capacity,
+                    shared.config.send_timeout,
+                    shared.config.dedup_window,
+                    Some(family.clone()),
+                ))
+            })
+            .clone();
+        (queue, family)
+    }
+
+    /// Where `message` goes on `queue`: the queue itself, or the partition it names.
+    fn destination(&self, queue: &str, message: &Message) -> Result<Arc<Queue>, BusError> {
+        match message.partition {
+            None => Ok(self.queue(queue)),
+            Some(partition) => {
+                check_partitioned(queue)?;
+                Ok(self.partition(queue, partition).0)
+            }
+        }
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         for queue in self.queues.get_mut().map(|q| q.values()).into_iter().flatten() {
+            queue.close();
+        }
+        for queue in self.partitions.get_mut().map(|p| p.queues.values()).into_iter().flatten() {
             queue.close();
         }
         self.events.close();
@@ -109,6 +168,14 @@ fn check_queue_name(queue: &str) -> Result<(), BusError> {
     } else {
         Err(BusError::Invalid(format!("queue name {queue:?}: use dot-separated tokens of [A-Za-z0-9_-]")))
     }
+}
+
+/// Dead-letter queues have no partitions: their messages come from every partition.
+fn check_partitioned(queue: &str) -> Result<(), BusError> {
+    if queue.split('.').next() == Some(names::DLQ) {
+        return Err(BusError::Invalid(format!("{queue}: a dead-letter queue has no partitions")));
+    }
+    Ok(())
 }
 
 fn check_consumer(what: &str, config: &ConsumerConfig) -> Result<(), BusError> {
@@ -125,14 +192,13 @@ fn check_consumer(what: &str, config: &ConsumerConfig) -> Result<(), BusError> {
 impl TaskQueue for MemoryBus {
     async fn send(&self, queue: &str, message: Message) -> Result<(), BusError> {
         check_queue_name(queue)?;
-        self.queue(queue).push(message, true).await
+        self.destination(queue, &message)?.push(message, true).await
     }
 
     async fn send_batch(&self, queue: &str, messages: Vec<Message>) -> Result<(), BusError> {
         check_queue_name(queue)?;
-        let queue = self.queue(queue);
         for message in messages {
-            queue.push(message, true).await?;
+            self.destination(queue, &message)?.push(message, true).await?;
         }
         Ok(())
     }
@@ -142,6 +208,34 @@ impl TaskQueue for MemoryBus {
         check_consumer(queue, &config)?;
         let dlq = self.queue(&names::dead_letter_queue(queue));
         Ok(Box::new(MemoryConsumer { queue: self.queue(queue), dlq, config, _member: None }))
+    }
+
+    async fn consume_partitions(
+        &self,
+        queue: &str,
+        partitions: &[u16],
+        config: ConsumerConfig,
+    ) -> Result<Box<dyn Consumer>, BusError> {
+        check_queue_name(queue)?;
+        check_partitioned(queue)?;
+        check_consumer(queue, &config)?;
+        if partitions.is_empty() {
+            return Err(BusError::Invalid(format!("consumer of partitions of {queue}: no partition given")));
+        }
+        let mut numbers = partitions.to_vec();
+        numbers.sort_unstable();
+        numbers.dedup();
+        let family = self.partition(queue, numbers[0]).1;
+        let partitions = numbers.into_iter().map(|p| (p, self.partition(queue, p).0)).collect();
+        let dlq = self.queue(&names::dead_letter_queue(queue));
+        Ok(Box::new(PartitionsConsumer {
+            queue: queue.to_owned(),
+            partitions,
+            family,
+            dlq,
+            config,
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }))
     }
 
     async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {

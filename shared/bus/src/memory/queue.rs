@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use imagepipe_contracts::names::headers;
@@ -48,6 +48,9 @@ pub(super) struct Queue {
     state: Mutex<State>,
     /// Messages became ready, or due times changed: fetchers look again.
     changed: Notify,
+    /// Notified with `changed`, for consumers that wait on several queues at once (the
+    /// partitions of one queue share it).
+    family: Option<Arc<Notify>>,
     /// Room was freed: senders look again.
     room: Notify,
     closed: AtomicBool,
@@ -55,13 +58,14 @@ pub(super) struct Queue {
 
 impl Queue {
     /// A queue called `name` (logical, as in [`crate::Delivery::source`]) and `display` in logs
-    /// and errors.
+    /// and errors; `family`, when set, is notified whenever its fetchers are.
     pub(super) fn new(
         name: String,
         display: String,
         capacity: usize,
         send_timeout: Duration,
         dedup_window: Duration,
+        family: Option<Arc<Notify>>,
     ) -> Self {
         Self {
             name,
@@ -70,6 +74,7 @@ impl Queue {
             send_timeout,
             state: Mutex::new(State::new(dedup_window)),
             changed: Notify::new(),
+            family,
             room: Notify::new(),
             closed: AtomicBool::new(false),
         }
@@ -116,7 +121,7 @@ impl Queue {
     /// The bus was dropped: every waiter wakes up and gets [`BusError::Closed`].
     pub(super) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        self.changed.notify_waiters();
+        self.wake();
         self.room.notify_waiters();
     }
 
@@ -146,7 +151,7 @@ impl Queue {
                     }
                     state.insert(message);
                     drop(state);
-                    self.changed.notify_waiters();
+                    self.wake();
                     return Ok(());
                 }
             }
@@ -163,7 +168,7 @@ impl Queue {
             state.insert(message);
         }
         drop(state);
-        self.changed.notify_waiters();
+        self.wake();
     }
 
     /// Waits until there is room, or until `deadline`; false on timeout.
@@ -198,16 +203,10 @@ impl Queue {
             tokio::pin!(changed);
             changed.as_mut().enable();
             let now = Instant::now();
-            let next_due = {
-                let mut state = self.lock();
-                self.check_open()?;
-                self.act_on_due(&mut state, now, dlq);
-                let taken = state.take(max, now, config);
-                if !taken.is_empty() {
-                    return Ok(taken);
-                }
-                state.next_due()
-            };
+            let (taken, next_due) = self.take_now(max, now, config, dlq)?;
+            if !taken.is_empty() {
+                return Ok(taken);
+            }
             if now >= until {
                 return Ok(Vec::new());
             }
@@ -217,6 +216,23 @@ impl Queue {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
+    }
+
+    /// Without waiting: acts on the due times up to `now` (as [`fetch`](Self::fetch) does),
+    /// hands out at most `max` ready messages, and says when the next due time is (a delayed
+    /// message becoming ready, an ack deadline).
+    pub(super) fn take_now(
+        &self,
+        max: usize,
+        now: Instant,
+        config: &ConsumerConfig,
+        dlq: &Queue,
+    ) -> Result<(Vec<Taken>, Option<Instant>), BusError> {
+        let mut state = self.lock();
+        self.check_open()?;
+        self.act_on_due(&mut state, now, dlq);
+        let taken = state.take(max, now, config);
+        Ok((taken, state.next_due()))
     }
 
     /// The message is handled: remove it for good.
@@ -239,7 +255,7 @@ impl Queue {
             if delay.is_zero() { Status::Ready } else { Status::Delayed { due: after(Instant::now(), delay) } };
         state.set_status(seq, status);
         drop(state);
-        self.changed.notify_waiters();
+        self.wake();
         Ok(())
     }
 
@@ -282,7 +298,7 @@ impl Queue {
                     dead.insert(dead_letter_message(entry.message, &self.name, delivery_count, reason));
                     drop((dead, state));
                     self.room.notify_waiters();
-                    dlq.changed.notify_waiters();
+                    dlq.wake();
                     return Ok(());
                 }
             }
@@ -326,7 +342,7 @@ impl Queue {
         }
         if dead_lettered {
             self.room.notify_waiters();
-            dlq.changed.notify_waiters();
+            dlq.wake();
         }
     }
 
@@ -343,6 +359,14 @@ impl Queue {
         }
     }
 
+    /// Wakes this queue's fetchers and its family's.
+    fn wake(&self) {
+        self.changed.notify_waiters();
+        if let Some(family) = &self.family {
+            family.notify_waiters();
+        }
+    }
+
     fn check_open(&self) -> Result<(), BusError> {
         if self.closed.load(Ordering::SeqCst) { Err(BusError::Closed) } else { Ok(()) }
     }
@@ -352,8 +376,10 @@ impl Queue {
     }
 }
 
-/// `message` as it is stored in a dead-letter queue: unchanged, plus the dead-letter headers.
+/// `message` as it is stored in a dead-letter queue: unchanged, plus the dead-letter headers
+/// (the dead-letter queue itself has no partitions).
 fn dead_letter_message(mut message: Message, source: &str, delivery_count: u32, reason: &str) -> Message {
+    message.partition = None;
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
     message
         .headers

@@ -131,6 +131,7 @@ impl Events {
             self.config.capacity,
             self.config.send_timeout,
             self.config.dedup_window,
+            None,
         ));
         let mut backlog: Vec<&Retained> = state
             .topics

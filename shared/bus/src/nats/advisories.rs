@@ -15,6 +15,7 @@ use serde::Deserialize;
 use super::Shared;
 use super::codec;
 use super::dead_letter::{self, DeadLetterTarget};
+use super::names::{durable_name, partition_of_durable};
 use crate::error::BusError;
 
 /// The listener task of one consumer; stops when dropped.
@@ -63,6 +64,56 @@ pub(crate) fn spawn(
             if let Err(err) = handle(&shared, &stream, &target, &parsed, removes_on_ack).await {
                 tracing::error!(
                     source = %target.source,
+                    stream_seq = parsed.stream_seq,
+                    error = %err,
+                    "could not dead-letter a message past max deliveries; it stays in stream {stream_name}"
+                );
+            }
+        }
+    }))
+}
+
+/// Starts handling the advisories of every partition consumer of `queue` on `stream` (see
+/// [`partition_durable`](super::names::partition_durable)): one subscription for them all,
+/// whichever partitions this process reads, as any process can dead-letter any of them.
+pub(crate) fn spawn_partitions(
+    shared: Arc<Shared>,
+    stream: Stream,
+    queue: String,
+    dead_letter_queue: String,
+) -> Listener {
+    Listener(tokio::spawn(async move {
+        let stream_name = stream.cached_info().config.name.clone();
+        let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream_name}.*");
+        let group = format!("imagepipe-dlq-{stream_name}-{}_p", durable_name(&queue));
+        let mut advisories = match shared.client.queue_subscribe(subject.clone(), group).await {
+            Ok(subscriber) => subscriber,
+            Err(err) => {
+                tracing::error!(%subject, error = %err, "cannot listen for max-deliveries advisories");
+                return;
+            }
+        };
+        while let Some(advisory) = advisories.next().await {
+            let durable = advisory.subject.rsplit('.').next().unwrap_or_default();
+            if partition_of_durable(&queue, durable).is_none() {
+                continue;
+            }
+            let parsed: MaxDeliveries = match serde_json::from_slice(&advisory.payload) {
+                Ok(parsed) => parsed,
+                Err(err) => {
+                    tracing::error!(subject = %advisory.subject, error = %err, "unreadable max-deliveries advisory");
+                    continue;
+                }
+            };
+            let target = DeadLetterTarget {
+                source: queue.clone(),
+                queue: dead_letter_queue.clone(),
+                origin: format!("{stream_name}.{durable}"),
+            };
+            if let Err(err) = handle(&shared, &stream, &target, &parsed, true).await {
+                tracing::error!(
+                    source = %queue,
+                    consumer = durable,
                     stream_seq = parsed.stream_seq,
                     error = %err,
                     "could not dead-letter a message past max deliveries; it stays in stream {stream_name}"

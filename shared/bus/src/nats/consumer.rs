@@ -156,45 +156,56 @@ impl NatsConsumer {
         }
     }
 
-    /// Turns a pulled message into a delivery, or settles it here: events the selector
-    /// rejects are acked and skipped, deliveries past `max_deliveries` are dead-lettered.
+    /// Turns a pulled message into a delivery, or settles it here (see [`admit`]).
     async fn admit(&self, message: jetstream::Message) -> Result<Option<Delivery>, BusError> {
-        let (stream_seq, delivered) = {
-            let info = message.info().map_err(|err| self.receive_error(err.to_string()))?;
-            (info.stream_sequence, u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX))
-        };
-        let (raw, acker) = message.split();
-        let decoded = codec::decode(raw.headers.as_ref(), raw.payload);
-        if let Some(selector) = &self.selector {
-            let event_type = decoded
-                .headers
-                .get(headers::EVENT_TYPE)
-                .map(str::to_owned)
-                .or_else(|| self.shared.names.event_type_of(raw.subject.as_str()).map(str::to_owned));
-            if !event_type.is_some_and(|t| selector.matches(&t)) {
-                if let Err(err) = acker.ack_with(AckKind::Ack).await {
-                    tracing::debug!(source = %self.target.source, error = %err, "ack of a skipped event failed; it comes back");
-                }
-                return Ok(None);
-            }
-        }
-        let max_deliveries = self.spec.consumer.max_deliveries;
-        let handle = NatsAckHandle { shared: self.shared.clone(), acker, stream_seq, target: self.target.clone() };
-        if delivered > max_deliveries {
-            let reason = format!("ack deadline expired after {max_deliveries} deliveries");
-            if let Err(err) = crate::delivery::AckHandle::dead_letter(&handle, &decoded, max_deliveries, &reason).await
-            {
-                tracing::error!(
-                    source = %self.target.source,
-                    stream_seq,
-                    error = %err,
-                    "dead-lettering an expired message failed; it is delivered again"
-                );
+        admit(&self.shared, &self.target, self.spec.consumer.max_deliveries, self.selector.as_ref(), message).await
+    }
+}
+
+/// Turns a message pulled for `target` into a delivery, or settles it here: events `selector`
+/// rejects are acked and skipped, deliveries past `max_deliveries` are dead-lettered.
+pub(crate) async fn admit(
+    shared: &Arc<Shared>,
+    target: &Arc<DeadLetterTarget>,
+    max_deliveries: u32,
+    selector: Option<&Selector>,
+    message: jetstream::Message,
+) -> Result<Option<Delivery>, BusError> {
+    let (stream_seq, delivered) = {
+        let info = message
+            .info()
+            .map_err(|err| BusError::Receive { source_name: target.source.clone(), source: err.to_string().into() })?;
+        (info.stream_sequence, u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX))
+    };
+    let (raw, acker) = message.split();
+    let decoded = codec::decode(raw.headers.as_ref(), raw.payload);
+    if let Some(selector) = selector {
+        let event_type = decoded
+            .headers
+            .get(headers::EVENT_TYPE)
+            .map(str::to_owned)
+            .or_else(|| shared.names.event_type_of(raw.subject.as_str()).map(str::to_owned));
+        if !event_type.is_some_and(|t| selector.matches(&t)) {
+            if let Err(err) = acker.ack_with(AckKind::Ack).await {
+                tracing::debug!(source = %target.source, error = %err, "ack of a skipped event failed; it comes back");
             }
             return Ok(None);
         }
-        Ok(Some(Delivery::new(decoded, delivered, max_deliveries, self.target.source.clone(), Box::new(handle))))
     }
+    let handle = NatsAckHandle { shared: shared.clone(), acker, stream_seq, target: target.clone() };
+    if delivered > max_deliveries {
+        let reason = format!("ack deadline expired after {max_deliveries} deliveries");
+        if let Err(err) = crate::delivery::AckHandle::dead_letter(&handle, &decoded, max_deliveries, &reason).await {
+            tracing::error!(
+                source = %target.source,
+                stream_seq,
+                error = %err,
+                "dead-lettering an expired message failed; it is delivered again"
+            );
+        }
+        return Ok(None);
+    }
+    Ok(Some(Delivery::new(decoded, delivered, max_deliveries, target.source.clone(), Box::new(handle))))
 }
 
 #[async_trait]

@@ -19,6 +19,7 @@ mod events;
 mod handle;
 mod inspect;
 mod names;
+mod partitions;
 mod queue;
 mod streams;
 
@@ -152,18 +153,13 @@ impl Shared {
         })
     }
 
-    /// Publishes every message, all sent before any acknowledgement is awaited.
-    async fn publish_pipelined(
-        &self,
-        subject: &str,
-        messages: &[Message],
-        extra: &[(&str, &str)],
-    ) -> Result<(), BusError> {
+    /// Publishes every message on its subject, all sent before any acknowledgement is awaited.
+    async fn publish_pipelined(&self, messages: &[(String, Message)], extra: &[(&str, &str)]) -> Result<(), BusError> {
         let mut acks = Vec::with_capacity(messages.len());
-        for message in messages {
-            acks.push(self.start_publish(subject, message, extra).await?);
+        for (subject, message) in messages {
+            acks.push((subject, self.start_publish(subject, message, extra).await?));
         }
-        for ack in acks {
+        for (subject, ack) in acks {
             ack.await.map_err(|err| publish_error(subject, err))?;
         }
         Ok(())

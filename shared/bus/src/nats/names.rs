@@ -4,7 +4,9 @@
 //! `<prefix>.events.<eventType>`, dead letters `<prefix>.dlq.<queue>`. Stream and consumer
 //! names cannot contain dots, so they replace them with `_` (`IMAGEPIPE_TASKS`,
 //! `tasks_download`); two names that collide that way are caught at setup through the
-//! stream subjects and the consumer description.
+//! stream subjects and the consumer description. Partition `p` of a task queue is the subject
+//! `<prefix>.<queue>.<p>` with the consumer `<queue consumer>_p<p>`; so that no queue's subject
+//! is a partition's, queue names do not end in a number.
 
 use imagepipe_contracts::names::{DLQ, topics};
 
@@ -85,7 +87,23 @@ impl Names {
                 )));
             }
         };
+        if queue.rsplit('.').next().is_some_and(|last| last.bytes().all(|b| b.is_ascii_digit())) {
+            return Err(BusError::Invalid(format!(
+                "queue name {queue:?} must not end in a number: `<queue>.<number>` is the subject of a partition"
+            )));
+        }
         Ok((kind, format!("{}.{queue}", self.prefix)))
+    }
+
+    /// The subject of partition `partition` of task queue `queue` (`imagepipe.tasks.results.17`),
+    /// after checking the name. Dead-letter queues have no partitions.
+    pub(crate) fn partition_subject(&self, queue: &str, partition: u16) -> Result<String, BusError> {
+        match self.queue_subject(queue)? {
+            (QueueKind::Tasks, subject) => Ok(format!("{subject}.{partition}")),
+            (QueueKind::DeadLetters, _) => {
+                Err(BusError::Invalid(format!("{queue}: a dead-letter queue has no partitions")))
+            }
+        }
     }
 
     /// The subject of an event type after checking it (`task.completed`).
@@ -117,6 +135,22 @@ impl Names {
 /// A consumer name for a logical queue or group name (`tasks.download` → `tasks_download`).
 pub(crate) fn durable_name(logical: &str) -> String {
     sanitize(logical)
+}
+
+/// The consumer name of partition `partition` of queue `queue`: the queue's own consumer name
+/// and `_p<partition>` (`tasks.results`, 17 → `tasks_results_p17`).
+pub(crate) fn partition_durable(queue: &str, partition: u16) -> String {
+    format!("{}_p{partition}", durable_name(queue))
+}
+
+/// The partition whose consumer is `durable`, if it is one of `queue`'s (see
+/// [`partition_durable`]).
+pub(crate) fn partition_of_durable(queue: &str, durable: &str) -> Option<u16> {
+    let digits = durable.strip_prefix(&durable_name(queue))?.strip_prefix("_p")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 fn sanitize(name: &str) -> String {
@@ -214,12 +248,22 @@ mod tests {
         assert_eq!(Names::prefix_of_tasks_subjects("a.b.tasks.>"), Some("a.b"));
         assert_eq!(Names::prefix_of_tasks_subjects("tasks.>"), None);
         assert_eq!(Names::prefix_of_tasks_subjects("a.events.>"), None);
+        assert_eq!(names.partition_subject("tasks.results", 17).unwrap(), "imagepipe.tasks.results.17");
+        assert_eq!(names.partition_subject("tasks.results.high", 0).unwrap(), "imagepipe.tasks.results.high.0");
+        assert!(matches!(names.partition_subject("dlq.tasks.results", 1), Err(BusError::Invalid(_))));
+        assert_eq!(partition_durable("tasks.results.high", 63), "tasks_results_high_p63");
+        assert_eq!(partition_of_durable("tasks.results.high", "tasks_results_high_p63"), Some(63));
+        assert_eq!(partition_of_durable("tasks.results", "tasks_results_high_p63"), None);
+        assert_eq!(partition_of_durable("tasks.results", "tasks_results_p"), None);
+        assert_eq!(partition_of_durable("tasks.results", "tasks_results"), None);
     }
 
     #[test]
     fn bad_queue_names_are_rejected_with_a_reason() {
         let names = Names::new("imagepipe");
-        for bad in ["", "tasks", "dlq", "events.image", "tasks..x", "tasks.a b", "tasks.>", "tasks.*"] {
+        for bad in
+            ["", "tasks", "dlq", "events.image", "tasks..x", "tasks.a b", "tasks.>", "tasks.*", "tasks.results.17"]
+        {
             let err = names.queue_subject(bad).unwrap_err();
             assert!(matches!(err, BusError::Invalid(_)), "{bad}: {err}");
         }

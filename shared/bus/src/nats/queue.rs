@@ -1,7 +1,9 @@
 //! [`TaskQueue`] on the work-queue stream (and on the dead-letter stream for `dlq.*`).
 //!
 //! One durable consumer per queue, shared by every replica; delivery policy `all`, so a new
-//! consumer gets what was queued before it existed.
+//! consumer gets what was queued before it existed. Partition `p` of a queue is the subject
+//! `<queue subject>.<p>` with a durable consumer of its own (see the partitions module); no
+//! consumer filters with a wildcard, so a queue's consumer and its partitions' never overlap.
 
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_trait::async_trait;
@@ -12,6 +14,7 @@ use super::consumer::NatsConsumer;
 use super::consumers::ConsumerSpec;
 use super::inspect::consumer_backlog;
 use super::names::{QueueKind, durable_name};
+use super::partitions::PartitionsConsumer;
 use crate::config::ConsumerConfig;
 use crate::error::BusError;
 use crate::inspect::Backlog;
@@ -21,13 +24,16 @@ use crate::traits::{Consumer, TaskQueue};
 #[async_trait]
 impl TaskQueue for NatsBus {
     async fn send(&self, queue: &str, message: Message) -> Result<(), BusError> {
-        let (_, subject) = self.shared.names.queue_subject(queue)?;
+        let subject = self.subject_of(queue, &message)?;
         self.shared.publish(&subject, &message, &[]).await
     }
 
     async fn send_batch(&self, queue: &str, messages: Vec<Message>) -> Result<(), BusError> {
-        let (_, subject) = self.shared.names.queue_subject(queue)?;
-        self.shared.publish_pipelined(&subject, &messages, &[]).await
+        let addressed = messages
+            .into_iter()
+            .map(|message| Ok((self.subject_of(queue, &message)?, message)))
+            .collect::<Result<Vec<_>, BusError>>()?;
+        self.shared.publish_pipelined(&addressed, &[]).await
     }
 
     async fn flush(&self) -> Result<(), BusError> {
@@ -66,6 +72,15 @@ impl TaskQueue for NatsBus {
         Ok(Box::new(consumer))
     }
 
+    async fn consume_partitions(
+        &self,
+        queue: &str,
+        partitions: &[u16],
+        config: ConsumerConfig,
+    ) -> Result<Box<dyn Consumer>, BusError> {
+        Ok(Box::new(PartitionsConsumer::open(self.shared.clone(), queue, partitions, config).await?))
+    }
+
     async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
         self.shared.check_open()?;
         let (kind, _) = self.shared.names.queue_subject(queue)?;
@@ -90,6 +105,16 @@ impl TaskQueue for NatsBus {
                 Ok(None)
             }
             Err(error) => Err(BusError::Receive { source_name: queue.to_owned(), source: Box::new(error) }),
+        }
+    }
+}
+
+impl NatsBus {
+    /// The subject `message` is published on: the queue's, or its partition's.
+    fn subject_of(&self, queue: &str, message: &Message) -> Result<String, BusError> {
+        match message.partition {
+            None => Ok(self.shared.names.queue_subject(queue)?.1),
+            Some(partition) => self.shared.names.partition_subject(queue, partition),
         }
     }
 }

@@ -8,17 +8,25 @@
 //! (`<blob key>\0<task id>`) and `task_blobs` (`<task id>\0<blob key>`), and the keys its
 //! expiries released wait in `released_blobs`.
 //!
+//! Shards: one process owns every shard of this store, so tasks are not laid out per shard.
+//! The shard count ([`EmbeddedStore::with_shards`]) only says which tasks
+//! [`TaskStore::claim_due_in`] and [`TaskStore::queued_in`] return; it is pinned in `meta`.
+//! Leases (with their fencing tokens, checked in a transition's write transaction) and the
+//! handover log are tables; replica announcements are kept in memory (`shards`).
+//!
 //! # Where things are
 //!
 //! Here the store and its [`TaskStore`] methods on tasks; `tables` the tables and their keys,
 //! `write` a transition's write, `wake` the wake index, `list` the listings and counts,
 //! `expiry` the expiry, `dead_letters` the dead-letter archive, `blobs` the blob reference
-//! index, `upgrade` the indexes an older store lacks, filled at open.
+//! index, `shards` leases, replicas, handovers and the per-shard claims and queues, `upgrade`
+//! the indexes an older store lacks, filled at open.
 
 mod blobs;
 mod dead_letters;
 mod expiry;
 mod list;
+mod shards;
 mod tables;
 #[cfg(test)]
 mod tests;
@@ -26,23 +34,29 @@ mod upgrade;
 mod wake;
 mod write;
 
+use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use imagepipe_contracts::shard::DEFAULT_SHARDS;
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::error_chain;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable};
 
+use shards::{Announcements, fence_holds};
 use tables::{
-    BY_CREATION, BY_STATE, CLAIMED, CLAIMED_ORDER, DEAD_LETTER_ORDER, DEAD_LETTERS, DUE, DUE_ORDER, FINISHED, HISTORY,
-    IDEMPOTENCY, OUTBOX, RELEASED_BLOBS, TASK_BLOBS, TASKS, key2, prefixed, read_task, write,
+    BY_CREATION, BY_STATE, CLAIMED, CLAIMED_ORDER, DEAD_LETTER_ORDER, DEAD_LETTERS, DUE, DUE_ORDER, FINISHED,
+    HANDOVERS, HISTORY, IDEMPOTENCY, LEASES, META, OUTBOX, RELEASED_BLOBS, TASK_BLOBS, TASKS, key2, prefixed,
+    read_task, write,
 };
 use upgrade::{index_blob_references, index_finished_tasks};
 use write::write_transition;
 
 use super::{
-    Applied, Created, DeadLetter, DeadLetterPage, ListQuery, Settled, StoreError, TaskPage, TaskStore, decode,
+    Applied, Created, DeadLetter, DeadLetterPage, Handover, Lease, ListQuery, Replica, Settled, StoreError, TaskPage,
+    TaskStore, decode,
 };
 use crate::machine::Decision;
 use crate::task::{HistoryEntry, OutboxEntry, Task};
@@ -52,10 +66,13 @@ use crate::task::{HistoryEntry, OutboxEntry, Task};
 pub struct EmbeddedStore {
     db: EmbeddedDb,
     relay_grace: Duration,
+    shards: u16,
+    announcements: Arc<Mutex<Announcements>>,
 }
 
 impl EmbeddedStore {
-    /// Opens (creating if new) the store in directory `dir`: its file `coordinator.redb`.
+    /// Opens (creating if new) the store in directory `dir`: its file `coordinator.redb`, with
+    /// [`DEFAULT_SHARDS`] shards unless [`with_shards`](Self::with_shards) says otherwise.
     pub fn open(dir: &Path, relay_grace: Duration) -> Result<Self, StoreError> {
         let db = EmbeddedDb::open(&dir.join("coordinator.redb")).map_err(|e| err("opening", error_chain(&e)))?;
         let txn = db.database().begin_write().map_err(|e| err("opening", e))?;
@@ -72,11 +89,26 @@ impl EmbeddedStore {
             txn.open_table(IDEMPOTENCY).map_err(|e| err("opening", e))?;
             txn.open_table(DUE).map_err(|e| err("opening", e))?;
             txn.open_table(CLAIMED).map_err(|e| err("opening", e))?;
+            txn.open_table(META).map_err(|e| err("opening", e))?;
+            txn.open_table(LEASES).map_err(|e| err("opening", e))?;
+            txn.open_table(HANDOVERS).map_err(|e| err("opening", e))?;
             index_finished_tasks(&txn)?;
             index_blob_references(&txn)?;
         }
         txn.commit().map_err(|e| err("opening", e))?;
-        Ok(Self { db, relay_grace })
+        Ok(Self { db, relay_grace, shards: DEFAULT_SHARDS, announcements: Arc::default() })
+    }
+
+    /// The store with `shards` shards (at least 1): which tasks the per-shard claims and
+    /// queues return ([`TaskStore::pin_shards`] records the count).
+    #[must_use]
+    pub fn with_shards(self, shards: u16) -> Self {
+        Self { shards: shards.max(1), ..self }
+    }
+
+    /// The live replica announcements (a poisoned lock still holds whole entries).
+    fn announcements(&self) -> MutexGuard<'_, Announcements> {
+        self.announcements.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     async fn run<T: Send + 'static>(
@@ -100,6 +132,11 @@ impl TaskStore for EmbeddedStore {
         self.run("creating a task", move |db, grace| {
             write(db, "creating a task", |txn| {
                 let task = &decision.task;
+                if let Some(fence) = &decision.fence
+                    && !fence_holds(txn, fence)?
+                {
+                    return Err(StoreError::Fenced { task: task.id.clone(), shard: fence.shard, token: fence.token });
+                }
                 let tasks = txn.open_table(TASKS).map_err(|e| err("creating a task", e))?;
                 if let Some(existing) = read_task(&tasks, &task.id)? {
                     return Ok(Created::Existing(Box::new(existing)));
@@ -135,6 +172,12 @@ impl TaskStore for EmbeddedStore {
             write(db, "applying transitions", |txn| {
                 let mut applied = Vec::with_capacity(decisions.len());
                 for decision in &decisions {
+                    if let Some(fence) = &decision.fence
+                        && !fence_holds(txn, fence)?
+                    {
+                        applied.push(Applied::Fenced);
+                        continue;
+                    }
                     let tasks = txn.open_table(TASKS).map_err(|e| err("applying a transition", e))?;
                     let previous = read_task(&tasks, &decision.task.id)?;
                     drop(tasks);
@@ -237,7 +280,7 @@ impl TaskStore for EmbeddedStore {
     }
 
     async fn claim_due(&self, now: u64, lease: Duration, max: usize) -> Result<Vec<String>, StoreError> {
-        wake::claim_due(self, now, lease, max).await
+        wake::claim_due(self, None, now, lease, max).await
     }
 
     async fn release(&self, id: &str, now: u64) -> Result<(), StoreError> {
@@ -278,5 +321,66 @@ impl TaskStore for EmbeddedStore {
 
     async fn take_released_blobs(&self, max: usize) -> Result<Vec<String>, StoreError> {
         blobs::take_released(self, max).await
+    }
+
+    async fn pin_shards(&self, shards: u16) -> Result<(), StoreError> {
+        shards::pin(self, shards).await
+    }
+
+    async fn heartbeat(&self, replica: &Replica, ttl: Duration) -> Result<(), StoreError> {
+        shards::heartbeat(self, replica, ttl)
+    }
+
+    async fn replicas(&self, now: u64) -> Result<Vec<Replica>, StoreError> {
+        Ok(shards::replicas(self, now))
+    }
+
+    async fn leave(&self, id: &str) -> Result<(), StoreError> {
+        shards::leave(self, id);
+        Ok(())
+    }
+
+    async fn acquire_shards(
+        &self,
+        owner: &str,
+        shards: &[u16],
+        now: u64,
+        ttl: Duration,
+    ) -> Result<Vec<Option<Lease>>, StoreError> {
+        shards::acquire(self, owner, shards, now, ttl).await
+    }
+
+    async fn release_shards(&self, owner: &str, leases: &[Lease]) -> Result<(), StoreError> {
+        shards::release(self, owner, leases).await
+    }
+
+    async fn leases(&self) -> Result<Vec<Lease>, StoreError> {
+        shards::leases(self).await
+    }
+
+    async fn record_handovers(&self, handovers: &[Handover]) -> Result<(), StoreError> {
+        shards::record_handovers(self, handovers).await
+    }
+
+    async fn handovers(&self, limit: usize) -> Result<Vec<Handover>, StoreError> {
+        shards::handovers(self, limit).await
+    }
+
+    async fn claim_due_in(
+        &self,
+        shards: &[u16],
+        now: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let shards: BTreeSet<u16> = shards.iter().copied().filter(|s| *s < self.shards).collect();
+        if shards.is_empty() || max == 0 {
+            return Ok(Vec::new());
+        }
+        wake::claim_due(self, Some(shards), now, lease, max).await
+    }
+
+    async fn queued_in(&self, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError> {
+        shards::queued_in(self, shards, max).await
     }
 }

@@ -27,6 +27,14 @@ pub(super) const TASK_BLOBS: TableDefinition<&str, ()> = TableDefinition::new("t
 /// Blob keys whose last referencing task expired, for the blob sweeper.
 pub(super) const RELEASED_BLOBS: TableDefinition<&str, ()> = TableDefinition::new("released_blobs");
 
+/// The store's settings: `shards`, the pinned shard count.
+pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The lease of each shard ever leased: shard → [`Lease`](crate::store::Lease) (JSON).
+pub(super) const LEASES: TableDefinition<u16, &[u8]> = TableDefinition::new("leases");
+/// The handover log: sequence number → [`Handover`](crate::store::Handover) (JSON), the newest
+/// [`HANDOVERS_KEPT`](crate::store::HANDOVERS_KEPT).
+pub(super) const HANDOVERS: TableDefinition<u64, &[u8]> = TableDefinition::new("handovers");
+
 /// Separates the parts of a composite key; ids never contain it.
 pub(super) const SEP: char = '\u{0}';
 /// One past [`SEP`]: the upper bound of a key prefix.

@@ -1,6 +1,9 @@
 //! The wake index: due tasks (`due`, by wake time) and the leases on them (`claimed`).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
+
+use imagepipe_contracts::shard::shard_of;
 
 use redb::{ReadableTable, WriteTransaction};
 
@@ -27,14 +30,20 @@ pub(super) fn due_add_lt(txn: &WriteTransaction, id: &str, at: u64) -> Result<()
     Ok(())
 }
 
-/// The store's [`TaskStore::claim_due`](crate::store::TaskStore::claim_due).
+/// The store's [`TaskStore::claim_due`](crate::store::TaskStore::claim_due), and with `shards`
+/// its [`TaskStore::claim_due_in`](crate::store::TaskStore::claim_due_in): the due index is
+/// walked in wake order and the tasks of other shards passed over, so a claim costs the due
+/// entries up to the last one it takes (one process owns every shard of this store).
 pub(super) async fn claim_due(
     store: &EmbeddedStore,
+    shards: Option<BTreeSet<u16>>,
     now: u64,
     lease: Duration,
     max: usize,
 ) -> Result<Vec<String>, StoreError> {
     let until = now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+    let count = store.shards;
+    let wanted = move |id: &str| shards.as_ref().is_none_or(|s| s.contains(&shard_of(id, count)));
     store
         .run("claiming due tasks", move |db, _| {
             write(db, "claiming due tasks", |txn| {
@@ -54,7 +63,16 @@ pub(super) async fn claim_due(
                 let mut due_order = txn.open_table(DUE_ORDER).map_err(|e| err(op, e))?;
                 let mut claimed = txn.open_table(CLAIMED).map_err(|e| err(op, e))?;
                 let mut claimed_order = txn.open_table(CLAIMED_ORDER).map_err(|e| err(op, e))?;
-                let (keys, _) = range_keys(&due_order, "", &hi, max)?;
+                let mut keys = Vec::new();
+                for row in due_order.range(..hi.as_str()).map_err(|e| err(op, e))? {
+                    if keys.len() == max {
+                        break;
+                    }
+                    let (key, _) = row.map_err(|e| err(op, e))?;
+                    if wanted(id_of(key.value())) {
+                        keys.push(key.value().to_owned());
+                    }
+                }
                 let mut ids = Vec::with_capacity(keys.len());
                 for key in keys {
                     let id = id_of(&key).to_owned();

@@ -58,7 +58,8 @@ pub(super) async fn expire_finished(store: &RedisStore, before: u64, max: usize)
 
 impl RedisStore {
     /// Deletes every key and index entry of finished `task` (the order is the module's
-    /// "Expiry"), except its finished entry; whether this call deleted its keys.
+    /// "Expiry"), except its finished entry and its due and claimed entries (a claim of a task
+    /// that is gone drops them); whether this call deleted its keys.
     pub(super) async fn forget_task(&self, task: &Task) -> Result<bool, StoreError> {
         let mut conn = self.conn.clone();
         let mut unindex = self.unindex.key(self.index_key("all"));
@@ -69,6 +70,17 @@ impl RedisStore {
         unindex
             .arg(&task.id)
             .arg(task.created_at)
+            .invoke_async::<()>(&mut conn)
+            .await
+            .map_err(redis_err("expiring"))?;
+        // A queued entry is scored by priority band and creation time: one left behind (its
+        // task's start was never settled) goes too, from the global and the shard's set.
+        let as_queued = Task { state: TaskState::Queued, ..task.clone() };
+        self.unindex
+            .key(self.state_key(TaskState::Queued))
+            .key(self.shard_index_key("queued", self.shard(&task.id)))
+            .arg(&task.id)
+            .arg(as_queued.index_at())
             .invoke_async::<()>(&mut conn)
             .await
             .map_err(redis_err("expiring"))?;

@@ -1,22 +1,45 @@
-//! The Redis store: one Lua script per transition, keys hash-tagged so it runs on Redis Cluster.
+//! The Redis store: one Lua script per transition, keys hash-tagged so it runs on Redis Cluster:
+//! a task's keys and the lease of its shard share the shard's slot, so every transition script
+//! touches one slot and a cluster can spread the shards over its nodes.
 //!
-//! # Keys (`P` is the configured prefix)
+//! # Keys (`P` is the configured prefix, `N` a task's shard: `shard_of(id, shards)`)
 //!
 //! | key | type | slot |
 //! |---|---|---|
-//! | `P:task:{id}` | hash: `version`, `state`, `task` (JSON) | the task's |
-//! | `P:hist:{id}` | list of history entries (JSON), oldest first | the task's |
-//! | `P:history:{id}` | stream of the history a store written before `P:hist` kept (read first) | the task's |
-//! | `P:outbox:{id}` | hash: entry id → JSON | the task's |
+//! | `P:{P:sN}:task:<id>` | hash: `version`, `state`, `task` (JSON) | shard N's |
+//! | `P:{P:sN}:hist:<id>` | list of history entries (JSON), oldest first | shard N's |
+//! | `P:{P:sN}:history:<id>` | stream of the history a store written before `hist` kept (read first) | shard N's |
+//! | `P:{P:sN}:outbox:<id>` | hash: entry id → JSON | shard N's |
+//! | `P:{P:sN}:lease` | hash: `owner` (empty once released), `token`, `expires_at` (Unix ms) | shard N's |
 //! | `P:idem:{key}` | string: task id | its own |
 //! | `P:{P:idx}:state:<state>`, `P:{P:idx}:all` | sorted sets, score = creation time | the index slot |
 //! | `P:{P:idx}:in_flight` | sorted set: tasks started and unfinished, score = creation time | the index slot |
 //! | `P:{P:idx}:due`, `P:{P:idx}:claimed` | sorted sets: wake time, lease end | the index slot |
+//! | `P:{P:idx}:due:sN`, `P:{P:idx}:claimed:sN` | the same, shard N's tasks only | the index slot |
+//! | `P:{P:idx}:queued:sN` | sorted set: shard N's queued tasks, scored as `state:queued` | the index slot |
 //! | `P:{P:idx}:finished` | sorted set: finished tasks, score = time of the last transition | the index slot |
+//! | `P:{P:idx}:shards` | string: the shard count the store is pinned to | the index slot |
+//! | `P:{P:idx}:layout` | string: the key layout version (2: per shard) | the index slot |
 //! | `P:{P:dlq}:entries`, `P:{P:dlq}:order` | dead-letter archive | the DLQ slot |
 //! | `P:{P:idx}:blob:<key>`, `P:{P:idx}:task_blobs:<id>` | sets: the tasks referencing a blob, the blobs a task references | the index slot |
 //! | `P:{P:idx}:released_blobs` | set: blobs whose last referencing task expired | the index slot |
 //! | `P:{P:idx}:blob_refs_built` | string: the blob references of the tasks written before they were kept are in | the index slot |
+//! | `P:{P:cluster}:replicas`, `P:{P:cluster}:alive` | hash: replica id → announcement (JSON); sorted set: id → when it runs out | the cluster slot |
+//! | `P:{P:cluster}:handovers` | list of handovers (JSON), newest first, the newest [`HANDOVERS_KEPT`](crate::store::HANDOVERS_KEPT) | the cluster slot |
+//!
+//! The per-shard sets hold exactly the global sets' entries of their shard, with the same
+//! scores: every command that changes a global set changes the shard's in the same MULTI block
+//! or script, so the claims of [`TaskStore::claim_due_in`] and [`TaskStore::claim_due`] are
+//! disjoint.
+//!
+//! # Shards, leases and fencing
+//!
+//! The store is opened for a shard count ([`RedisStore::with_shards`]), which places every
+//! task's keys; a store pinned to another count ([`TaskStore::pin_shards`]) refuses to work.
+//! A shard's lease is taken and renewed by one script per shard (all of them in one pipeline);
+//! its token only ever grows. A transition that carries a fence checks the lease inside the
+//! transition script (the lease key is in the task's slot), so a replica whose lease is gone
+//! writes nothing.
 //!
 //! # Atomicity across slots
 //!
@@ -53,7 +76,8 @@
 //! Here the store and its [`TaskStore`] methods on tasks; `keys` the key formats above,
 //! `scripts` the Lua scripts, `write` the transitions and their index commands, `list` the
 //! listings, `expiry` the expiry, `dead_letters` the dead-letter archive, `blobs` the blob
-//! reference index, `upgrade` the indexes an older store lacks, built at connect.
+//! reference index, `shards` leases, replicas, handovers and the per-shard claims, `upgrade` the
+//! key layout and the indexes an older store lacks, moved and built before the first use.
 
 mod blobs;
 mod dead_letters;
@@ -61,21 +85,29 @@ mod expiry;
 mod keys;
 mod list;
 mod scripts;
+mod shards;
 #[cfg(test)]
 pub(crate) mod tests;
 mod upgrade;
 mod write;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use imagepipe_contracts::shard::DEFAULT_SHARDS;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
+use tokio::sync::OnceCell;
 
-use scripts::{CLAIM, FORGET, RELEASE_KEY, TRANSITION, TRIM_DEAD_LETTERS, UNFINISH, UNINDEX, UNREFERENCE};
+use scripts::{
+    ACQUIRE, CLAIM_IN, CLAIM_LISTED, FORGET, LIVE_REPLICAS, RELEASE_KEY, RELEASE_LEASE, TRANSITION, TRIM_DEAD_LETTERS,
+    UNFINISH, UNINDEX, UNREFERENCE,
+};
 
 use super::{
-    Applied, Created, DeadLetter, DeadLetterPage, ListQuery, Settled, StoreError, TaskPage, TaskStore, decode, wake_at,
+    Applied, Created, DeadLetter, DeadLetterPage, Handover, Lease, ListQuery, Replica, Settled, StoreError, TaskPage,
+    TaskStore, decode, wake_at,
 };
 use crate::machine::Decision;
 use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
@@ -86,8 +118,15 @@ pub struct RedisStore {
     conn: ConnectionManager,
     prefix: String,
     relay_grace: Duration,
+    shards: u16,
+    /// Set once the key layout is current and the indexes are built ([`RedisStore::ready`]).
+    ready: Arc<OnceCell<()>>,
     transition: Script,
-    claim: Script,
+    claim_in: Script,
+    claim_listed: Script,
+    acquire: Script,
+    release_lease: Script,
+    live_replicas: Script,
     unindex: Script,
     unfinish: Script,
     release_key: Script,
@@ -101,7 +140,11 @@ fn redis_err(operation: &'static str) -> impl FnOnce(redis::RedisError) -> Store
 }
 
 impl RedisStore {
-    /// Connects to `url`; every key starts with `prefix` (no braces).
+    /// Connects to `url`; every key starts with `prefix` (no braces). The store works with
+    /// [`DEFAULT_SHARDS`] shards unless [`with_shards`](Self::with_shards) says otherwise. A
+    /// store written by an older version is brought up to date (its keys moved into the layout
+    /// per shard, its missing indexes built) before the first operation that reads or writes
+    /// tasks, so after the shard count is set.
     pub async fn connect(url: &str, prefix: &str, relay_grace: Duration) -> Result<Self, StoreError> {
         if prefix.is_empty() || prefix.contains(['{', '}']) {
             return Err(StoreError::Redis {
@@ -118,8 +161,14 @@ impl RedisStore {
             conn,
             prefix: prefix.to_owned(),
             relay_grace,
+            shards: DEFAULT_SHARDS,
+            ready: Arc::new(OnceCell::new()),
             transition: Script::new(TRANSITION),
-            claim: Script::new(CLAIM),
+            claim_in: Script::new(CLAIM_IN),
+            claim_listed: Script::new(CLAIM_LISTED),
+            acquire: Script::new(ACQUIRE),
+            release_lease: Script::new(RELEASE_LEASE),
+            live_replicas: Script::new(LIVE_REPLICAS),
             unindex: Script::new(UNINDEX),
             unfinish: Script::new(UNFINISH),
             release_key: Script::new(RELEASE_KEY),
@@ -127,16 +176,25 @@ impl RedisStore {
             trim_dead_letters: Script::new(TRIM_DEAD_LETTERS),
             unreference: Script::new(UNREFERENCE),
         };
-        store.build_in_flight_set().await?;
-        store.build_finished_set().await?;
-        store.build_blob_references().await?;
         Ok(store)
+    }
+
+    /// The store with `shards` shards (at least 1): where each task's keys are, and which
+    /// shard's indexes list it. It must be the count the store was written with
+    /// ([`TaskStore::pin_shards`]); a store pinned to another count refuses every task operation
+    /// with [`StoreError::ShardsChanged`].
+    #[must_use]
+    pub fn with_shards(self, shards: u16) -> Self {
+        Self { shards: shards.max(1), ready: Arc::new(OnceCell::new()), ..self }
     }
 }
 
 #[async_trait]
 impl TaskStore for RedisStore {
+    /// Refused with [`StoreError::Fenced`] when `decision` carries a fence that is not the
+    /// shard's current lease (nothing of the task is written then).
     async fn create(&self, decision: &Decision) -> Result<Created, StoreError> {
+        self.ready().await?;
         let task = &decision.task;
         let mut conn = self.conn.clone();
         if let Some(key) = &task.idempotency_key {
@@ -163,8 +221,14 @@ impl TaskStore for RedisStore {
                 }
             }
         }
-        if self.index_and_write(std::slice::from_ref(decision)).await?.first() == Some(&true) {
-            return Ok(Created::New);
+        match self.index_and_write(std::slice::from_ref(decision)).await?.first() {
+            Some(Applied::Yes) => return Ok(Created::New),
+            Some(Applied::Fenced) => {
+                self.repair(&[decision]).await?;
+                let fence = decision.fence.unwrap_or(crate::machine::Fence { shard: 0, token: 0, now: 0 });
+                return Err(StoreError::Fenced { task: task.id.clone(), shard: fence.shard, token: fence.token });
+            }
+            _ => {}
         }
         let existing = self.get(&task.id).await?.ok_or_else(|| StoreError::Corrupt {
             what: "task",
@@ -179,37 +243,29 @@ impl TaskStore for RedisStore {
         if decisions.is_empty() {
             return Ok(Vec::new());
         }
+        self.ready().await?;
         let written = self.index_and_write(decisions).await?;
-        let lost: Vec<&str> =
-            decisions.iter().zip(&written).filter(|(_, w)| !**w).map(|(d, _)| d.task.id.as_str()).collect();
-        if !lost.is_empty() {
-            let actual = self.get_many(&lost).await?;
-            let lost_tasks = decisions.iter().zip(&written).filter(|(_, w)| !**w).map(|(d, _)| &d.task);
-            let gone: Vec<&Task> = lost_tasks.zip(&actual).filter(|(_, a)| a.is_none()).map(|(t, _)| t).collect();
-            let stored: Vec<(&str, TaskState)> = actual.iter().flatten().map(|t| (t.id.as_str(), t.state)).collect();
-            self.prune_many(&stored, &gone).await?;
-        }
-        Ok(written.into_iter().map(|w| if w { Applied::Yes } else { Applied::Conflict }).collect())
+        let lost: Vec<&Decision> =
+            decisions.iter().zip(&written).filter(|(_, w)| **w != Applied::Yes).map(|(d, _)| d).collect();
+        self.repair(&lost).await?;
+        Ok(written)
     }
 
     async fn get_many(&self, ids: &[&str]) -> Result<Vec<Option<Task>>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for id in ids {
-            pipe.hget(self.task_key(id), "task");
-        }
-        let json: Vec<Option<Vec<u8>>> =
-            pipe.query_async(&mut self.conn.clone()).await.map_err(redis_err("reading a task"))?;
-        ids.iter().zip(json).map(|(id, j)| j.map(|j| decode("task", id, &j)).transpose()).collect()
+        self.ready().await?;
+        self.read_tasks(ids).await
     }
 
     async fn find_by_idempotency_key(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.ready().await?;
         self.conn.clone().get(self.idem_key(key)).await.map_err(redis_err("reading an idempotency key"))
     }
 
     async fn history(&self, id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
+        self.ready().await?;
         let (legacy, listed): (redis::streams::StreamRangeReply, Vec<Vec<u8>>) = redis::pipe()
             .xrange_all(self.legacy_history_key(id))
             .lrange(self.history_key(id), 0, -1)
@@ -227,18 +283,22 @@ impl TaskStore for RedisStore {
     }
 
     async fn list(&self, query: &ListQuery) -> Result<TaskPage, StoreError> {
+        self.ready().await?;
         list::tasks(self, query).await
     }
 
     async fn count_in_flight(&self) -> Result<u64, StoreError> {
+        self.ready().await?;
         self.conn.clone().zcard(self.index_key("in_flight")).await.map_err(redis_err("counting tasks"))
     }
 
     async fn count_queued(&self) -> Result<u64, StoreError> {
+        self.ready().await?;
         self.conn.clone().zcard(self.state_key(TaskState::Queued)).await.map_err(redis_err("counting tasks"))
     }
 
     async fn outbox(&self, id: &str) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.ready().await?;
         let mut entries: Vec<(String, Vec<u8>)> =
             self.conn.clone().hgetall(self.outbox_key(id)).await.map_err(redis_err("reading the outbox"))?;
         entries.sort_by(|a, b| a.0.cmp(&b.0));
@@ -246,6 +306,7 @@ impl TaskStore for RedisStore {
     }
 
     async fn settle(&self, settled: &[Settled<'_>]) -> Result<(), StoreError> {
+        self.ready().await?;
         let mut pipe = redis::pipe();
         for s in settled.iter().filter(|s| !s.relayed.is_empty()) {
             pipe.hdel(self.outbox_key(s.task), s.relayed).ignore();
@@ -259,32 +320,29 @@ impl TaskStore for RedisStore {
     }
 
     async fn claim_due(&self, now: u64, lease: Duration, max: usize) -> Result<Vec<String>, StoreError> {
-        let until = now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
-        self.claim
-            .key(self.index_key("due"))
-            .key(self.index_key("claimed"))
-            .arg(now)
-            .arg(until)
-            .arg(max)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(redis_err("claiming due tasks"))
+        self.ready().await?;
+        shards::claim_due(self, now, lease, max).await
     }
 
     async fn release(&self, id: &str, now: u64) -> Result<(), StoreError> {
+        self.ready().await?;
         let task = self.get(id).await?;
         let outbox_len: usize =
             self.conn.clone().hlen(self.outbox_key(id)).await.map_err(redis_err("releasing a task"))?;
+        let shard = self.shard(id);
         let mut pipe = redis::pipe();
         pipe.atomic();
         if let Some(at) = task.and_then(|t| wake_at(&t, outbox_len > 0, now, self.relay_grace)) {
             pipe.cmd("ZADD").arg(self.index_key("due")).arg("LT").arg(at).arg(id).ignore();
+            pipe.cmd("ZADD").arg(self.shard_index_key("due", shard)).arg("LT").arg(at).arg(id).ignore();
         }
         pipe.zrem(self.index_key("claimed"), id).ignore();
+        pipe.zrem(self.shard_index_key("claimed", shard), id).ignore();
         pipe.query_async::<()>(&mut self.conn.clone()).await.map_err(redis_err("releasing a task"))
     }
 
     async fn expire_finished(&self, before: u64, max: usize) -> Result<usize, StoreError> {
+        self.ready().await?;
         expiry::expire_finished(self, before, max).await
     }
 
@@ -313,10 +371,100 @@ impl TaskStore for RedisStore {
     }
 
     async fn referenced_blobs(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
+        self.ready().await?;
         blobs::referenced(self, keys).await
     }
 
     async fn take_released_blobs(&self, max: usize) -> Result<Vec<String>, StoreError> {
         blobs::take_released(self, max).await
+    }
+
+    async fn pin_shards(&self, shards: u16) -> Result<(), StoreError> {
+        self.pin(shards).await?;
+        self.ready().await
+    }
+
+    async fn heartbeat(&self, replica: &Replica, ttl: Duration) -> Result<(), StoreError> {
+        shards::heartbeat(self, replica, ttl).await
+    }
+
+    async fn replicas(&self, now: u64) -> Result<Vec<Replica>, StoreError> {
+        shards::replicas(self, now).await
+    }
+
+    async fn leave(&self, id: &str) -> Result<(), StoreError> {
+        shards::leave(self, id).await
+    }
+
+    async fn acquire_shards(
+        &self,
+        owner: &str,
+        shards: &[u16],
+        now: u64,
+        ttl: Duration,
+    ) -> Result<Vec<Option<Lease>>, StoreError> {
+        shards::acquire(self, owner, shards, now, ttl).await
+    }
+
+    async fn release_shards(&self, owner: &str, leases: &[Lease]) -> Result<(), StoreError> {
+        shards::release(self, owner, leases).await
+    }
+
+    async fn leases(&self) -> Result<Vec<Lease>, StoreError> {
+        shards::leases(self).await
+    }
+
+    async fn record_handovers(&self, handovers: &[Handover]) -> Result<(), StoreError> {
+        shards::record_handovers(self, handovers).await
+    }
+
+    async fn handovers(&self, limit: usize) -> Result<Vec<Handover>, StoreError> {
+        shards::handovers(self, limit).await
+    }
+
+    async fn claim_due_in(
+        &self,
+        shards: &[u16],
+        now: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.ready().await?;
+        shards::claim_due_in(self, shards, now, lease, max).await
+    }
+
+    async fn queued_in(&self, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError> {
+        self.ready().await?;
+        shards::queued_in(self, shards, max).await
+    }
+}
+
+impl RedisStore {
+    /// The tasks `ids`, in order, in one round trip (without waiting for [`ready`](Self::ready):
+    /// the upgrade reads tasks too).
+    async fn read_tasks(&self, ids: &[&str]) -> Result<Vec<Option<Task>>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hget(self.task_key(id), "task");
+        }
+        let json: Vec<Option<Vec<u8>>> =
+            pipe.query_async(&mut self.conn.clone()).await.map_err(redis_err("reading a task"))?;
+        ids.iter().zip(json).map(|(id, j)| j.map(|j| decode("task", id, &j)).transpose()).collect()
+    }
+
+    /// Prunes the index entries that refused writes (`lost`: lost compare-and-sets, fenced
+    /// writes) left for their tasks' stored states, and those of tasks that do not exist.
+    async fn repair(&self, lost: &[&Decision]) -> Result<(), StoreError> {
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = lost.iter().map(|d| d.task.id.as_str()).collect();
+        let actual = self.get_many(&ids).await?;
+        let gone: Vec<&Task> = lost.iter().zip(&actual).filter(|(_, a)| a.is_none()).map(|(d, _)| &d.task).collect();
+        let stored: Vec<(&str, TaskState)> = actual.iter().flatten().map(|t| (t.id.as_str(), t.state)).collect();
+        self.prune_many(&stored, &gone).await
     }
 }

@@ -60,12 +60,21 @@ async fn every_key_of_a_task_shares_its_hash_slot() {
         tag.unwrap_or_else(|| key.to_owned())
     };
     let id = "tsk_01J";
-    assert_eq!(slot(&store.task_key(id)), id);
-    assert_eq!(slot(&store.history_key(id)), id);
-    assert_eq!(slot(&store.legacy_history_key(id)), id);
-    assert_eq!(slot(&store.outbox_key(id)), id);
+    let shard = imagepipe_contracts::shard::shard_of(id, imagepipe_contracts::shard::DEFAULT_SHARDS);
+    let tag = format!("{}:s{shard}", store.prefix);
+    assert_eq!(slot(&store.task_key(id)), tag, "tagged with the task's shard");
+    assert_eq!(slot(&store.history_key(id)), tag);
+    assert_eq!(slot(&store.legacy_history_key(id)), tag);
+    assert_eq!(slot(&store.outbox_key(id)), tag);
+    assert_eq!(slot(&store.lease_key(shard)), tag, "the transition script checks the lease in the same slot");
+    let other = store.clone().with_shards(7);
+    assert_eq!(slot(&other.task_key(id)), format!("{}:s{}", store.prefix, imagepipe_contracts::shard::shard_of(id, 7)));
     assert_eq!(slot(&store.index_key("due")), slot(&store.index_key("claimed")));
     assert_eq!(slot(&store.state_key(TaskState::Queued)), slot(&store.index_key("all")));
+    for name in ["due", "claimed", "queued"] {
+        assert_eq!(slot(&store.shard_index_key(name, shard)), slot(&store.index_key("all")), "{name}: the index slot");
+    }
+    assert_eq!(slot(&store.cluster_key("replicas")), slot(&store.cluster_key("handovers")));
 }
 
 #[tokio::test]
@@ -109,8 +118,11 @@ async fn an_expired_task_leaves_no_key_behind() {
     let mut keys: Vec<String> =
         redis::cmd("KEYS").arg(format!("{}:*", store.prefix)).query_async(&mut store.conn.clone()).await.unwrap();
     keys.sort();
-    // The store's own marker, and the task's blobs, released for the blob sweeper.
-    assert_eq!(keys, [store.index_key("blob_refs_built"), store.index_key("released_blobs")]);
+    // The store's own markers, and the task's blobs, released for the blob sweeper.
+    assert_eq!(
+        keys,
+        [store.index_key("blob_refs_built"), store.index_key("layout"), store.index_key("released_blobs")]
+    );
     assert!(!store.take_released_blobs(10).await.unwrap().is_empty());
 }
 
@@ -177,4 +189,88 @@ async fn history_an_older_store_wrote_as_a_stream_is_read_first_and_expires_too(
 #[tokio::test]
 async fn a_prefix_with_braces_is_refused() {
     assert!(RedisStore::connect(URL, "a{b}", suite::RELAY_GRACE).await.is_err());
+}
+
+/// Turns the keys of tasks `ids` that `store` wrote into layout 1's (`P:<kind>:{<id>}`, the
+/// layout before shards) and drops what layout 2 added: the per-shard sets and the marker.
+async fn back_to_layout_1(store: &RedisStore, ids: &[&str]) {
+    let mut conn = store.conn.clone();
+    for id in ids {
+        let shard = store.shard(id);
+        for (kind, key) in
+            [("task", store.task_key(id)), ("hist", store.history_key(id)), ("outbox", store.outbox_key(id))]
+        {
+            if conn.exists::<_, bool>(&key).await.unwrap() {
+                let () = conn.rename(&key, store.unsharded_key(kind, id)).await.unwrap();
+            }
+        }
+        for name in ["due", "claimed", "queued"] {
+            let () = conn.del(store.shard_index_key(name, shard)).await.unwrap();
+        }
+    }
+    let () = conn.del(store.index_key("layout")).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_store_of_the_layout_before_shards_is_moved_when_opened() {
+    let prefix = unique_prefix("layout");
+    let _cleanup = Cleanup(prefix.clone());
+    let old = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
+    let started = suite::write_a_started_task(&old).await;
+    let queued = machine::create(
+        "tsk_layout_queued".into(),
+        &SubmitTask::url("https://example.com/b.jpg"),
+        ImageSource::Url("https://example.com/b.jpg".into()),
+        TraceId::random(),
+        T0,
+    );
+    assert_eq!(old.create(&queued).await.unwrap(), Created::New);
+    let history = old.history(&started).await.unwrap();
+    let outbox = old.outbox(&started).await.unwrap();
+    back_to_layout_1(&old, &[&started, "tsk_layout_queued"]).await;
+    // A history stream of an even older store moves too.
+    let mut conn = old.conn.clone();
+    let () = redis::cmd("XADD")
+        .arg(old.unsharded_key("history", "tsk_layout_queued"))
+        .arg("1-0")
+        .arg("entry")
+        .arg(crate::store::encode(&queued.history))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let old_keys = format!("{prefix}:*:{{tsk_*}}");
+    let before: Vec<String> = redis::cmd("KEYS").arg(&old_keys).query_async(&mut conn).await.unwrap();
+    assert_eq!(before.len(), 7, "layout 1: {before:?}");
+
+    // Two replicas start at once: both move, each key once.
+    let (a, b) = (
+        RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap(),
+        RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap(),
+    );
+    let (from_a, from_b) = tokio::join!(a.get(&started), b.get("tsk_layout_queued"));
+    assert_eq!(from_a.unwrap().unwrap().state, TaskState::Downloading);
+    assert_eq!(from_b.unwrap().unwrap(), queued.task);
+    let after: Vec<String> = redis::cmd("KEYS").arg(&old_keys).query_async(&mut conn).await.unwrap();
+    assert!(after.is_empty(), "left under old names: {after:?}");
+    assert_eq!(a.history(&started).await.unwrap(), history);
+    assert_eq!(a.outbox(&started).await.unwrap(), outbox);
+    let queued_history = a.history("tsk_layout_queued").await.unwrap();
+    assert_eq!(queued_history, [queued.history.clone(), queued.history.clone()], "the stream first, then the list");
+    suite::check_a_started_task(&b, &started).await;
+
+    // The per-shard sets were built from the global ones.
+    let shard = a.shard("tsk_layout_queued");
+    assert_eq!(a.queued_in(&[shard], 10).await.unwrap(), std::slice::from_ref(&queued.task));
+    let due = T0 + suite::RELAY_GRACE.as_millis() as u64;
+    assert_eq!(a.claim_due_in(&[shard], due, Duration::from_secs(1), 10).await.unwrap(), ["tsk_layout_queued"]);
+    let layout: u32 = conn.get(a.index_key("layout")).await.unwrap();
+    assert_eq!(layout, 2);
+
+    // The move fixed the shard count: a store opened with another refuses to work.
+    let other = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap().with_shards(16);
+    let refused = other.get(&started).await.unwrap_err();
+    assert!(matches!(refused, StoreError::ShardsChanged { stored: 64, configured: 16 }), "{refused:?}");
+    // And opening it again moves nothing.
+    let again = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
+    assert_eq!(again.history(&started).await.unwrap(), history);
 }

@@ -3,10 +3,12 @@
 
 mod dead_letters;
 mod events;
+mod partitions;
 mod queues;
 mod stress;
 
 pub use dead_letters::*;
 pub use events::*;
+pub use partitions::*;
 pub use queues::*;
 pub use stress::*;
