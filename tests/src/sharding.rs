@@ -324,6 +324,31 @@ pub fn takeovers(
     taken
 }
 
+/// When `replica` may have held `shard` again after `since`: the first handover of it to
+/// `replica` after `since`, or, when none is listed, the last release (a handover to nobody)
+/// not followed by another replica's take. A replica that takes back, by a new lease, a shard
+/// it still remembered holding records no handover of it (its lease loop counts only shards
+/// it did not hold), so its release by the last owner is the earliest time that new lease
+/// can start: writes from then on are not called unleased.
+pub fn regained<'a>(
+    handovers: impl IntoIterator<Item = &'a Handover>,
+    shard: u16,
+    replica: &str,
+    since: u64,
+) -> Option<u64> {
+    let mut ours: Vec<&Handover> = handovers.into_iter().filter(|h| h.shard == shard && h.at > since).collect();
+    ours.sort_by_key(|h| (h.at, h.to.is_some()));
+    let mut released = None;
+    for h in ours {
+        match h.to.as_deref() {
+            Some(to) if to == replica => return Some(h.at),
+            Some(_) => released = None,
+            None => released = Some(h.at),
+        }
+    }
+    released
+}
+
 /// One transition of a task's history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -516,6 +541,22 @@ mod tests {
         );
         assert_eq!(taken.len(), 1);
         assert_eq!((taken[&1].at, taken[&1].to.as_deref()), (15, Some("a")));
+    }
+
+    #[test]
+    fn a_shard_is_regained_by_a_handover_to_the_replica_or_a_release_nobody_else_took() {
+        let h = |at, to: Option<&str>| Handover {
+            at,
+            shard: 7,
+            from: Some("x".into()),
+            to: to.map(Into::into),
+            reason: "released".into(),
+        };
+        assert_eq!(regained(&[h(5, Some("v")), h(20, Some("v"))], 7, "v", 10), Some(20));
+        assert_eq!(regained(&[h(15, None), h(30, Some("v"))], 7, "v", 10), Some(30), "the handover to it, when listed");
+        assert_eq!(regained(&[h(15, None)], 7, "v", 10), Some(15), "released and taken silently");
+        assert_eq!(regained(&[h(15, None), h(16, Some("y"))], 7, "v", 10), None, "taken by another");
+        assert_eq!(regained(&[h(15, None), h(16, Some("y")), h(40, None)], 7, "v", 10), Some(40));
     }
 
     #[test]

@@ -19,5 +19,5 @@ async fn over_kafka_every_task_completes_once_when_one_of_three_coordinators_is_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_nats_shards_are_balanced_a_joining_replica_takes_its_share_and_a_paused_one_is_fenced() {
-    scenarios::balance_join_and_fencing(Backend::nats(), 900).await;
+    scenarios::balance_join_and_fencing(Backend::nats(), 1_000).await;
 }

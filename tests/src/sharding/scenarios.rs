@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     Entry, Feeder, Owners, SHARD_LEASE, SHARDS, VIEW_EVERY, View, Watch, cluster_config, completions_by_replica,
-    histories, metric_sum, not_completed_once, now_ms, takeovers, tasks, writes_without_lease,
+    histories, metric_sum, not_completed_once, now_ms, regained, takeovers, tasks, writes_without_lease,
 };
 use crate::backend::{Backend, Cleanup};
 use crate::cluster::{Cluster, Member, ServiceKind, Signal};
@@ -493,15 +493,11 @@ pub async fn balance_join_and_fencing(backend: Backend, per_phase: usize) {
     let took = run.finish(&fence_set, &everyone, "fencing").await;
     eprintln!("fencing: all {per_phase} tasks finished {took:.1?} after the last submit");
     let read = run.completed_once(&fence_ids, others[0], "fencing").await;
-    // The shards it took back (a release by another, then its take) cover its writes again.
-    let retaken: BTreeMap<u16, u64> = run
-        .watch
-        .handovers()
-        .filter(|h| h.to.as_deref() == Some(paused_id.as_str()) && taken.get(&h.shard).is_some_and(|t| h.at > t.at))
-        .fold(BTreeMap::new(), |mut first, h| {
-            first.entry(h.shard).and_modify(|at: &mut u64| *at = (*at).min(h.at)).or_insert(h.at);
-            first
-        });
+    // From when a new lease of its own may cover its writes again on each shard taken from it.
+    let retaken: BTreeMap<u16, u64> = taken
+        .iter()
+        .filter_map(|(shard, h)| Some((*shard, regained(run.watch.handovers(), *shard, &paused_id, h.at)?)))
+        .collect();
     let taken_at: BTreeMap<u16, u64> = taken.iter().map(|(s, h)| (*s, h.at)).collect();
     let unleased = writes_without_lease(&read, &paused_id, &taken_at, &retaken);
     assert!(unleased.is_empty(), "fencing: the paused replica wrote without its lease: {unleased:?}");
