@@ -225,17 +225,12 @@ impl Inputs {
     async fn open(engine: &Engine, config: &LoopsConfig, shards: Option<&[u16]>) -> Result<Self, RunError> {
         let queues = &*engine.bus().queues;
         let lanes = |queue: &'static str| async move {
-            futures::future::try_join_all(Priority::ALL.map(|priority| {
-                let (lane, consumer) = (priority.lane(queue), config.consumer.clone());
-                async move {
-                    let opened = match shards {
-                        Some(shards) => queues.consume_partitions(&lane, shards, consumer).await,
-                        None => queues.consume(&lane, consumer).await,
-                    };
-                    opened.map(|c| (priority, c)).map_err(|source| RunError::Consume { what: lane, source })
-                }
-            }))
-            .await
+            let consumer = config.consumer.clone();
+            let opened = match shards {
+                Some(shards) => Lanes::open_each_partitions(queues, queue, shards, consumer).await,
+                None => Lanes::open_each(queues, queue, consumer).await,
+            };
+            opened.map_err(|source| RunError::Consume { what: queue.to_owned(), source })
         };
         let (submit, results) = tokio::try_join!(lanes(queues::SUBMIT), lanes(queues::RESULTS))?;
         Ok(Self { submit, results })

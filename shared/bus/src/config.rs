@@ -275,6 +275,15 @@ pub struct KafkaConfig {
     pub partitions: i32,
     /// Replicas of every topic the backend creates (1 on a single broker; 3 in production).
     pub replication_factor: i32,
+    /// The coordinator's shard count (`coordinator.shards`, set by the runtime), when its
+    /// input queues are partitioned by shard: their topics (`tasks.submit`, `tasks.results`
+    /// and their lanes) get at least this many partitions, and a keyed send to them without a
+    /// partition goes to partition `shard_of(key, shards)`. `None`: they get `partitions` like
+    /// every topic, and keys are spread over the partitions a topic has. Not a key of its own:
+    /// the runtime sets it from `coordinator.shards` when it loads the settings.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub shards: Option<u16>,
     /// `security.protocol`: `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
     pub security_protocol: Option<String>,
     /// `sasl.mechanism`: `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`.
@@ -351,6 +360,7 @@ impl Default for KafkaConfig {
             client_id: "imagepipe".into(),
             partitions: 6,
             replication_factor: 1,
+            shards: None,
             security_protocol: None,
             sasl_mechanism: None,
             sasl_username: None,
@@ -400,6 +410,14 @@ impl KafkaConfig {
         }
         if self.replication_factor < 1 {
             return Err(format!("bus.kafka.replication_factor: {} must be at least 1", self.replication_factor));
+        }
+        if let Some(shards) = self.shards
+            && !(1..=imagepipe_contracts::shard::MAX_SHARDS).contains(&shards)
+        {
+            return Err(format!(
+                "bus.kafka.shards: {shards} must be between 1 and {}",
+                imagepipe_contracts::shard::MAX_SHARDS
+            ));
         }
         if self.sasl_username.is_some() != self.sasl_password.is_some() {
             return Err("bus.kafka.sasl_username and bus.kafka.sasl_password go together".into());
@@ -458,6 +476,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("client_id", &self.client_id)
             .field("partitions", &self.partitions)
             .field("replication_factor", &self.replication_factor)
+            .field("shards", &self.shards)
             .field("security_protocol", &self.security_protocol)
             .field("sasl_mechanism", &self.sasl_mechanism)
             .field("sasl_username", &self.sasl_username)

@@ -150,7 +150,11 @@ mod kafka_harness {
         }
 
         async fn bus(&self) -> Bus {
-            let config = imagepipe_bus::KafkaConfig { partitions: 1, ..test_config() };
+            let config = imagepipe_bus::KafkaConfig {
+                partitions: 1,
+                shards: Some(imagepipe_contracts::shard::DEFAULT_SHARDS),
+                ..test_config()
+            };
             let bus = KafkaBus::connect(&unique_prefix(), &config).await.unwrap_or_else(|err| {
                 panic!("kafka: connecting to {} failed: {err:?} (scripts/kafka.sh starts the broker)", brokers())
             });

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::producer::Producer as _;
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -48,41 +48,84 @@ impl Topics {
 
     /// Creates the topics that do not exist yet and learns the partition count of each.
     pub(crate) async fn ensure(&self, topics: &[String]) -> Result<(), BusError> {
+        self.ensure_at_least(topics, 1).await
+    }
+
+    /// Like [`ensure`](Self::ensure), and makes sure each topic has at least `min` partitions:
+    /// a missing one is created with `max(partitions, min)`, an existing one with fewer is
+    /// grown (CreatePartitions), or refused with an error when the broker cannot grow it.
+    pub(crate) async fn ensure_at_least(&self, topics: &[String], min: i32) -> Result<(), BusError> {
         let missing: Vec<&String> = {
             let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
             topics.iter().filter(|t| !known.contains_key(*t)).collect()
         };
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let new: Vec<NewTopic<'_>> = missing
-            .iter()
-            .map(|t| NewTopic::new(t, self.partitions, TopicReplication::Fixed(self.replication)))
-            .collect();
-        let options = AdminOptions::new().operation_timeout(Some(self.timeout)).request_timeout(Some(self.timeout));
-        let results = self
-            .admin
-            .create_topics(&new, &options)
-            .await
-            .map_err(|err| BusError::Setup { what: format!("topics {missing:?}"), source: Box::new(err) })?;
-        for result in results {
-            match result {
-                Ok(topic) => tracing::info!(%topic, partitions = self.partitions, "created topic"),
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => {
-                    return Err(BusError::Setup { what: format!("topic {topic}"), source: Box::new(code) });
+        if !missing.is_empty() {
+            let partitions = self.partitions.max(min);
+            let new: Vec<NewTopic<'_>> = missing
+                .iter()
+                .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(self.replication)))
+                .collect();
+            let results = self
+                .admin
+                .create_topics(&new, &self.options())
+                .await
+                .map_err(|err| BusError::Setup { what: format!("topics {missing:?}"), source: Box::new(err) })?;
+            for result in results {
+                match result {
+                    Ok(topic) => tracing::info!(%topic, partitions, "created topic"),
+                    Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                    Err((topic, code)) => {
+                        return Err(BusError::Setup { what: format!("topic {topic}"), source: Box::new(code) });
+                    }
                 }
             }
+            let names: Vec<String> = missing.into_iter().cloned().collect();
+            let counts = self.partition_counts(names, 1).await?;
+            self.known.lock().unwrap_or_else(|e| e.into_inner()).extend(counts);
         }
-        let names: Vec<String> = missing.into_iter().cloned().collect();
-        let counts = self.partition_counts(names).await?;
+        let short: Vec<(String, i32)> = {
+            let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            topics.iter().filter_map(|t| known.get(t).filter(|n| **n < min).map(|n| (t.clone(), *n))).collect()
+        };
+        if short.is_empty() { Ok(()) } else { self.grow(short, min).await }
+    }
+
+    /// Grows every topic of `short` (with its partition count) to `min` partitions.
+    async fn grow(&self, short: Vec<(String, i32)>, min: i32) -> Result<(), BusError> {
+        let count = usize::try_from(min).unwrap_or(1);
+        let requests: Vec<NewPartitions<'_>> = short.iter().map(|(t, _)| NewPartitions::new(t, count)).collect();
+        let refused = |topic: &str, had: i32, source: BoxError| BusError::Setup {
+            what: format!(
+                "topic {topic}: it has {had} partitions and needs at least {min} (bus.kafka.shards); \
+                 growing it failed, so grow or recreate it by hand"
+            ),
+            source,
+        };
+        let results = match self.admin.create_partitions(&requests, &self.options()).await {
+            Ok(results) => results,
+            Err(err) => return Err(refused(&short[0].0, short[0].1, Box::new(err))),
+        };
+        for result in results {
+            if let Err((topic, code)) = result {
+                let had = short.iter().find(|(t, _)| *t == topic).map_or(0, |(_, n)| *n);
+                return Err(refused(&topic, had, Box::new(code)));
+            }
+        }
+        for (topic, had) in &short {
+            tracing::warn!(%topic, from = had, to = min, "grew topic; keys without an explicit partition move");
+        }
+        let counts = self.partition_counts(short.into_iter().map(|(t, _)| t).collect(), min).await?;
         self.known.lock().unwrap_or_else(|e| e.into_inner()).extend(counts);
         Ok(())
     }
 
+    fn options(&self) -> AdminOptions {
+        AdminOptions::new().operation_timeout(Some(self.timeout)).request_timeout(Some(self.timeout))
+    }
+
     /// The partition count of each topic, waiting (up to the request timeout) for topics just
-    /// created to show up in the metadata.
-    async fn partition_counts(&self, topics: Vec<String>) -> Result<Vec<(String, i32)>, BusError> {
+    /// created or grown to show up in the metadata with at least `min` partitions.
+    async fn partition_counts(&self, topics: Vec<String>, min: i32) -> Result<Vec<(String, i32)>, BusError> {
         let producer = self.producer.clone();
         let timeout = self.timeout;
         let lookup = move || -> Result<Vec<(String, i32)>, BusError> {
@@ -103,12 +146,16 @@ impl Topics {
                         .find(|t| t.name() == topic && t.error().is_none())
                         .map(|t| t.partitions().len())
                         .unwrap_or(0);
-                    if count > 0 {
-                        out.push((topic, i32::try_from(count).unwrap_or(i32::MAX)));
+                    let count = i32::try_from(count).unwrap_or(i32::MAX);
+                    if count >= min.max(1) {
+                        out.push((topic, count));
                         break;
                     }
                     if Instant::now() >= until {
-                        return Err(setup(format!("the topic has no partitions after {timeout:?}").into()));
+                        return Err(setup(
+                            format!("the topic has {count} partitions after {timeout:?}, {} expected", min.max(1))
+                                .into(),
+                        ));
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }

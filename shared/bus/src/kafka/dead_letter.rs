@@ -31,7 +31,7 @@ pub(crate) async fn write(
         (headers::DLQ_SOURCE, source),
         (headers::DLQ_TIMESTAMP, now_ms.as_str()),
     ];
-    shared.send(dlq_topic, message, &extra).await?;
+    shared.send(dlq_topic, message, None, &extra).await?;
     tracing::warn!(
         source,
         dead_letter_topic = dlq_topic,

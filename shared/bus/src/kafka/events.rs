@@ -17,7 +17,7 @@ use crate::traits::{Consumer, EventBus};
 impl EventBus for KafkaBus {
     async fn publish(&self, event_type: &str, message: Message) -> Result<(), BusError> {
         let topic = self.shared.names.event_topic(event_type)?;
-        self.shared.send(&topic, &message, &[(headers::EVENT_TYPE, event_type)]).await
+        self.shared.send(&topic, &message, None, &[(headers::EVENT_TYPE, event_type)]).await
     }
 
     async fn subscribe(&self, subscription: Subscription) -> Result<Box<dyn Consumer>, BusError> {
@@ -36,6 +36,8 @@ impl EventBus for KafkaBus {
             dlq_topic: names.dlq_topic(&names::dead_letter_queue_of_group(&group))?,
             selector: Some(subscription.selector),
             start: subscription.start,
+            assigned: None,
+            min_partitions: 1,
         };
         self.open(spec, subscription.consumer).await
     }

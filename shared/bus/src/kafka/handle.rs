@@ -3,7 +3,7 @@
 //! ack → the offset is finished (the member's thread commits its partition's point when it
 //! moved, batching the commits of one tick);
 //! nack → a copy with the next delivery count and its due time goes to the group's retry topic
-//! of the delay's tier, then the offset is finished; progress → the client-side ack deadline
+//! of the delay's tier (same partition number as read from), then the offset is finished; progress → the client-side ack deadline
 //! restarts; dead letter → the dead letter is written, then the offset is finished. A settle
 //! that fails leaves the message in flight: it is redelivered after its ack deadline.
 
@@ -48,6 +48,14 @@ impl KafkaAckHandle {
         let _ = self.core.lock().finish(&self.id, self.epoch);
     }
 
+    /// The partition of `retry_topic` a redelivery goes to: the one the message was read from
+    /// when the retry topic has it (so a consumer of chosen partitions reads its own
+    /// redeliveries), else the key's.
+    fn retry_partition(&self, retry_topic: &str) -> Option<u16> {
+        let count = self.core.shared.topics.partitions(retry_topic)?;
+        u16::try_from(self.id.partition).ok().filter(|p| i32::from(*p) < count)
+    }
+
     /// Claims the message for a nack or dead letter; `None` when this attempt no longer owns it.
     fn claim(&self, action: &'static str) -> Result<Option<(Message, u32)>, BusError> {
         match self.core.lock().claim(&self.id, self.epoch, self.attempt) {
@@ -74,7 +82,7 @@ impl AckHandle for KafkaAckHandle {
         let next = delivery_count.saturating_add(1).to_string();
         let due = now_ms().saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)).to_string();
         let extra = [(codec::DELIVERY_COUNT, next.as_str()), (codec::DUE, due.as_str())];
-        match self.core.shared.send(topic, &message, &extra).await {
+        match self.core.shared.send(topic, &message, self.retry_partition(topic), &extra).await {
             Ok(()) => {
                 self.finish();
                 Ok(())

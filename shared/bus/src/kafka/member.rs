@@ -14,6 +14,11 @@
 //! Sharing one member per process and group means one join per group (a join takes seconds) and
 //! no rebalance between a process's own consumers; replicas in other processes are other
 //! members, and the group divides the partitions among them.
+//!
+//! A member of chosen partitions ([`MemberSpec::assigned`]) never joins: its thread assigns it
+//! those partitions of every topic by hand, starting from the offsets committed in the group
+//! (Kafka's "simple consumer": OffsetFetch and OffsetCommit without a generation), so whoever
+//! reads a partition next resumes where it stopped. Everything else is the same machinery.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +46,9 @@ use crate::selector::Selector;
 /// Longest the poll thread blocks before it looks at its timers again.
 const POLL: Duration = Duration::from_millis(50);
 
+/// How long a member of chosen partitions waits before it tries again to take them.
+const ASSIGN_RETRY: Duration = Duration::from_secs(1);
+
 /// What a member reads and where its failures go.
 #[derive(Debug, Clone)]
 pub(crate) struct MemberSpec {
@@ -59,6 +67,11 @@ pub(crate) struct MemberSpec {
     pub selector: Option<Selector>,
     /// Where the group starts on a main topic partition without a committed offset.
     pub start: StartPosition,
+    /// For a consumer of chosen partitions: those partitions of every main and retry topic,
+    /// assigned by hand (no rebalancing), sorted; `None`: the group assigns them.
+    pub assigned: Option<Vec<u16>>,
+    /// Fewest partitions the main and retry topics must have.
+    pub min_partitions: i32,
 }
 
 impl MemberSpec {
@@ -69,6 +82,30 @@ impl MemberSpec {
     /// The retry topic for a redelivery after `delay`.
     pub(crate) fn retry_topic(&self, tier: Duration) -> &str {
         self.retry_topics.iter().find(|(t, _)| *t == tier).map_or(self.main_topics[0].as_str(), |(_, topic)| topic)
+    }
+
+    /// What tells this member from the others of its group in one process: its selector, or
+    /// the partitions it reads.
+    pub(crate) fn member_key(&self) -> String {
+        match &self.assigned {
+            Some(partitions) => {
+                let listed: Vec<String> = partitions.iter().map(u16::to_string).collect();
+                format!("[{}]", listed.join(","))
+            }
+            None => self.selector.as_ref().map(ToString::to_string).unwrap_or_default(),
+        }
+    }
+
+    /// The partitions a member of chosen partitions reads: each of them in every topic.
+    fn assignment(&self) -> Option<TopicPartitionList> {
+        let partitions = self.assigned.as_ref()?;
+        let mut tpl = TopicPartitionList::new();
+        for topic in self.topics() {
+            for partition in partitions {
+                tpl.add_partition(&topic, i32::from(*partition));
+            }
+        }
+        Some(tpl)
     }
 
     /// Every topic the member subscribes to.
@@ -110,7 +147,10 @@ impl Core {
         use rdkafka::Message as _;
         let topic: Arc<str> = Arc::from(record.topic());
         let id = EntryId { topic: topic.clone(), partition: record.partition(), offset: record.offset() };
-        let received = codec::decode(record);
+        let mut received = codec::decode(record);
+        if self.spec.assigned.is_some() {
+            received.message.partition = u16::try_from(record.partition()).ok();
+        }
         let selected = match &self.spec.selector {
             Some(selector) if !selector.is_all() && self.spec.role(&topic) == TopicRole::Main => received
                 .message
@@ -194,12 +234,17 @@ impl Core {
         }
     }
 
-    /// Partitions were assigned (context callback, on the poll thread).
-    fn on_assign(&self, consumer: &BaseConsumer<MemberContext>, tpl: &mut TopicPartitionList) {
+    /// Partitions were assigned (context callback, or the chosen partitions; on the poll
+    /// thread). Returns whether they were taken: chosen partitions are taken all or none, only
+    /// once every start offset is known (the caller tries again).
+    fn on_assign(&self, consumer: &BaseConsumer<MemberContext>, tpl: &mut TopicPartitionList) -> bool {
         let fresh = self.start_offsets(consumer, tpl);
+        if self.spec.assigned.is_some() && tpl.elements().iter().any(|e| !matches!(e.offset(), Offset::Offset(_))) {
+            return false;
+        }
         if let Err(err) = consumer.assign(tpl) {
             tracing::error!(group = %self.spec.group_id, error = %err, "assigning partitions failed");
-            return;
+            return false;
         }
         // The group starts here for good: a member taking over later resumes from these.
         self.commit(consumer, &fresh, CommitMode::Sync);
@@ -216,6 +261,7 @@ impl Core {
         tracing::info!(group = %self.spec.group_id, partitions = partitions.len(), "partitions assigned");
         self.lock().assign(partitions);
         self.ready.notify_waiters();
+        true
     }
 
     /// Partitions were revoked (context callback): commit their points, forget their messages.
@@ -248,7 +294,9 @@ impl ClientContext for MemberContext {
 impl ConsumerContext for MemberContext {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
         match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.core.on_assign(consumer, tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.core.on_assign(consumer, tpl);
+            }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.core.on_revoke(consumer, tpl),
             other => {
                 tracing::error!(group = %self.core.spec.group_id, error = ?other, "rebalance failed");
@@ -282,6 +330,11 @@ pub(crate) struct Departure {
 }
 
 impl Departure {
+    /// Whether the member has left its group.
+    pub(crate) fn has_left(&self) -> bool {
+        self.left.load(Ordering::Acquire)
+    }
+
     fn done(&self) {
         self.left.store(true, Ordering::Release);
         self.notify.notify_waiters();
@@ -302,11 +355,11 @@ impl Departure {
 }
 
 impl Member {
-    /// Joins the group of `spec`: creates its topics, subscribes, and starts the poll thread.
+    /// Joins the group of `spec` (or takes its chosen partitions): creates its topics,
+    /// subscribes, and starts the poll thread.
     pub(crate) async fn start(shared: Arc<Shared>, spec: MemberSpec) -> Result<Arc<Self>, BusError> {
-        let mut topics = spec.topics();
-        topics.push(spec.dlq_topic.clone());
-        shared.topics.ensure(&topics).await?;
+        shared.topics.ensure_at_least(&spec.topics(), spec.min_partitions).await?;
+        shared.topics.ensure(std::slice::from_ref(&spec.dlq_topic)).await?;
         let config = &shared.config;
         let core = Arc::new(Core {
             state: Mutex::new(State::new(config.dedup_window, config.prefetch)),
@@ -334,8 +387,11 @@ impl Member {
         let consumer: BaseConsumer<MemberContext> =
             c.create_with_context(MemberContext { core: core.clone() }).map_err(|e| setup(Box::new(e)))?;
         let topics = spec.topics();
-        let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topic_refs).map_err(|e| setup(Box::new(e)))?;
+        let assignment = spec.assignment();
+        if assignment.is_none() {
+            let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+            consumer.subscribe(&topic_refs).map_err(|e| setup(Box::new(e)))?;
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let departure = Arc::new(Departure::default());
         let runtime = tokio::runtime::Handle::current();
@@ -344,12 +400,23 @@ impl Member {
             std::thread::Builder::new()
                 .name(format!("kafka-{}", spec.source))
                 .spawn(move || {
+                    if let Some(assignment) = assignment {
+                        while !stop.load(Ordering::Acquire) && !core.on_assign(&consumer, &mut assignment.clone()) {
+                            tracing::warn!(group = %core.spec.group_id, "cannot take the chosen partitions yet; trying again");
+                            std::thread::sleep(ASSIGN_RETRY);
+                        }
+                    }
                     poll_loop(&core, &consumer, &stop, &runtime);
                     departure.done();
                 })
                 .map_err(|e| setup(Box::new(e)))?;
         }
-        tracing::info!(group = %spec.group_id, topics = ?topics, "joining consumer group");
+        match &spec.assigned {
+            Some(partitions) => {
+                tracing::info!(group = %spec.group_id, topics = ?topics, ?partitions, "reading chosen partitions");
+            }
+            None => tracing::info!(group = %spec.group_id, topics = ?topics, "joining consumer group"),
+        }
         Ok(Arc::new(Self { core, stop, departure }))
     }
 
@@ -431,7 +498,7 @@ fn poll_loop(
         }
         reconcile_pauses(consumer, &mut paused, tick.pause);
     }
-    let points = core.lock().commit_points();
+    let points = core.lock().revoke_all();
     core.commit(consumer, &points, CommitMode::Sync);
     if let Err(err) = consumer.close_queue() {
         tracing::warn!(group = %core.spec.group_id, error = %err, "closing the consumer failed");

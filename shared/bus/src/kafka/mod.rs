@@ -1,19 +1,24 @@
 //! Kafka backend (feature `kafka`), on librdkafka through `rdkafka`.
 //!
 //! Topics (docs/design.md, "Queues and topics"), created at start when missing with
-//! `bus.kafka.partitions` and `replication_factor`: one per task queue
+//! `bus.kafka.partitions` (at least `bus.kafka.shards` for the coordinator's input queues) and
+//! `replication_factor`: one per task queue
 //! (`<prefix>.tasks.download`), one per event family (`<prefix>.events.image`,
 //! `<prefix>.events.task`), one per dead-letter queue (`<prefix>.dlq.tasks.download`,
 //! `<prefix>.dlq.events.<group>`), and per consumer group one retry topic per delay tier
-//! (`<prefix>.retry.tasks.download.10s`). Messages are keyed by task id (per-task order); the
-//! message id and `traceparent` travel in headers; the producer is idempotent.
+//! (`<prefix>.retry.tasks.download.10s`). Messages are keyed by task id (per-task order), and
+//! the backend picks the partition itself: the one a send names, else `shard_of(key)` (Kafka's
+//! Java partitioner), else a hash of the message id; the message id and `traceparent` travel in
+//! headers; the producer is idempotent.
 //!
 //! Every queue and subscriber group is a consumer group; within a process, every consumer of
-//! one group shares one member ([`member`](self)). Offsets are committed only once handlers
-//! settled the messages below them. What JetStream does on the server, this backend does in
-//! the client: ack deadlines and redelivery of unsettled deliveries, delayed nacks (retry topics
-//! by delay tier, see [`retry`](self)), max deliveries and dead letters, and dropping
-//! re-published message ids within a window (per partition).
+//! one group shares one member ([`member`](self)). A consumer of chosen partitions of a queue
+//! is a member of its own, assigned those partitions by hand and committing in the queue's
+//! group. Offsets are committed only once handlers settled the messages below them. What
+//! JetStream does on the server, this backend does in the client: ack deadlines and
+//! redelivery of unsettled deliveries, delayed nacks (retry topics by delay tier, see
+//! [`retry`](self)), max deliveries and dead letters, and dropping re-published message ids
+//! within a window (per partition).
 
 mod admin;
 mod client;
@@ -27,12 +32,14 @@ mod inspect;
 mod member;
 mod names;
 mod offsets;
+#[cfg(test)]
+mod partition_tests;
 mod producer;
 mod queue;
 mod retry;
 mod state;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -59,7 +66,7 @@ pub struct KafkaBus {
     shared: Arc<Shared>,
 }
 
-/// A group member's key in its bus: group id and selector.
+/// A group member's key in its bus: group id, and its selector or its partitions.
 type MemberKey = (String, String);
 
 /// A member as the bus remembers it: weakly (it lives while consumers use it), and the signal
@@ -74,6 +81,8 @@ struct Registered {
 pub(crate) struct Shared {
     names: Names,
     config: KafkaConfig,
+    /// The topics of the coordinator's input queues, partitioned by shard.
+    sharded: HashSet<String>,
     producer: Producer,
     topics: Topics,
     tiers: RetryTiers,
@@ -99,11 +108,16 @@ impl KafkaBus {
             .probe(&standard[0], config.connect_timeout)
             .await
             .map_err(|source| BusError::Connect { url: shown.clone(), source })?;
+        let sharded = names.sharded_topics();
+        if let Some(shards) = config.shards {
+            topics.ensure_at_least(&sharded, i32::from(shards)).await?;
+        }
         topics.ensure(&standard).await?;
         tracing::info!(brokers = %shown, prefix, "connected to Kafka");
         let shared = Shared {
             names,
             config: config.clone(),
+            sharded: sharded.into_iter().collect(),
             producer,
             topics,
             tiers: RetryTiers::new(config.retry_tiers.clone()),
@@ -197,13 +211,13 @@ impl KafkaBus {
         if config.ack_wait < Duration::from_millis(1) {
             return Err(BusError::Invalid(format!("{}: ack_wait must be at least 1ms", spec.source)));
         }
-        let key = (spec.group_id.clone(), spec.selector.as_ref().map(ToString::to_string).unwrap_or_default());
-        let existing = self.shared.members.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+        let key = (spec.group_id.clone(), spec.member_key());
+        let (existing, leaving) = self.registered(&key, &spec)?;
         let live = existing.as_ref().and_then(|r| r.member.upgrade());
         let member = match live {
             Some(member) => member,
             None => {
-                if let Some(Registered { departure, .. }) = existing {
+                for departure in existing.into_iter().map(|r| r.departure).chain(leaving) {
                     departure.wait(self.shared.config.session_timeout).await;
                 }
                 let member = Member::start(self.shared.clone(), spec).await?;
@@ -213,7 +227,14 @@ impl KafkaBus {
             }
         };
         let timeout = self.shared.config.assignment_timeout;
-        if !member.wait_assigned(timeout).await {
+        let assigned = member.wait_assigned(timeout).await;
+        if !assigned && member.core.spec.assigned.is_some() {
+            return Err(BusError::Setup {
+                what: format!("partitions {} of {}", member.core.spec.member_key(), member.core.spec.source),
+                source: format!("not assigned within {timeout:?} (see the log for why)").into(),
+            });
+        }
+        if !assigned {
             tracing::warn!(
                 group = %member.core.spec.group_id,
                 "no partition assignment within {timeout:?}; the consumer keeps joining in the background"
@@ -223,33 +244,109 @@ impl KafkaBus {
     }
 }
 
+impl KafkaBus {
+    /// The member registered under `key`, and the departures to wait for before a new member
+    /// of `spec` starts: those of the group's stopped members still leaving (they commit
+    /// first). Refuses to read a partition another live member of this process reads, and to
+    /// mix consumers of chosen partitions with a consumer of the whole queue in one group
+    /// (Kafka refuses commits outside a group's generation while it has members). Forgets
+    /// members that have left.
+    fn registered(
+        &self,
+        key: &MemberKey,
+        spec: &MemberSpec,
+    ) -> Result<(Option<Registered>, Vec<Arc<Departure>>), BusError> {
+        let mut members = self.shared.members.lock().unwrap_or_else(|e| e.into_inner());
+        members.retain(|k, r| k == key || r.member.strong_count() > 0 || !r.departure.has_left());
+        let existing = members.get(key).cloned();
+        let mut leaving = Vec::new();
+        let mine = spec.assigned.as_deref();
+        for (other_key, registered) in members.iter().filter(|(k, _)| k.0 == key.0 && *k != key) {
+            let Some(other) = registered.member.upgrade() else {
+                leaving.push(registered.departure.clone());
+                continue;
+            };
+            let clash = match (mine, other.core.spec.assigned.as_deref()) {
+                (Some(mine), Some(theirs)) => mine
+                    .iter()
+                    .find(|p| theirs.contains(p))
+                    .map(|p| format!("partition {p} is already read by a consumer of this process ({})", other_key.1)),
+                (None, None) => None,
+                _ => Some(
+                    "a consumer of the whole queue and consumers of chosen partitions cannot share its group".into(),
+                ),
+            };
+            if let Some(clash) = clash {
+                return Err(BusError::Invalid(format!("{}: {clash}; drop that consumer first", spec.source)));
+            }
+        }
+        Ok((existing, leaving))
+    }
+}
+
 impl Shared {
     fn check_open(&self) -> Result<(), BusError> {
         if self.closed.load(Ordering::Acquire) { Err(BusError::Closed) } else { Ok(()) }
     }
 
-    /// The partition a keyless message with an id goes to (so duplicates meet); `None` lets
-    /// the key decide.
-    fn partition_for(&self, topic: &str, message: &Message) -> Option<i32> {
-        match (&message.key, &message.id) {
-            (None, Some(id)) => self.topics.partitions(topic).map(|n| codec::partition_of_id(id, n)),
-            _ => None,
+    /// How many partitions keys of `topic` are spread over: `bus.kafka.shards` for the
+    /// coordinator's input queues when set, else every partition the topic has.
+    fn routed_partitions(&self, topic: &str) -> Option<i32> {
+        match self.config.shards {
+            Some(shards) if self.sharded.contains(topic) => Some(i32::from(shards)),
+            _ => self.topics.partitions(topic),
         }
     }
 
-    /// Sends `message` to `topic` (created if missing) and returns once the broker has it.
-    async fn send(&self, topic: &str, message: &Message, extra: &[(&str, &str)]) -> Result<(), BusError> {
-        self.check_open()?;
-        self.topics.ensure(&[topic.to_owned()]).await?;
-        self.producer.send(topic, self.partition_for(topic, message), message, extra).await
+    /// Where `message` goes in `topic`: `partition` when given, else the key's shard among the
+    /// topic's routed partitions (Kafka's Java partitioner: one key, one partition, whoever
+    /// sends), else for a keyless message with an id a hash of the id (so duplicates meet);
+    /// `None` lets the client pick.
+    fn partition_for(&self, topic: &str, message: &Message, partition: Option<u16>) -> Result<Option<i32>, BusError> {
+        if let Some(partition) = partition {
+            let count = self.topics.partitions(topic).unwrap_or(0);
+            if i32::from(partition) >= count {
+                return Err(BusError::Invalid(format!(
+                    "partition {partition} of topic {topic}: it has {count} partitions"
+                )));
+            }
+            return Ok(Some(i32::from(partition)));
+        }
+        let Some(count) = self.routed_partitions(topic) else { return Ok(None) };
+        Ok(match (&message.key, &message.id) {
+            (Some(key), _) => {
+                Some(i32::from(imagepipe_contracts::shard::shard_of(key, u16::try_from(count).unwrap_or(u16::MAX))))
+            }
+            (None, Some(id)) => Some(codec::partition_of_id(id, count)),
+            (None, None) => None,
+        })
     }
 
-    /// Sends every message, all enqueued before any acknowledgement is awaited (the idempotent
-    /// producer keeps their order per partition).
-    async fn send_all(&self, topic: &str, messages: &[Message], extra: &[(&str, &str)]) -> Result<(), BusError> {
+    /// Sends `message` to `topic` (created if missing), in `partition` when given (else as
+    /// [`partition_for`](Self::partition_for) says), and returns once the broker has it.
+    async fn send(
+        &self,
+        topic: &str,
+        message: &Message,
+        partition: Option<u16>,
+        extra: &[(&str, &str)],
+    ) -> Result<(), BusError> {
         self.check_open()?;
         self.topics.ensure(&[topic.to_owned()]).await?;
-        let sends = messages.iter().map(|m| self.producer.send(topic, self.partition_for(topic, m), m, extra));
+        let partition = self.partition_for(topic, message, partition)?;
+        self.producer.send(topic, partition, message, extra).await
+    }
+
+    /// Sends every message to the partition it names (or its key's), all enqueued before any
+    /// acknowledgement is awaited (the idempotent producer keeps their order per partition).
+    async fn send_all(&self, topic: &str, messages: &[Message]) -> Result<(), BusError> {
+        self.check_open()?;
+        self.topics.ensure(&[topic.to_owned()]).await?;
+        let placed = messages
+            .iter()
+            .map(|m| Ok((m, self.partition_for(topic, m, m.partition)?)))
+            .collect::<Result<Vec<_>, BusError>>()?;
+        let sends = placed.into_iter().map(|(m, partition)| self.producer.send(topic, partition, m, &[]));
         futures::future::join_all(sends).await.into_iter().collect()
     }
 }

@@ -85,6 +85,18 @@ impl Names {
         out
     }
 
+    /// The topics of the coordinator's input queues, partitioned by shard: submissions and step
+    /// results, every lane.
+    pub(crate) fn sharded_topics(&self) -> Vec<String> {
+        use imagepipe_contracts::Priority;
+        use imagepipe_contracts::names::queues::{RESULTS, SUBMIT};
+        [SUBMIT, RESULTS]
+            .into_iter()
+            .flat_map(|queue| [Priority::High, Priority::Normal, Priority::Low].map(|p| p.lane(queue)))
+            .map(|queue| format!("{}.{queue}", self.prefix))
+            .collect()
+    }
+
     /// The dead-letter topic of a dead-letter queue name (`dlq.tasks.download`).
     pub(crate) fn dlq_topic(&self, dead_letter_queue: &str) -> Result<String, BusError> {
         self.topic(dead_letter_queue)
@@ -146,6 +158,21 @@ mod tests {
         assert_eq!(
             names.retry_topic("tasks.download", Duration::from_secs(60)).unwrap(),
             "imagepipe.retry.tasks.download.1m"
+        );
+    }
+
+    #[test]
+    fn the_coordinators_input_queues_are_sharded() {
+        assert_eq!(
+            Names::new("p").sharded_topics(),
+            [
+                "p.tasks.submit.high",
+                "p.tasks.submit",
+                "p.tasks.submit.low",
+                "p.tasks.results.high",
+                "p.tasks.results",
+                "p.tasks.results.low"
+            ]
         );
     }
 

@@ -199,9 +199,11 @@ impl State {
         self.commits.drain().collect()
     }
 
-    /// Every assigned partition with its current commit point.
-    pub(crate) fn commit_points(&self) -> Vec<(Tp, i64)> {
-        self.partitions.iter().map(|(tp, s)| (tp.clone(), s.tracker.commit_point())).collect()
+    /// The member stops: revokes every partition (later settles of its deliveries fail as
+    /// revoked) and returns their commit points.
+    pub(crate) fn revoke_all(&mut self) -> Vec<(Tp, i64)> {
+        let partitions: Vec<Tp> = self.partitions.keys().cloned().collect();
+        self.revoke(&partitions)
     }
 
     /// Takes in a received record. `selected` says whether a main-topic event passes the

@@ -98,11 +98,13 @@ impl Settings {
             Some(path) => ConfigError::File { path: path.to_owned(), source },
             None => ConfigError::Key { key: ENV_PREFIX.to_owned(), message: source.to_string() },
         })?;
-        let settings: Settings = serde_path_to_error::deserialize(config).map_err(|e| {
+        let mut settings: Settings = serde_path_to_error::deserialize(config).map_err(|e| {
             let key = e.path().to_string();
             let message = key_error_message(&key, &e.into_inner().to_string());
             ConfigError::Key { key, message }
         })?;
+        // The coordinator's input topics have one partition per shard, for every service.
+        settings.bus.kafka.shards = Some(settings.coordinator.shards);
         Ok(settings)
     }
 
