@@ -63,8 +63,25 @@ impl TaskQueue for CountingQueues {
         self.inner.send_batch(queue, messages).await
     }
 
+    async fn flush(&self) -> Result<(), BusError> {
+        self.inner.flush().await
+    }
+
     async fn consume(&self, queue: &str, config: ConsumerConfig) -> Result<Box<dyn Consumer>, BusError> {
         self.inner.consume(queue, config).await
+    }
+
+    async fn consume_partitions(
+        &self,
+        queue: &str,
+        partitions: &[u16],
+        config: ConsumerConfig,
+    ) -> Result<Box<dyn Consumer>, BusError> {
+        self.inner.consume_partitions(queue, partitions, config).await
+    }
+
+    fn routes_by_key(&self) -> bool {
+        self.inner.routes_by_key()
     }
 
     async fn backlog(&self, queue: &str) -> Result<Option<Backlog>, BusError> {
