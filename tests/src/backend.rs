@@ -80,9 +80,13 @@ impl Backend {
         }
     }
 
-    /// The bus settings of a test-side client with `prefix`.
+    /// The bus settings of a test-side client with `prefix`: as a service's, the
+    /// coordinator's input topics with a partition per shard of the default count (a client
+    /// that creates them first must not create them with fewer: a broker such as Tansu cannot
+    /// grow a topic, and the coordinators would refuse to start).
     pub fn bus_config(&self, prefix: &str) -> BusConfig {
         let mut config = BusConfig { prefix: prefix.to_owned(), ..BusConfig::default() };
+        config.kafka.shards = Some(imagepipe_contracts::shard::DEFAULT_SHARDS);
         match self {
             Self::Nats { url } => {
                 config.kind = BusKind::Nats;

@@ -2,13 +2,19 @@
 //! each its own binary with its own environment and HTTP port, meeting on a real broker and a
 //! real Redis. Processes can be killed with SIGKILL and restarted; their output goes to one log
 //! file per process, and the tail of every log is printed when a test panics.
+//!
+//! A cluster may run several coordinator replicas ([`ClusterConfig::coordinators`]), each a
+//! [`Member`] with its own port and log, stopped, paused, resumed or added one by one; and
+//! the no-op stages ([`ServiceKind::NoopStages`]) in place of the three workers.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
+/// The signals [`Cluster::signal`] sends (SIGSTOP, SIGCONT, SIGTERM…), from `nix`.
+pub use nix::sys::signal::Signal;
+use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
@@ -32,6 +38,11 @@ pub enum ServiceKind {
     Analytics,
     /// The tag-indexer subscriber.
     TagIndexer,
+    /// The bench's no-op download, metadata and AI stages in one process (`imagepipe
+    /// noop-stages`), in place of the three workers: each command is answered at once, so a
+    /// task completes in milliseconds and a test measures the coordinators. Not in
+    /// [`ServiceKind::ALL`].
+    NoopStages,
 }
 
 impl ServiceKind {
@@ -56,6 +67,65 @@ impl ServiceKind {
             Self::Notification => "imagepipe-notification-worker",
             Self::Analytics => "imagepipe-analytics-worker",
             Self::TagIndexer => "imagepipe-tag-indexer-worker",
+            Self::NoopStages => "imagepipe",
+        }
+    }
+
+    /// The arguments the binary runs with.
+    pub fn args(self) -> &'static [&'static str] {
+        match self {
+            Self::NoopStages => &["noop-stages"],
+            _ => &[],
+        }
+    }
+
+    /// The name of its processes in logs and reports: the binary's, or `imagepipe-noop-stages`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NoopStages => "imagepipe-noop-stages",
+            _ => self.binary(),
+        }
+    }
+}
+
+/// One process of a cluster: a service, and which of its replicas (0, the first, for every
+/// service but the coordinator when [`ClusterConfig::coordinators`] asks for more). A
+/// [`ServiceKind`] converts to its first replica.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Member {
+    /// The service.
+    pub kind: ServiceKind,
+    /// Which replica, from 0 in the order started.
+    pub replica: usize,
+}
+
+impl Member {
+    /// Replica `replica` of `kind`.
+    pub fn new(kind: ServiceKind, replica: usize) -> Self {
+        Self { kind, replica }
+    }
+
+    /// Its log files' name (before `.<start>.log`): the service's name, with `-<replica>`
+    /// after the first replica.
+    fn log_name(self) -> String {
+        match self.replica {
+            0 => self.kind.name().to_owned(),
+            n => format!("{}-{n}", self.kind.name()),
+        }
+    }
+}
+
+impl From<ServiceKind> for Member {
+    fn from(kind: ServiceKind) -> Self {
+        Self { kind, replica: 0 }
+    }
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.replica {
+            0 => write!(f, "{:?}", self.kind),
+            n => write!(f, "{:?}#{n}", self.kind),
         }
     }
 }
@@ -111,6 +181,9 @@ pub struct ClusterConfig {
     pub prefix: String,
     /// The services to start.
     pub services: Vec<ServiceKind>,
+    /// How many coordinator replicas to start (when [`Self::services`] has the coordinator):
+    /// 1 unless [`Self::coordinators`] says otherwise.
+    pub coordinator_replicas: usize,
     /// Extra environment for every service (after the defaults, so it overrides them).
     pub env: Vec<(String, String)>,
 }
@@ -123,6 +196,7 @@ impl ClusterConfig {
             backend,
             prefix: format!("e2e_{label}_{}", &random[..12]),
             services: ServiceKind::ALL.to_vec(),
+            coordinator_replicas: 1,
             env: Vec::new(),
         }
     }
@@ -138,11 +212,18 @@ impl ClusterConfig {
         self.services = services.to_vec();
         self
     }
+
+    /// Runs `n` coordinator replicas (at least one), each with its own HTTP port and log,
+    /// announcing its own URL (`coordinator.advertise_url`).
+    pub fn coordinators(mut self, n: usize) -> Self {
+        self.coordinator_replicas = n.max(1);
+        self
+    }
 }
 
 /// One service process and how to start it again.
 struct ServiceProcess {
-    kind: ServiceKind,
+    member: Member,
     port: u16,
     child: Option<Child>,
     starts: u32,
@@ -154,7 +235,7 @@ pub struct Cluster {
     dir: TempDir,
     bin_dir: PathBuf,
     http: reqwest::Client,
-    processes: BTreeMap<ServiceKind, ServiceProcess>,
+    processes: BTreeMap<Member, ServiceProcess>,
 }
 
 /// How long a service may take to report ready: a restarted Kafka member waits for its killed
@@ -176,21 +257,78 @@ impl Cluster {
         std::fs::create_dir_all(dir.path().join("blobs")).map_err(ClusterError::Files)?;
         let mut processes = BTreeMap::new();
         for &kind in &config.services {
-            processes.insert(
-                kind,
-                ServiceProcess { kind, port: free_port().map_err(ClusterError::Files)?, child: None, starts: 0 },
-            );
+            let replicas = if kind == ServiceKind::Coordinator { config.coordinator_replicas.max(1) } else { 1 };
+            for replica in 0..replicas {
+                let member = Member::new(kind, replica);
+                let port = free_port().map_err(ClusterError::Files)?;
+                processes.insert(member, ServiceProcess { member, port, child: None, starts: 0 });
+            }
         }
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("HTTP client");
         let mut cluster = Self { config, dir, bin_dir, http, processes };
-        let kinds: Vec<_> = cluster.processes.keys().copied().collect();
-        for &kind in &kinds {
-            cluster.spawn(kind)?;
+        let members: Vec<_> = cluster.processes.keys().copied().collect();
+        for &member in &members {
+            cluster.spawn(member)?;
         }
-        for kind in kinds {
-            cluster.wait_ready(kind).await?;
+        for member in members {
+            cluster.wait_ready(member).await?;
         }
         Ok(cluster)
+    }
+
+    /// The members of `kind` this cluster has started, running or not, in order.
+    pub fn members(&self, kind: ServiceKind) -> Vec<Member> {
+        self.processes.keys().copied().filter(|m| m.kind == kind).collect()
+    }
+
+    /// Whether `member`'s process is running (started and not killed, stopped or exited; a
+    /// paused one is running).
+    pub fn is_running(&mut self, member: Member) -> bool {
+        let Some(child) = self.processes.get_mut(&member).and_then(|p| p.child.as_mut()) else { return false };
+        matches!(child.try_wait(), Ok(None))
+    }
+
+    /// Starts one more replica of `kind` on a port of its own and waits until it is ready.
+    pub async fn add_replica(&mut self, kind: ServiceKind) -> Result<Member, ClusterError> {
+        let replica = self.processes.keys().filter(|m| m.kind == kind).map(|m| m.replica + 1).max().unwrap_or(0);
+        let member = Member::new(kind, replica);
+        let port = free_port().map_err(ClusterError::Files)?;
+        self.processes.insert(member, ServiceProcess { member, port, child: None, starts: 0 });
+        self.spawn(member)?;
+        self.wait_ready(member).await?;
+        Ok(member)
+    }
+
+    /// Sends `signal` to `member`'s process (SIGSTOP pauses it, SIGCONT resumes it); an error
+    /// when it is not running or the signal could not be sent.
+    pub fn signal(&self, member: impl Into<Member>, signal: Signal) -> Result<(), String> {
+        let member = member.into();
+        let pid = self.pid(member).ok_or_else(|| format!("{member:?} is not running"))?;
+        kill(Pid::from_raw(pid as i32), signal).map_err(|e| format!("{signal} to {member:?} (pid {pid}): {e}"))
+    }
+
+    /// The process id of `member`, while it runs.
+    pub fn pid(&self, member: impl Into<Member>) -> Option<u32> {
+        self.processes.get(&member.into()).and_then(|p| p.child.as_ref()).and_then(Child::id)
+    }
+
+    /// Stops `member` with SIGTERM (after a SIGCONT, in case it is paused) and waits up to
+    /// `grace` for it to exit; its exit status, or why there is none.
+    pub async fn terminate(&mut self, member: impl Into<Member>, grace: Duration) -> Result<ExitStatus, String> {
+        let member = member.into();
+        let _ = self.signal(member, Signal::SIGCONT);
+        self.signal(member, Signal::SIGTERM)?;
+        let process = self.processes.get_mut(&member).expect("member of this cluster");
+        let child = process.child.as_mut().expect("signalled, so running");
+        let status = match tokio::time::timeout(grace, child.wait()).await {
+            Ok(Ok(status)) => Ok(status),
+            Ok(Err(e)) => Err(format!("waiting for {member:?}: {e}")),
+            Err(_) => Err(format!("{member:?} still running {grace:?} after SIGTERM")),
+        };
+        if status.is_ok() {
+            process.child = None;
+        }
+        status
     }
 
     /// The bus prefix of this cluster.
@@ -203,62 +341,110 @@ impl Cluster {
         self.dir.path().join("blobs")
     }
 
-    /// `http://127.0.0.1:<port>` of a service (its health, metrics and API).
-    pub fn url(&self, kind: ServiceKind) -> String {
-        format!("http://127.0.0.1:{}", self.processes[&kind].port)
+    /// `http://127.0.0.1:<port>` of a service's first replica or of one member (its health,
+    /// metrics and API).
+    pub fn url(&self, member: impl Into<Member>) -> String {
+        format!("http://127.0.0.1:{}", self.processes[&member.into()].port)
     }
 
     /// A GET on a service's API, parsed as JSON; `None` on any failure.
-    pub async fn get_json(&self, kind: ServiceKind, path: &str) -> Option<serde_json::Value> {
-        self.fetch_json(kind, path).await.ok()
+    pub async fn get_json(&self, member: impl Into<Member>, path: &str) -> Option<serde_json::Value> {
+        self.fetch_json(member, path).await.ok()
     }
 
     /// [`get_json`](Self::get_json) that says why it got nothing: the error, or the status and
     /// body of a refusal.
-    pub async fn fetch_json(&self, kind: ServiceKind, path: &str) -> Result<serde_json::Value, String> {
-        let response = self.http.get(format!("{}{path}", self.url(kind))).send().await.map_err(|e| e.to_string())?;
+    pub async fn fetch_json(&self, member: impl Into<Member>, path: &str) -> Result<serde_json::Value, String> {
+        fetch_json(&self.http, &format!("{}{path}", self.url(member))).await
+    }
+
+    /// A GET of a text body (such as `/metrics`); the error, or the status and body of a
+    /// refusal.
+    pub async fn fetch_text(&self, member: impl Into<Member>, path: &str) -> Result<String, String> {
+        let response = self.http.get(format!("{}{path}", self.url(member))).send().await.map_err(|e| e.to_string())?;
         let status = response.status();
-        if !status.is_success() {
-            return Err(format!("{status}: {}", response.text().await.unwrap_or_default()));
-        }
-        response.json().await.map_err(|e| e.to_string())
+        let text = response.text().await.map_err(|e| e.to_string())?;
+        if status.is_success() { Ok(text) } else { Err(format!("{status}: {text}")) }
     }
 
     /// [`fetch_json`](Self::fetch_json) of something that must be there, asked up to three
     /// times (a request may time out on a loaded machine); panics with every reason.
-    pub async fn must_get_json(&self, kind: ServiceKind, path: &str) -> serde_json::Value {
+    pub async fn must_get_json(&self, member: impl Into<Member>, path: &str) -> serde_json::Value {
+        let member = member.into();
         let mut reasons = Vec::new();
         for _ in 0..3 {
-            match self.fetch_json(kind, path).await {
+            match self.fetch_json(member, path).await {
                 Ok(value) => return value,
                 Err(reason) => reasons.push(reason),
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        panic!("GET {path} from the {kind:?}: {reasons:?}")
+        panic!("GET {path} from the {member:?}: {reasons:?}")
     }
 
-    /// Kills a service with SIGKILL (no chance to finish, ack or flush) and reaps it.
-    pub async fn kill9(&mut self, kind: ServiceKind) {
-        let process = self.processes.get_mut(&kind).expect("service of this cluster");
+    /// GETs every path of `paths` from `member`, `concurrency` at a time, each asked up to
+    /// three times like [`must_get_json`](Self::must_get_json); the answers in the order of
+    /// `paths`, each the JSON or every reason it was refused.
+    pub async fn fetch_all_json(
+        &self,
+        member: impl Into<Member>,
+        paths: &[String],
+        concurrency: usize,
+    ) -> Vec<Result<serde_json::Value, String>> {
+        let base = self.url(member);
+        let mut answers: Vec<Option<Result<serde_json::Value, String>>> = vec![None; paths.len()];
+        let mut running = tokio::task::JoinSet::new();
+        let mut next = 0;
+        while next < paths.len() || !running.is_empty() {
+            while next < paths.len() && running.len() < concurrency.max(1) {
+                let (http, url, index) = (self.http.clone(), format!("{base}{}", paths[next]), next);
+                running.spawn(async move {
+                    let mut reasons = Vec::new();
+                    for _ in 0..3 {
+                        match fetch_json(&http, &url).await {
+                            Ok(value) => return (index, Ok(value)),
+                            Err(reason) => reasons.push(reason),
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    (index, Err(format!("GET {url}: {reasons:?}")))
+                });
+                next += 1;
+            }
+            if let Some(joined) = running.join_next().await {
+                let (index, answer) = joined.expect("a GET task does not panic");
+                answers[index] = Some(answer);
+            }
+        }
+        answers.into_iter().map(|a| a.expect("every path answered")).collect()
+    }
+
+    /// Kills a service's first replica, or one member, with SIGKILL (no chance to finish, ack
+    /// or flush) and reaps it.
+    pub async fn kill9(&mut self, member: impl Into<Member>) {
+        let process = self.processes.get_mut(&member.into()).expect("service of this cluster");
         if let Some(mut child) = process.child.take() {
             let _ = child.start_kill();
             let _ = child.wait().await;
         }
     }
 
-    /// Starts a stopped or killed service again on the same port and waits until it is ready.
-    pub async fn restart(&mut self, kind: ServiceKind) -> Result<(), ClusterError> {
-        self.kill9(kind).await;
-        self.spawn(kind)?;
-        self.wait_ready(kind).await
+    /// Starts a stopped or killed service (or member) again on the same port and waits until
+    /// it is ready.
+    pub async fn restart(&mut self, member: impl Into<Member>) -> Result<(), ClusterError> {
+        let member = member.into();
+        self.kill9(member).await;
+        self.spawn(member)?;
+        self.wait_ready(member).await
     }
 
-    /// Sends SIGTERM to every service and waits for each to exit; returns the services that
-    /// did not exit with status 0 within `grace`, with their status.
-    pub async fn stop(mut self, grace: Duration) -> Vec<(ServiceKind, String)> {
+    /// Sends SIGTERM to every service (SIGCONT first, in case one is paused) and waits for
+    /// each to exit; returns the members that did not exit with status 0 within `grace`, with
+    /// their status.
+    pub async fn stop(mut self, grace: Duration) -> Vec<(Member, String)> {
         for process in self.processes.values() {
             if let Some(pid) = process.child.as_ref().and_then(Child::id) {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
                 let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
             }
         }
@@ -267,35 +453,38 @@ impl Cluster {
             let Some(child) = process.child.as_mut() else { continue };
             match tokio::time::timeout(grace, child.wait()).await {
                 Ok(Ok(status)) if status.success() => {}
-                Ok(Ok(status)) => failures.push((process.kind, status.to_string())),
-                Ok(Err(e)) => failures.push((process.kind, e.to_string())),
-                Err(_) => failures.push((process.kind, format!("still running after {grace:?}"))),
+                Ok(Ok(status)) => failures.push((process.member, status.to_string())),
+                Ok(Err(e)) => failures.push((process.member, e.to_string())),
+                Err(_) => failures.push((process.member, format!("still running after {grace:?}"))),
             }
             process.child = None;
         }
         failures
     }
 
-    /// The last `lines` lines of every log of `kind` (every start).
-    pub fn log_tail(&self, kind: ServiceKind, lines: usize) -> String {
-        let process = &self.processes[&kind];
+    /// The last `lines` lines of every log of a service's first replica, or of one member
+    /// (every start).
+    pub fn log_tail(&self, member: impl Into<Member>, lines: usize) -> String {
+        let member = member.into();
+        let process = &self.processes[&member];
         (1..=process.starts)
             .map(|start| {
-                let path = self.log_path(kind, start);
+                let path = self.log_path(member, start);
                 let text = std::fs::read_to_string(&path).unwrap_or_default();
                 let all: Vec<&str> = text.lines().collect();
                 let tail = all[all.len().saturating_sub(lines)..].join("\n");
-                format!("--- {} (start {start}) ---\n{tail}", kind.binary())
+                format!("--- {} (start {start}) ---\n{tail}", member.log_name())
             })
             .collect::<Vec<_>>()
             .join("\n")
     }
 
-    fn log_path(&self, kind: ServiceKind, start: u32) -> PathBuf {
-        self.dir.path().join(format!("{}.{start}.log", kind.binary()))
+    fn log_path(&self, member: Member, start: u32) -> PathBuf {
+        self.dir.path().join(format!("{}.{start}.log", member.log_name()))
     }
 
-    fn environment(&self, kind: ServiceKind, port: u16) -> Vec<(String, String)> {
+    fn environment(&self, member: Member, port: u16) -> Vec<(String, String)> {
+        let kind = member.kind;
         let config = &self.config;
         let mut env = config.backend.service_env();
         env.extend([
@@ -314,25 +503,29 @@ impl Cluster {
                 (ServiceKind::TagIndexer, "IMAGEPIPE_COORDINATOR__SEARCH_URL"),
                 (ServiceKind::Analytics, "IMAGEPIPE_COORDINATOR__STATS_URL"),
             ] {
-                if self.processes.contains_key(&service) {
+                if self.processes.contains_key(&service.into()) {
                     env.push((key.into(), self.url(service)));
                 }
             }
+            // What `/v1/cluster` shows as this replica's address, and how a test tells them apart.
+            env.push(("IMAGEPIPE_COORDINATOR__ADVERTISE_URL".into(), self.url(member)));
         }
         env.extend(config.env.iter().cloned());
         env
     }
 
-    fn spawn(&mut self, kind: ServiceKind) -> Result<(), ClusterError> {
-        let port = self.processes[&kind].port;
-        let start = self.processes[&kind].starts + 1;
-        let log = std::fs::File::create(self.log_path(kind, start)).map_err(ClusterError::Files)?;
+    fn spawn(&mut self, member: Member) -> Result<(), ClusterError> {
+        let kind = member.kind;
+        let port = self.processes[&member].port;
+        let start = self.processes[&member].starts + 1;
+        let log = std::fs::File::create(self.log_path(member, start)).map_err(ClusterError::Files)?;
         let err = log.try_clone().map_err(ClusterError::Files)?;
         let mut command = Command::new(self.bin_dir.join(kind.binary()));
         command
+            .args(kind.args())
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .envs(self.environment(kind, port))
+            .envs(self.environment(member, port))
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(log)
@@ -340,24 +533,23 @@ impl Cluster {
             .kill_on_drop(true);
         let child =
             command.spawn().map_err(|source| ClusterError::Spawn { binary: kind.binary().to_owned(), source })?;
-        let process = self.processes.get_mut(&kind).expect("service of this cluster");
+        let process = self.processes.get_mut(&member).expect("service of this cluster");
         process.child = Some(child);
         process.starts = start;
         Ok(())
     }
 
-    async fn wait_ready(&mut self, kind: ServiceKind) -> Result<(), ClusterError> {
-        let url = format!("{}/readyz", self.url(kind));
+    async fn wait_ready(&mut self, member: Member) -> Result<(), ClusterError> {
+        let url = format!("{}/readyz", self.url(member));
         let until = tokio::time::Instant::now() + READY_WITHIN;
         loop {
-            let exited =
-                self.processes.get_mut(&kind).and_then(|p| p.child.as_mut()).and_then(|c| c.try_wait().ok().flatten());
+            let exited = self
+                .processes
+                .get_mut(&member)
+                .and_then(|p| p.child.as_mut())
+                .and_then(|c| c.try_wait().ok().flatten());
             if let Some(status) = exited {
-                return Err(ClusterError::Exited {
-                    binary: kind.binary().into(),
-                    status,
-                    log: self.log_tail(kind, 30),
-                });
+                return Err(ClusterError::Exited { binary: member.log_name(), status, log: self.log_tail(member, 30) });
             }
             if let Ok(response) = self.http.get(&url).send().await
                 && response.status().is_success()
@@ -366,10 +558,10 @@ impl Cluster {
             }
             if tokio::time::Instant::now() >= until {
                 return Err(ClusterError::NotReady {
-                    binary: kind.binary().into(),
-                    port: self.processes[&kind].port,
+                    binary: member.log_name(),
+                    port: self.processes[&member].port,
                     waited: READY_WITHIN,
-                    log: self.log_tail(kind, 30),
+                    log: self.log_tail(member, 30),
                 });
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -380,8 +572,8 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            for kind in self.processes.keys() {
-                eprintln!("{}", self.log_tail(*kind, 40));
+            for member in self.processes.keys() {
+                eprintln!("{}", self.log_tail(*member, 40));
             }
             let keep = self.dir.path().to_owned();
             eprintln!("logs kept in {}", keep.display());
@@ -418,6 +610,16 @@ pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let deps = exe.parent().unwrap_or(Path::new("."));
     if deps.ends_with("deps") { deps.parent().unwrap_or(deps).to_owned() } else { deps.to_owned() }
+}
+
+/// A GET of `url` with `http`, parsed as JSON: the error, or the status and body of a refusal.
+async fn fetch_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Value, String> {
+    let response = http.get(url).send().await.map_err(|e| e.to_string())?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!("{status}: {}", response.text().await.unwrap_or_default()));
+    }
+    response.json().await.map_err(|e| e.to_string())
 }
 
 /// A port nothing listens on right now (the OS picks it; the service binds it again).

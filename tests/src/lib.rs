@@ -4,7 +4,8 @@
 //! binaries as separate OS processes, [`backend`] names the broker they meet on and publishes
 //! raw submit commands the way a user would, [`observe`] records every event of a run, and
 //! [`fixtures`] serves photos and receives webhooks on loopback; [`scenarios`] are the tests' bodies,
-//! run on every broker; [`otlp`] receives the services' spans.
+//! run on every broker; [`otlp`] receives the services' spans; [`sharding`] runs several
+//! coordinator replicas with the no-op stages and reads their shards, leases and handovers.
 
 pub mod backend;
 pub mod cluster;
@@ -12,3 +13,4 @@ pub mod fixtures;
 pub mod observe;
 pub mod otlp;
 pub mod scenarios;
+pub mod sharding;

@@ -78,6 +78,25 @@ impl EventRecorder {
         self.seen.lock().expect("recorder lock").clone()
     }
 
+    /// What `look` makes of every event seen so far, read in place (no copy of the events:
+    /// cheap enough to poll through runs of thousands of tasks).
+    pub fn inspect<R>(&self, look: impl FnOnce(&[Seen]) -> R) -> R {
+        look(&self.seen.lock().expect("recorder lock"))
+    }
+
+    /// How many of `tasks` have a terminal event (`task.completed`, `task.failed`,
+    /// `task.cancelled`), counted in place.
+    pub fn terminal_among(&self, tasks: &BTreeSet<String>) -> usize {
+        self.inspect(|seen| {
+            seen.iter()
+                .filter(|s| matches!(s.event_type.as_str(), "task.completed" | "task.failed" | "task.cancelled"))
+                .filter(|s| tasks.contains(&s.task_id))
+                .map(|s| s.task_id.as_str())
+                .collect::<BTreeSet<_>>()
+                .len()
+        })
+    }
+
     /// Distinct event ids of `event_type`, per task.
     pub fn distinct_ids(&self, event_type: &str) -> BTreeMap<String, BTreeSet<String>> {
         let mut by_task: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

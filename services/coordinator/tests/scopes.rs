@@ -39,6 +39,7 @@ const SCOPES: &[(&str, &str, Scope)] = &[
     ("get", "/v1/reprocess/{id}", Scope::Read),
     ("delete", "/v1/reprocess/{id}", Scope::Operate),
     ("get", "/v1/queues", Scope::Read),
+    ("get", "/v1/cluster", Scope::Read),
     ("post", "/v1/queues/{queue}/pause", Scope::Operate),
     ("post", "/v1/queues/{queue}/resume", Scope::Operate),
     ("put", "/v1/queues/{queue}/concurrency", Scope::Operate),

@@ -111,6 +111,10 @@ enum Command {
         #[command(subcommand)]
         action: cmd::config::ConfigAction,
     },
+    /// Answer the download, metadata and AI queues at once with the bench's no-op stages, on
+    /// the configured bus, until SIGTERM: the end-to-end tests measure coordinators with it.
+    #[command(hide = true)]
+    NoopStages,
 }
 
 impl Command {
@@ -125,6 +129,7 @@ impl Command {
                 | Command::Healthcheck(_)
                 | Command::Doctor(_)
                 | Command::Config { .. }
+                | Command::NoopStages
         )
     }
 }
@@ -245,7 +250,34 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Healthcheck(args) => cmd::healthcheck::run(&cli.config, args).await,
         Command::Doctor(args) => cmd::doctor::run(&cli.config, args).await,
         Command::Config { action } => cmd::config::run(&cli.config, action),
+        Command::NoopStages => noop_stages(&cli.config).await,
     }
+}
+
+/// `imagepipe noop-stages`: the bench's no-op stages ([`imagepipe::bench::noop`]) as a
+/// service of their own (health, readiness and metrics on http.port) until SIGTERM.
+async fn noop_stages(config: &ConfigArgs) -> anyhow::Result<ExitCode> {
+    use imagepipe_runtime::service::Service;
+    let settings = config.load()?;
+    let service = Service::start("noop-stages", settings).await?;
+    let mut stages = tokio::task::JoinSet::new();
+    let spawned = imagepipe::bench::noop::spawn(&service.bus, &service.settings, &service.shutdown, &mut stages).await;
+    let mut failed = spawned.err().map(anyhow::Error::from);
+    if failed.is_some() {
+        service.shutdown.trigger();
+    }
+    while let Some(stage) = stages.join_next().await {
+        let error = match stage {
+            Ok(Ok(())) => continue,
+            Ok(Err(text)) => anyhow::anyhow!(text),
+            Err(panicked) => anyhow::Error::from(panicked),
+        };
+        // One stage failing stops the others.
+        service.shutdown.trigger();
+        failed.get_or_insert(error);
+    }
+    service.stop().await?;
+    failed.map_or(Ok(ExitCode::SUCCESS), Err)
 }
 
 #[cfg(test)]

@@ -246,9 +246,8 @@ impl Service {
 /// Connects the bus; an unreachable broker is retried with backoff until `shutdown`.
 async fn connect(settings: &Settings, shutdown: &Shutdown) -> Result<Bus, ServiceError> {
     let unreachable = |error: &BusError| matches!(error, BusError::Connect { .. });
-    with_retry("the broker", ExponentialBackoff::broker_reconnect(), shutdown, unreachable, || {
-        Bus::connect(&settings.bus)
-    })
+    let bus = settings.bus_config();
+    with_retry("the broker", ExponentialBackoff::broker_reconnect(), shutdown, unreachable, || Bus::connect(&bus))
     .await
     .map_err(|gave| match gave {
         Unconnected::Failed(error) => ServiceError::Bus(error),

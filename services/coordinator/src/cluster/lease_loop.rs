@@ -103,7 +103,9 @@ impl LeaseLoop {
         let mut handovers = Vec::new();
         for (shard, lease) in wanted.into_iter().zip(taken) {
             let Some(lease) = lease else { continue };
-            if !held.contains_key(&shard) {
+            // A new token is a new lease: also one this replica thought it still held (it was
+            // paused, another took the shard and gave it back).
+            if held.get(&shard).is_none_or(|h| h.token != lease.token) {
                 let before = leases.get(&shard);
                 let from = before.map(|l| l.owner.clone()).filter(|o| !o.is_empty() && *o != me.id);
                 let reason = match (before, &from) {

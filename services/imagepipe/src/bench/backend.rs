@@ -35,7 +35,9 @@ impl RunBackend {
         let (prefix, mut nats, mut kafka) = (&settings.bus.prefix, None, None);
         let bus = match settings.bus.kind {
             BusKind::Nats => nats.insert(NatsBus::connect(prefix, &settings.bus.nats).await?).clone().into_bus(),
-            BusKind::Kafka => kafka.insert(KafkaBus::connect(prefix, &settings.bus.kafka).await?).clone().into_bus(),
+            BusKind::Kafka => {
+                kafka.insert(KafkaBus::connect(prefix, &settings.bus_config().kafka).await?).clone().into_bus()
+            }
             BusKind::Memory => Bus::connect(&settings.bus).await?,
         };
         let (bus, counts) = counting::counting(bus);

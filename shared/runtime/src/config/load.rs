@@ -98,14 +98,21 @@ impl Settings {
             Some(path) => ConfigError::File { path: path.to_owned(), source },
             None => ConfigError::Key { key: ENV_PREFIX.to_owned(), message: source.to_string() },
         })?;
-        let mut settings: Settings = serde_path_to_error::deserialize(config).map_err(|e| {
+        let settings: Settings = serde_path_to_error::deserialize(config).map_err(|e| {
             let key = e.path().to_string();
             let message = key_error_message(&key, &e.into_inner().to_string());
             ConfigError::Key { key, message }
         })?;
-        // The coordinator's input topics have one partition per shard, for every service.
-        settings.bus.kafka.shards = Some(settings.coordinator.shards);
         Ok(settings)
+    }
+
+    /// The bus settings every service connects with: `bus`, with the Kafka backend told the
+    /// coordinator's shard count (`coordinator.shards`), so that the coordinator's input topics
+    /// get a partition per shard whichever service creates them first.
+    pub fn bus_config(&self) -> imagepipe_bus::BusConfig {
+        let mut bus = self.bus.clone();
+        bus.kafka.shards = Some(self.coordinator.shards);
+        bus
     }
 
     /// The settings as TOML with every secret and URL credential masked, for
