@@ -248,11 +248,11 @@ async fn connect(settings: &Settings, shutdown: &Shutdown) -> Result<Bus, Servic
     let unreachable = |error: &BusError| matches!(error, BusError::Connect { .. });
     let bus = settings.bus_config();
     with_retry("the broker", ExponentialBackoff::broker_reconnect(), shutdown, unreachable, || Bus::connect(&bus))
-    .await
-    .map_err(|gave| match gave {
-        Unconnected::Failed(error) => ServiceError::Bus(error),
-        Unconnected::Interrupted => ServiceError::Interrupted,
-    })
+        .await
+        .map_err(|gave| match gave {
+            Unconnected::Failed(error) => ServiceError::Bus(error),
+            Unconnected::Interrupted => ServiceError::Interrupted,
+        })
 }
 
 /// What a service binary runs once started: its own work, until the service's shutdown.
