@@ -87,6 +87,11 @@ impl Ownership {
         self.0.owned.subscribe()
     }
 
+    /// The owned shards now, in order (what a store call over this replica's shards takes).
+    pub fn shards(&self) -> Vec<u16> {
+        self.0.owned.borrow().shards.iter().copied().collect()
+    }
+
     /// The owned shards now.
     pub fn owned(&self) -> Owned {
         self.0.owned.borrow().clone()
@@ -96,6 +101,7 @@ impl Ownership {
     /// when the set of shards changed).
     pub fn hold(&self, leases: BTreeMap<u16, Lease>) -> u64 {
         let shards: BTreeSet<u16> = leases.keys().copied().collect();
+        metrics::gauge!(crate::metrics::SHARDS_OWNED).set(shards.len() as f64);
         *self.0.leases.write().unwrap_or_else(PoisonError::into_inner) = leases;
         let mut generation = 0;
         self.0.owned.send_if_modified(|owned| {
@@ -108,7 +114,6 @@ impl Ownership {
             generation = owned.generation;
             true
         });
-        metrics::gauge!(crate::metrics::SHARDS_OWNED).set(self.owned().shards.len() as f64);
         generation
     }
 

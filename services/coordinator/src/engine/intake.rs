@@ -303,11 +303,10 @@ impl Engine {
         let limit = high_room.min(256) as usize;
         let queued = match &self.ownership {
             Some(ownership) => {
-                let owned = ownership.owned().shards;
+                let owned = ownership.shards();
                 if owned.is_empty() {
                     return Ok(0);
                 }
-                let owned: Vec<u16> = owned.iter().copied().collect();
                 self.store.queued_in(&owned, limit).await?
             }
             None => {

@@ -50,7 +50,7 @@ impl Engine {
         let (lease, max) = (self.config.lease, self.config.sweep_batch);
         let ids = match &self.ownership {
             Some(ownership) => {
-                let owned: Vec<u16> = ownership.owned().shards.iter().copied().collect();
+                let owned = ownership.shards();
                 if owned.is_empty() { Vec::new() } else { self.store.claim_due_in(&owned, now, lease, max).await? }
             }
             None => self.store.claim_due(now, lease, max).await?,
