@@ -350,6 +350,12 @@ impl Task {
         }
     }
 
+    /// Whether a score of the queued index ([`index_at`](Self::index_at) of a queued task) is in
+    /// the high band.
+    pub fn queued_score_is_high(score: u64) -> bool {
+        score / QUEUED_BAND == Priority::High.index() as u64
+    }
+
     /// The attempt of the current step that was dispatched last (0 outside a step).
     pub fn current_attempt(&self) -> u32 {
         self.state.step().map_or(0, |s| self.steps.get(s).attempts)

@@ -1,6 +1,8 @@
 //! Intake: submissions (one or a batch) become queued tasks, started at once as far as the
 //! in-flight cap has room; the rest wait for [`Engine::start_queued`].
 
+use std::sync::atomic::Ordering;
+
 use imagepipe_contracts::{ImageSource, Priority, SubmitError, SubmitTask, TraceId};
 use imagepipe_runtime::telemetry::current_trace_id;
 use metrics::{counter, gauge};
@@ -233,6 +235,7 @@ impl Engine {
             let submitted = self.submit(&submission.command, origin, || submission.derived_id.clone());
             results.fill(i, submitted.instrument(submission.span.clone()).await);
         }
+        self.start_wanted_passes().await;
         results.into_vec()
     }
 
@@ -289,14 +292,47 @@ impl Engine {
         started
     }
 
-    /// Starts the oldest queued tasks while there is room under the cap; returns how many.
-    /// One pass at a time per process; the listed tasks are started as one batch.
+    /// Starts the oldest queued tasks while there is room under the cap; returns how many this
+    /// call started. One pass at a time per process: a call while a pass runs does not wait
+    /// for it but has it (or the next holder of the pass) run once more, so a loop that just
+    /// finished tasks is not held up by another loop's pass and no request for a pass is lost.
     pub async fn start_queued(&self) -> Result<usize, EngineError> {
-        let _one_pass = self.starting.lock().await;
-        let in_flight = self.in_flight().await?;
+        self.start_wanted.store(true, Ordering::SeqCst);
+        let mut started = 0;
+        loop {
+            {
+                // Held: its holder sees the flag once it lets go.
+                let Ok(_one_pass) = self.starting.try_lock() else { return Ok(started) };
+                if self.start_wanted.swap(false, Ordering::SeqCst) {
+                    started += self.start_pass().await?;
+                    continue;
+                }
+            }
+            // A call between the swap and the unlock found the pass held and left it to us.
+            if !self.start_wanted.load(Ordering::SeqCst) {
+                return Ok(started);
+            }
+        }
+    }
+
+    /// Has a start pass run if one was asked for while [`start_created`](Self::start_created)
+    /// held the pass.
+    async fn start_wanted_passes(&self) {
+        if self.start_wanted.load(Ordering::SeqCst)
+            && let Err(e) = self.start_queued().await
+        {
+            tracing::warn!(error = %e, "queued tasks not started; the sweeper starts them");
+        }
+    }
+
+    /// One pass of [`start_queued`](Self::start_queued), under its lock: reads only what
+    /// can start (nothing while no task is queued anywhere; past the room under the cap, only
+    /// high tasks), and starts it as one batch.
+    async fn start_pass(&self) -> Result<usize, EngineError> {
+        let (in_flight, queued) = tokio::try_join!(self.in_flight(), self.store.count_queued())?;
         let room = self.config.max_in_flight.saturating_sub(in_flight);
         let high_room = self.high_cap().saturating_sub(in_flight);
-        if high_room == 0 {
+        if high_room == 0 || queued == 0 {
             return Ok(0);
         }
         // Queued tasks list high first: past the cap, only high ones start (in its headroom).
@@ -307,7 +343,7 @@ impl Engine {
                 if owned.is_empty() {
                     return Ok(0);
                 }
-                self.store.queued_in(&owned, limit).await?
+                self.store.queued_in(&owned, room.min(256) as usize, limit).await?
             }
             None => {
                 let query = ListQuery { state: Some(TaskState::Queued), limit, ..ListQuery::default() };

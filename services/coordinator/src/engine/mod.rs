@@ -100,6 +100,9 @@ pub struct Engine {
     /// One [`Engine::start_queued`] pass at a time in this process: passes racing each other
     /// would only lose compare-and-sets to each other.
     starting: Arc<tokio::sync::Mutex<()>>,
+    /// A start pass was asked for while another ran: the running one makes another pass
+    /// instead of the caller waiting for it.
+    start_wanted: Arc<std::sync::atomic::AtomicBool>,
     /// The tasks this process wrote last, so the next input is decided without reading.
     recent: Arc<Recent>,
     /// The operator controls: which stages are paused (their deadlines start over).
@@ -152,6 +155,7 @@ impl Engine {
             clock,
             config: Arc::new(config),
             starting: Arc::default(),
+            start_wanted: Arc::default(),
             recent: Arc::default(),
             ownership: None,
         }

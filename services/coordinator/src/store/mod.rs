@@ -234,9 +234,11 @@ pub trait TaskStore: Send + Sync + 'static {
         max: usize,
     ) -> Result<Vec<String>, StoreError>;
 
-    /// Up to `max` queued tasks of `shards`, high priority first, then oldest first (the
-    /// order [`list`](Self::list) gives queued tasks).
-    async fn queued_in(&self, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError>;
+    /// Queued tasks of `shards` in start order, high priority first, then oldest first (the
+    /// order [`list`](Self::list) gives queued tasks): the first `room` whatever their priority,
+    /// and after them only high-priority ones, `max` in all (a start pass under the in-flight
+    /// cap, past which only high tasks start).
+    async fn queued_in(&self, shards: &[u16], room: usize, max: usize) -> Result<Vec<Task>, StoreError>;
 }
 
 /// The blobs `task` references: its uploaded source, its downloaded image, and every derivative

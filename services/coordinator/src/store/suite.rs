@@ -1074,20 +1074,33 @@ pub async fn claims_and_queues_per_shard_return_only_those_shards(store: &impl T
 
     let queued = |tasks: Vec<crate::task::Task>| tasks.into_iter().map(|t| t.id).collect::<Vec<_>>();
     assert_eq!(
-        queued(store.queued_in(&[x], 10).await.unwrap()),
+        queued(store.queued_in(&[x], 10, 10).await.unwrap()),
         [urgent.as_str(), &xs[0], &xs[2]],
         "high first, then oldest"
     );
-    assert_eq!(queued(store.queued_in(&[x], 2).await.unwrap()), [urgent.as_str(), &xs[0]]);
+    assert_eq!(queued(store.queued_in(&[x], 2, 2).await.unwrap()), [urgent.as_str(), &xs[0]]);
     assert_eq!(
-        queued(store.queued_in(&[y, x], 10).await.unwrap()),
+        queued(store.queued_in(&[y, x], 10, 10).await.unwrap()),
         [urgent.as_str(), &xs[0], &xs[2], &ys[0], &ys[1]],
         "merged across shards"
     );
-    assert_eq!(queued(store.queued_in(&[z], 10).await.unwrap()), [zs[0].as_str()]);
-    assert!(store.queued_in(&[1, 2], 10).await.unwrap().is_empty());
-    assert!(store.queued_in(&[], 10).await.unwrap().is_empty());
-    assert!(store.queued_in(&[x], 0).await.unwrap().is_empty());
+    assert_eq!(queued(store.queued_in(&[z], 10, 10).await.unwrap()), [zs[0].as_str()]);
+    assert!(store.queued_in(&[1, 2], 10, 10).await.unwrap().is_empty());
+    assert!(store.queued_in(&[], 10, 10).await.unwrap().is_empty());
+    assert!(store.queued_in(&[x], 0, 0).await.unwrap().is_empty());
+    // Past `room`, only high tasks: at the cap, a start pass reads no normal task.
+    assert_eq!(queued(store.queued_in(&[y, x], 0, 10).await.unwrap()), [urgent.as_str()], "no room: high only");
+    assert_eq!(
+        queued(store.queued_in(&[y, x], 1, 10).await.unwrap()),
+        [urgent.as_str()],
+        "the high one fills the room"
+    );
+    assert_eq!(
+        queued(store.queued_in(&[y, x], 2, 10).await.unwrap()),
+        [urgent.as_str(), &xs[0]],
+        "room for one normal task after the high one"
+    );
+    assert!(store.queued_in(&[y], 0, 10).await.unwrap().is_empty(), "no high task among y's");
 
     // Every task is due for its creation's outbox (xs[1] keeps its earlier wake time).
     let lease = Duration::from_secs(30);

@@ -380,7 +380,7 @@ impl TaskStore for EmbeddedStore {
         wake::claim_due(self, Some(shards), now, lease, max).await
     }
 
-    async fn queued_in(&self, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError> {
-        shards::queued_in(self, shards, max).await
+    async fn queued_in(&self, shards: &[u16], room: usize, max: usize) -> Result<Vec<Task>, StoreError> {
+        shards::queued_in(self, shards, room, max).await
     }
 }

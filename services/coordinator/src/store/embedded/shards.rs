@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use imagepipe_contracts::Priority;
 use imagepipe_contracts::shard::shard_of;
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
@@ -219,8 +220,14 @@ pub(super) async fn handovers(store: &EmbeddedStore, limit: usize) -> Result<Vec
 }
 
 /// The store's [`TaskStore::queued_in`](crate::store::TaskStore::queued_in): the queued index
-/// in its order (priority band, then creation time), other shards' tasks passed over.
-pub(super) async fn queued_in(store: &EmbeddedStore, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError> {
+/// in its order (priority band, then creation time), other shards' tasks passed over; past
+/// `room`, it stops at the first task that is not high.
+pub(super) async fn queued_in(
+    store: &EmbeddedStore,
+    shards: &[u16],
+    room: usize,
+    max: usize,
+) -> Result<Vec<Task>, StoreError> {
     let shards: BTreeSet<u16> = shards.iter().copied().filter(|s| *s < store.shards).collect();
     if shards.is_empty() || max == 0 {
         return Ok(Vec::new());
@@ -245,6 +252,9 @@ pub(super) async fn queued_in(store: &EmbeddedStore, shards: &[u16], max: usize)
                     continue;
                 }
                 if let Some(task) = read_task(&tasks, id)?.filter(|t| t.state == TaskState::Queued) {
+                    if out.len() >= room && task.priority != Priority::High {
+                        break;
+                    }
                     out.push(task);
                 }
             }

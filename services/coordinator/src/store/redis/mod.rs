@@ -433,9 +433,9 @@ impl TaskStore for RedisStore {
         shards::claim_due_in(self, shards, now, lease, max).await
     }
 
-    async fn queued_in(&self, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError> {
+    async fn queued_in(&self, shards: &[u16], room: usize, max: usize) -> Result<Vec<Task>, StoreError> {
         self.ready().await?;
-        shards::queued_in(self, shards, max).await
+        shards::queued_in(self, shards, room, max).await
     }
 }
 

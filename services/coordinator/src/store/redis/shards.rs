@@ -232,11 +232,11 @@ pub(super) async fn claim_due(
 }
 
 /// One shard's queued set as [`queued_in`] reads it: rows fetched and not yet taken (score,
-/// id; in order), the offset of the next page, whether the set has more.
-#[derive(Default)]
+/// id; in order), the offset and size of the next page, whether the set has more.
 struct Head {
     rows: VecDeque<(u64, String)>,
     next: usize,
+    page: usize,
     exhausted: bool,
 }
 
@@ -247,46 +247,65 @@ impl Head {
     }
 }
 
+/// Largest page of one shard's queued set read at once.
+const MAX_PAGE: usize = 512;
+
 /// The store's [`TaskStore::queued_in`](crate::store::TaskStore::queued_in): merges the
 /// shards' queued sets in score order (priority band, then creation time, then id), a page per
-/// shard at a time, and keeps the tasks still queued.
-pub(super) async fn queued_in(store: &RedisStore, shards: &[u16], max: usize) -> Result<Vec<Task>, StoreError> {
+/// shard at a time, and keeps the tasks still queued. The scores say which rows are wanted (a
+/// row past `room` only while it is in the high band), so only those tasks are read. A shard's
+/// first page is its share of `max` and a few more; a shard that runs out of rows in hand
+/// reads a page twice as large the next time.
+pub(super) async fn queued_in(
+    store: &RedisStore,
+    shards: &[u16],
+    room: usize,
+    max: usize,
+) -> Result<Vec<Task>, StoreError> {
     let shards: Vec<u16> =
         shards.iter().copied().filter(|s| *s < store.shards).collect::<BTreeSet<_>>().into_iter().collect();
-    let page = max.clamp(16, 512);
-    let mut heads: Vec<Head> = shards.iter().map(|_| Head::default()).collect();
+    if shards.is_empty() || max == 0 {
+        return Ok(Vec::new());
+    }
+    let first_page = (max.div_ceil(shards.len()) + 4).min(MAX_PAGE);
+    let mut heads: Vec<Head> =
+        shards.iter().map(|_| Head { rows: VecDeque::new(), next: 0, page: first_page, exhausted: false }).collect();
     let mut out = Vec::new();
-    while out.len() < max {
+    let mut done = false;
+    while out.len() < max && !done {
         let refill: Vec<usize> = (0..heads.len()).filter(|i| heads[*i].needs_page()).collect();
         if !refill.is_empty() {
             let mut pipe = redis::pipe();
             for i in &refill {
-                let key = store.shard_index_key("queued", shards[*i]);
-                pipe.cmd("ZRANGE").arg(key).arg(heads[*i].next).arg(heads[*i].next + page - 1).arg("WITHSCORES");
+                let (key, head) = (store.shard_index_key("queued", shards[*i]), &heads[*i]);
+                pipe.cmd("ZRANGE").arg(key).arg(head.next).arg(head.next + head.page - 1).arg("WITHSCORES");
             }
             let pages: Vec<Vec<(String, u64)>> =
                 pipe.query_async(&mut store.conn.clone()).await.map_err(redis_err("listing queued tasks"))?;
             for (i, rows) in refill.into_iter().zip(pages) {
                 let head = &mut heads[i];
                 head.next += rows.len();
-                head.exhausted = rows.len() < page;
+                head.exhausted = rows.len() < head.page;
+                head.page = (head.page * 2).min(MAX_PAGE);
                 head.rows.extend(rows.into_iter().map(|(id, score)| (score, id)));
             }
         }
         // The smallest rows while every shard that has more still has rows in hand.
         let mut candidates = Vec::new();
-        while candidates.len() < max - out.len() && !heads.iter().any(Head::needs_page) {
+        while out.len() + candidates.len() < max && !heads.iter().any(Head::needs_page) {
             let Some(head) = heads.iter_mut().filter(|h| !h.rows.is_empty()).min_by(|a, b| a.rows[0].cmp(&b.rows[0]))
             else {
+                done = true;
                 break;
             };
+            if out.len() + candidates.len() >= room && !Task::queued_score_is_high(head.rows[0].0) {
+                done = true;
+                break;
+            }
             candidates.extend(head.rows.pop_front().map(|(_, id)| id));
         }
         if candidates.is_empty() {
-            if heads.iter().any(Head::needs_page) {
-                continue;
-            }
-            break;
+            continue;
         }
         let ids: Vec<&str> = candidates.iter().map(String::as_str).collect();
         let tasks = store.read_tasks(&ids).await?;

@@ -260,7 +260,7 @@ async fn a_store_of_the_layout_before_shards_is_moved_when_opened() {
 
     // The per-shard sets were built from the global ones.
     let shard = a.shard("tsk_layout_queued");
-    assert_eq!(a.queued_in(&[shard], 10).await.unwrap(), std::slice::from_ref(&queued.task));
+    assert_eq!(a.queued_in(&[shard], 10, 10).await.unwrap(), std::slice::from_ref(&queued.task));
     let due = T0 + suite::RELAY_GRACE.as_millis() as u64;
     assert_eq!(a.claim_due_in(&[shard], due, Duration::from_secs(1), 10).await.unwrap(), ["tsk_layout_queued"]);
     let layout: u32 = conn.get(a.index_key("layout")).await.unwrap();
