@@ -139,7 +139,7 @@ ensure_seaweedfs() {
     fi
   fi
   port="$(seaweedfs_spare_port)"
-  echo "==> starting SeaweedFS $("$bin" version 2>/dev/null | awk '{print $3}') with its S3 gateway on 127.0.0.1:$port"
+  echo "==> starting SeaweedFS $("$bin" version 2>/dev/null | awk '{print $3}') with its S3 gateway on 127.0.0.1:$port" >&2
   rm -f "$SEAWEEDFS_STATE_DIR/ports"
   pid="$(seaweedfs_serve "$bin" "$SEAWEEDFS_STATE_DIR" "$port")"
   echo "$pid" >"$SEAWEEDFS_STATE_DIR/pid"
