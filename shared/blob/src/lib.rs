@@ -123,7 +123,8 @@ impl BlobStream {
                 }
             }
         });
-        Self { size, chunks: checked.boxed() }
+        // Fused: a reader may poll again after the end (as one that peeked at the first chunks does).
+        Self { size, chunks: checked.fuse().boxed() }
     }
 
     /// Reads the whole stream into memory.
