@@ -54,13 +54,15 @@ impl Default for BlobConfig {
 
 /// The `blob.s3` section. Credentials left empty come from the usual AWS environment
 /// (`AWS_ACCESS_KEY_ID`, instance metadata, ...). Any S3-compatible service will do (AWS S3,
-/// MinIO, Ceph, R2, SeaweedFS's S3 gateway: the tests run on SeaweedFS).
+/// MinIO, Ceph, R2, SeaweedFS's S3 gateway: the tests run on SeaweedFS). Blobs over 8 MiB go up
+/// as multipart uploads; docs/blobs.md has the details.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct S3Config {
     /// Bucket name.
     pub bucket: String,
-    /// Key prefix inside the bucket.
+    /// Key prefix inside the bucket, kept as written (spaces, reserved and non-ASCII characters
+    /// included; no control character, no empty, `.` or `..` segment).
     pub prefix: String,
     /// Region, e.g. `eu-west-1`.
     pub region: Option<String>,
