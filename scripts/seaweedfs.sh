@@ -125,8 +125,18 @@ seaweedfs_export() {
   export IMAGEPIPE_TEST_S3_SECRET_ACCESS_KEY="$SEAWEEDFS_SECRET_ACCESS_KEY"
 }
 
+# curl signs the S3 requests of this script (`--aws-sigv4`, curl 7.75 and later; Debian 12 has
+# 7.88): installed from Debian when missing.
+seaweedfs_curl() {
+  if command -v curl >/dev/null 2>&1; then return 0; fi
+  echo "==> installing curl" >&2
+  source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+  apt_install curl
+}
+
 ensure_seaweedfs() {
   local bin pid port
+  seaweedfs_curl
   bin="$(seaweedfs_binary)"
   export IMAGEPIPE_TEST_SEAWEEDFS_BIN="$bin"
   mkdir -p "$SEAWEEDFS_STATE_DIR"
