@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one: installs and starts what the tests
 # need (Redis, NATS 2.9 with JetStream, a current NATS, a Kafka-compatible broker and what
-# building librdkafka needs, the image libraries and the HEIC/AVIF encoders of
-# scripts/image-libs.sh, Chromium and chromedriver for the dashboard's browser tests), then
+# building librdkafka needs, SeaweedFS's S3 gateway (scripts/seaweedfs.sh), the image libraries
+# and the HEIC/AVIF encoders of scripts/image-libs.sh, Chromium and chromedriver for the dashboard's browser tests), then
 # runs every test of the workspace with every backend compiled in, schemathesis against the
 # coordinator's OpenAPI document (scripts/schemathesis.sh), and the pipeline in containers
 # (compose end to end on NATS and Kafka, the cluster under failures). `.ci/run` calls exactly this.
@@ -36,6 +36,8 @@ if [[ -f scripts/kafka.sh ]]; then
   ensure_kafka_build_deps
   ensure_kafka
 fi
+source scripts/seaweedfs.sh
+ensure_seaweedfs
 source scripts/chromium.sh
 ensure_chromium
 export IMAGEPIPE_TEST_MODEL_DIR; IMAGEPIPE_TEST_MODEL_DIR="$(scripts/prepare-model.sh --print-dir)"

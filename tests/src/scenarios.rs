@@ -1,6 +1,6 @@
 //! The end-to-end scenarios, written once and run on every broker: a batch of tasks through
-//! seven separate processes, and the same batch while every process is killed with SIGKILL and
-//! restarted.
+//! seven separate processes, the same batch while every process is killed with SIGKILL and
+//! restarted, and a batch with every blob in S3.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -318,5 +318,85 @@ where
             return None;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// `count` tasks through seven separate processes that keep every blob in S3 (`blob.kind =
+/// "s3"` on the tests' SeaweedFS, under the run's prefix): each task completes; its original
+/// and its derivatives are objects in the bucket; the coordinator serves each derivative from
+/// S3, streamed, with the bytes of its key. And a large original uploaded through
+/// `POST /v1/blobs` (over the multipart threshold) is stored in parts and read back whole.
+pub async fn every_task_completes_with_blobs_in_s3(backend: Backend, count: usize) {
+    use imagepipe_blob::{BlobKey, MULTIPART_PART_SIZE};
+
+    let Some(model_dir) = crate::cluster::model_dir() else { return };
+    let mut config = cluster_config(backend.clone(), "s3", &model_dir);
+    let Some(blob) = crate::s3::blob_config(&config.prefix) else { return };
+    for (key, value) in crate::s3::service_env(&blob) {
+        config = config.env(&key, value);
+    }
+    let blobs = blob.open().expect("the test's own client of the bucket");
+    let fixtures = Fixtures::start().await.expect("fixture server");
+    let _cleanup = Cleanup::new(&backend, &config.prefix);
+    let recorder = EventRecorder::start(&backend.bus_config(&config.prefix)).await.expect("event recorder");
+    let cluster = Cluster::start(config).await.expect("cluster");
+    let prefix = cluster.prefix().to_owned();
+
+    let (ids, bodies) = submits(&prefix, count, &fixtures);
+    backend.submitter(&prefix).await.expect("submitter").publish_all(bodies).await.expect("publish submits");
+    let all: BTreeSet<String> = ids.iter().cloned().collect();
+    let finished = recorder.wait_until(Duration::from_secs(600), |r| r.terminal_tasks().is_superset(&all)).await;
+    assert!(finished, "{} of {count} tasks finished", recorder.terminal_tasks().intersection(&all).count());
+
+    let http = reqwest::Client::new();
+    let coordinator = cluster.url(ServiceKind::Coordinator);
+    for id in &ids {
+        let task = cluster.must_get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await;
+        assert_eq!(task["state"], "completed", "{id}: {task}");
+        let metadata = &task["outputs"]["metadata"];
+        let mut keys: Vec<String> = metadata["thumbnails"]
+            .as_array()
+            .map(|t| t.iter().filter_map(|d| d["key"].as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        assert_eq!(keys.len(), 2, "{id}: a thumbnail and a preview: {metadata}");
+        let original = task["outputs"]["download"]["blobKey"].as_str();
+        keys.push(original.unwrap_or_else(|| panic!("{id}: the original's key in {}", task["outputs"])).to_owned());
+        for key in keys {
+            let parsed: BlobKey = key.parse().unwrap_or_else(|e| panic!("{id}: {e}"));
+            assert!(blobs.exists(&parsed).await.expect("S3 answers"), "{id}: {key} is an object in the bucket");
+            let served = http.get(format!("{coordinator}/v1/blobs/{key}")).send().await.expect("GET /v1/blobs");
+            assert_eq!(served.status(), reqwest::StatusCode::OK, "{id}: {key}");
+            let length = served.content_length();
+            let bytes = served.bytes().await.unwrap_or_else(|e| panic!("{id}: {key} body: {e}"));
+            assert_eq!(length, Some(bytes.len() as u64), "{id}: {key} Content-Length");
+            assert_eq!(BlobKey::of(&bytes), parsed, "{id}: the coordinator served {key}'s bytes");
+        }
+    }
+
+    // An original over the multipart threshold, uploaded as a client would: one PUT per part
+    // behind `POST /v1/blobs`, streamed back by `GET /v1/blobs/{key}`.
+    let mut large = std::fs::read(crate::fixtures::sample_path(SAMPLES[0])).expect("a sample");
+    large.extend((0..2 * MULTIPART_PART_SIZE).map(|i| (i % 251) as u8));
+    let uploaded = http.post(format!("{coordinator}/v1/blobs")).body(large.clone()).send().await.expect("upload");
+    assert_eq!(uploaded.status(), reqwest::StatusCode::CREATED);
+    let body: serde_json::Value = uploaded.json().await.expect("JSON");
+    let key: BlobKey = body["key"].as_str().expect("a key").parse().expect("a blob key");
+    assert_eq!(key, BlobKey::of(&large));
+    assert_eq!(blobs.get(&key).await.expect("the upload is in S3"), large);
+    let served = http.get(format!("{coordinator}/v1/blobs/{key}")).send().await.expect("GET");
+    assert_eq!(served.headers()["content-type"], "image/jpeg");
+    assert_eq!(served.bytes().await.expect("the whole body").as_ref(), large.as_slice());
+
+    let failures = cluster.stop(Duration::from_secs(40)).await;
+    recorder.stop().await;
+    assert!(failures.is_empty(), "services that did not stop cleanly on SIGTERM: {failures:?}");
+    let mut after = None;
+    loop {
+        let page = blobs.list(after.as_ref(), 500).await.unwrap_or_default();
+        let Some(last) = page.last() else { break };
+        after = Some(last.key.clone());
+        for stored in page {
+            let _ = blobs.delete(&stored.key).await;
+        }
     }
 }

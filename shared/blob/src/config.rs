@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use imagepipe_secret::Secret;
-use object_store::aws::AmazonS3Builder;
+use object_store::RetryConfig;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -52,13 +53,16 @@ impl Default for BlobConfig {
 }
 
 /// The `blob.s3` section. Credentials left empty come from the usual AWS environment
-/// (`AWS_ACCESS_KEY_ID`, instance metadata, ...).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// (`AWS_ACCESS_KEY_ID`, instance metadata, ...). Any S3-compatible service will do (AWS S3,
+/// MinIO, Ceph, R2, SeaweedFS's S3 gateway: the tests run on SeaweedFS). Blobs over 8 MiB go up
+/// as multipart uploads; docs/blobs.md has the details.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct S3Config {
     /// Bucket name.
     pub bucket: String,
-    /// Key prefix inside the bucket.
+    /// Key prefix inside the bucket, kept as written (spaces, reserved and non-ASCII characters
+    /// included; no control character, no empty, `.` or `..` segment).
     pub prefix: String,
     /// Region, e.g. `eu-west-1`.
     pub region: Option<String>,
@@ -72,6 +76,27 @@ pub struct S3Config {
     pub secret_access_key: Option<Secret<String>>,
     /// Allow plain-HTTP endpoints (local MinIO).
     pub allow_http: bool,
+    /// How long a request to the service is tried again (with backoff, from 100 ms up to 15 s
+    /// apart) when it fails on the network or with a 5xx, before the blob operation fails with
+    /// a retryable error (a worker step is then retried by the pipeline; the API answers `503`).
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
+    pub retry_timeout: Duration,
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        Self {
+            bucket: String::new(),
+            prefix: String::new(),
+            region: None,
+            endpoint: None,
+            access_key_id: None,
+            secret_access_key: None,
+            allow_http: false,
+            retry_timeout: Duration::from_secs(180),
+        }
+    }
 }
 
 /// A blob config that cannot open a store; names the key.
@@ -85,6 +110,31 @@ pub enum BlobConfigError {
         /// What is wrong.
         reason: String,
     },
+}
+
+impl S3Config {
+    /// A client of the bucket (no request is made yet): what [`BlobConfig::open`] stores blobs
+    /// in, under [`S3Config::prefix`].
+    pub fn object_store(&self) -> Result<AmazonS3, BlobConfigError> {
+        let retry = RetryConfig { retry_timeout: self.retry_timeout, ..RetryConfig::default() };
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(&self.bucket)
+            .with_allow_http(self.allow_http)
+            .with_retry(retry);
+        if let Some(region) = &self.region {
+            builder = builder.with_region(region);
+        }
+        if let Some(endpoint) = &self.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        if let Some(id) = &self.access_key_id {
+            builder = builder.with_access_key_id(id);
+        }
+        if let Some(secret) = &self.secret_access_key {
+            builder = builder.with_secret_access_key(secret.expose());
+        }
+        builder.build().map_err(|e| BlobConfigError::Invalid { key: "blob.s3", reason: e.to_string() })
+    }
 }
 
 impl BlobConfig {
@@ -104,6 +154,19 @@ impl BlobConfig {
                 key: "blob.s3.bucket",
                 reason: "required when blob.kind = \"s3\"".into(),
             }),
+            BlobKind::S3 if object_store::path::Path::parse(self.s3.prefix.trim_matches('/')).is_err() => {
+                Err(BlobConfigError::Invalid {
+                    key: "blob.s3.prefix",
+                    reason: format!(
+                        "{:?} is no object key prefix: no empty, `.` or `..` segment, no control character",
+                        self.s3.prefix
+                    ),
+                })
+            }
+            BlobKind::S3 if self.s3.retry_timeout.is_zero() => Err(BlobConfigError::Invalid {
+                key: "blob.s3.retry_timeout",
+                reason: "must be longer than zero (e.g. 3m)".into(),
+            }),
             _ => Ok(()),
         }
     }
@@ -114,24 +177,8 @@ impl BlobConfig {
         match self.kind {
             BlobKind::Local => Ok(Arc::new(LocalBlobStore::new(&self.dir))),
             BlobKind::S3 => {
-                let s3 = &self.s3;
-                let mut builder =
-                    AmazonS3Builder::from_env().with_bucket_name(&s3.bucket).with_allow_http(s3.allow_http);
-                if let Some(region) = &s3.region {
-                    builder = builder.with_region(region);
-                }
-                if let Some(endpoint) = &s3.endpoint {
-                    builder = builder.with_endpoint(endpoint);
-                }
-                if let Some(id) = &s3.access_key_id {
-                    builder = builder.with_access_key_id(id);
-                }
-                if let Some(secret) = &s3.secret_access_key {
-                    builder = builder.with_secret_access_key(secret.expose());
-                }
-                let store =
-                    builder.build().map_err(|e| BlobConfigError::Invalid { key: "blob.s3", reason: e.to_string() })?;
-                Ok(Arc::new(ObjectBlobStore::new(Arc::new(store), s3.prefix.clone())))
+                let store = self.s3.object_store()?;
+                Ok(Arc::new(ObjectBlobStore::new(Arc::new(store), self.s3.prefix.clone())))
             }
         }
     }
@@ -149,6 +196,17 @@ mod tests {
     }
 
     #[test]
+    fn an_s3_prefix_must_be_an_object_path() {
+        for bad in ["a//b", "a/../b", "tab\there"] {
+            let s3 = S3Config { bucket: "images".into(), prefix: bad.into(), ..S3Config::default() };
+            let err = BlobConfig { kind: BlobKind::S3, s3, ..BlobConfig::default() }.open().err().unwrap();
+            assert!(err.to_string().starts_with("blob.s3.prefix"), "{bad}: {err}");
+        }
+        let s3 = S3Config { bucket: "images".into(), prefix: "/photos 2024/été+ü/".into(), ..S3Config::default() };
+        assert!(BlobConfig { kind: BlobKind::S3, s3, ..BlobConfig::default() }.open().is_ok());
+    }
+
+    #[test]
     fn an_s3_store_opens_without_contacting_the_service() {
         let s3 = S3Config {
             bucket: "images".into(),
@@ -158,6 +216,7 @@ mod tests {
             secret_access_key: Some(Secret::new("secret".into())),
             allow_http: true,
             prefix: "blobs".into(),
+            ..S3Config::default()
         };
         let config = BlobConfig { kind: BlobKind::S3, s3, ..BlobConfig::default() };
         assert!(config.open().is_ok());

@@ -20,6 +20,11 @@ impl BlobKey {
         Self(format!("sha256:{}", hex::encode(Sha256::digest(bytes))))
     }
 
+    /// The key of a finished SHA-256 digest.
+    pub(crate) fn from_digest(digest: &[u8]) -> Self {
+        Self(format!("sha256:{}", hex::encode(digest)))
+    }
+
     /// The key of `bytes`, hashed on the blocking pool when they are large enough to stall an
     /// async worker thread (SHA-256 runs at a few hundred MB/s: 25 MB is tens of milliseconds).
     pub async fn compute(bytes: &bytes::Bytes) -> Self {

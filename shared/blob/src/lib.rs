@@ -12,15 +12,18 @@ mod local;
 mod object;
 pub mod sniff;
 
+use std::ops::Range;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::stream::{BoxStream, StreamExt};
+use sha2::{Digest, Sha256};
 
 pub use config::{BlobConfig, BlobConfigError, BlobKind, S3Config};
 pub use key::{BlobKey, InvalidBlobKey};
 pub use local::LocalBlobStore;
-pub use object::ObjectBlobStore;
+pub use object::{MULTIPART_CONCURRENCY, MULTIPART_PART_SIZE, ObjectBlobStore};
 pub use sniff::{ImageFormat, Sniffed, sniff};
 
 /// A blob operation that failed, naming the key or path involved.
@@ -48,6 +51,92 @@ pub enum BlobError {
     },
 }
 
+impl BlobError {
+    /// Whether trying again may succeed: the storage failed ([`BlobError::Io`]: a disk, a
+    /// network, an object store that is down or restarting), as opposed to a blob that is
+    /// missing or corrupt, which stays so.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Io { .. })
+    }
+}
+
+/// A blob being read as a stream of chunks ([`BlobStore::read`]), not held in memory whole.
+pub struct BlobStream {
+    /// Its size in bytes, known before the first chunk (a `Content-Length`).
+    pub size: u64,
+    /// The bytes in order. Checked against the key as they pass: the last chunk is released only
+    /// once everything before it and it hash to the key; otherwise the stream ends with
+    /// [`BlobError::Corrupt`] instead of it, so a reader that got every chunk got the right bytes.
+    pub chunks: BoxStream<'static, Result<Bytes, BlobError>>,
+}
+
+impl std::fmt::Debug for BlobStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobStream").field("size", &self.size).finish_non_exhaustive()
+    }
+}
+
+impl BlobStream {
+    /// `chunks` of the blob under `key`, `size` bytes, checked against `key` as described on
+    /// [`BlobStream::chunks`].
+    pub fn verified(key: BlobKey, size: u64, chunks: BoxStream<'static, Result<Bytes, BlobError>>) -> Self {
+        struct State {
+            key: BlobKey,
+            chunks: BoxStream<'static, Result<Bytes, BlobError>>,
+            hasher: Sha256,
+            held: Option<Bytes>,
+            done: bool,
+        }
+        let state = State { key, chunks, hasher: Sha256::new(), held: None, done: false };
+        let checked = futures::stream::unfold(state, |mut state| async move {
+            if state.done {
+                return None;
+            }
+            loop {
+                match state.chunks.next().await {
+                    Some(Ok(chunk)) => {
+                        if chunk.is_empty() {
+                            continue;
+                        }
+                        state.hasher.update(&chunk);
+                        // Hold this chunk back and release the previous one: the last is released
+                        // only after the hash is checked.
+                        if let Some(previous) = state.held.replace(chunk) {
+                            return Some((Ok(previous), state));
+                        }
+                    }
+                    Some(Err(error)) => {
+                        state.done = true;
+                        return Some((Err(error), state));
+                    }
+                    None => {
+                        state.done = true;
+                        let digest = std::mem::take(&mut state.hasher).finalize();
+                        let actual = BlobKey::from_digest(&digest);
+                        if actual != state.key {
+                            let key = state.key.clone();
+                            return Some((Err(BlobError::Corrupt { key, actual }), state));
+                        }
+                        let last = state.held.take()?;
+                        return Some((Ok(last), state));
+                    }
+                }
+            }
+        });
+        // Fused: a reader may poll again after the end (as one that peeked at the first chunks does).
+        Self { size, chunks: checked.fuse().boxed() }
+    }
+
+    /// Reads the whole stream into memory.
+    pub async fn collect(mut self) -> Result<Bytes, BlobError> {
+        let mut bytes = bytes::BytesMut::with_capacity(usize::try_from(self.size).unwrap_or(0));
+        while let Some(chunk) = self.chunks.next().await {
+            bytes.extend_from_slice(&chunk?);
+        }
+        Ok(bytes.freeze())
+    }
+}
+
 /// A stored blob as [`BlobStore::list`] shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredBlob {
@@ -67,6 +156,23 @@ pub trait BlobStore: Send + Sync {
     async fn put(&self, bytes: Bytes) -> Result<BlobKey, BlobError>;
     /// The bytes stored under `key`, checked against it.
     async fn get(&self, key: &BlobKey) -> Result<Bytes, BlobError>;
+    /// The bytes stored under `key` as a stream, checked against it as they pass (see
+    /// [`BlobStream::chunks`]): for serving a blob without holding it whole. This default reads
+    /// it whole with [`BlobStore::get`]; [`ObjectBlobStore`] streams it from the object store.
+    async fn read(&self, key: &BlobKey) -> Result<BlobStream, BlobError> {
+        let bytes = self.get(key).await?;
+        let size = bytes.len() as u64;
+        Ok(BlobStream { size, chunks: futures::stream::once(async move { Ok(bytes) }).boxed() })
+    }
+    /// The bytes of `range` of the blob under `key`, clamped to the blob as an HTTP range is (an
+    /// end past it reads to its end; a start past it reads nothing). Not checked against the key:
+    /// a part cannot be. This default reads the blob whole with [`BlobStore::get`] (checked) and
+    /// slices it; [`ObjectBlobStore`] asks the object store for the range only.
+    async fn get_range(&self, key: &BlobKey, range: Range<u64>) -> Result<Bytes, BlobError> {
+        let bytes = self.get(key).await?;
+        let (start, end) = clamp(&range, bytes.len() as u64);
+        Ok(bytes.slice(start as usize..end as usize))
+    }
     /// Whether a blob is stored under `key`.
     async fn exists(&self, key: &BlobKey) -> Result<bool, BlobError>;
     /// Removes the blob under `key`; removing a missing blob is not an error.
@@ -76,4 +182,10 @@ pub trait BlobStore: Send + Sync {
     /// Up to `max` stored blobs whose keys come after `after` (from the first without it), in
     /// key order: a listing goes on from the last key of its previous page.
     async fn list(&self, after: Option<&BlobKey>, max: usize) -> Result<Vec<StoredBlob>, BlobError>;
+}
+
+/// `range` clamped to a blob of `size` bytes: `(start, end)` with `start <= end <= size`.
+pub(crate) fn clamp(range: &Range<u64>, size: u64) -> (u64, u64) {
+    let end = range.end.min(size);
+    (range.start.min(end), end)
 }

@@ -1,14 +1,25 @@
 //! `POST /v1/blobs` (upload an image, answered with its key for a `blob` submit) and
 //! `GET /v1/blobs/{key}` (an image or thumbnail by key), part of the coordinator's API in every
 //! deployment (the coordinator shares `blob.*` with the workers).
+//!
+//! `GET /v1/blobs/{key}` streams the blob through the coordinator ([`BlobStore::read`]): from S3
+//! as the object store sends it, never whole in memory, with its `Content-Length`; not a redirect
+//! to a presigned URL, so clients need no route to the bucket, the API's token and scopes stay
+//! the only access control, and the bytes are checked on the way. The stream hashes what passes
+//! and holds the last chunk back until the whole hashes to the key: bytes that do not (a corrupt
+//! or tampered object) get a `503` when the first chunks, read to type the blob, were all of it,
+//! and otherwise end the response early, so the client sees a body shorter than its
+//! `Content-Length` (an error), never wrong bytes as a complete answer.
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use futures::StreamExt;
 use imagepipe_blob::{BlobError, BlobKey, BlobStore, Sniffed, sniff};
 use imagepipe_runtime::http::{ApiError, BodyLimit, ImageBody, Scope, UploadSlots};
 use schemars::JsonSchema;
@@ -19,6 +30,10 @@ use super::route::{Answer, Content, Operation, Route, mount, path_param};
 
 /// `Cache-Control` of `GET /v1/blobs/{key}`: kept for a year by the client alone.
 const BLOB_CACHE_CONTROL: &str = "private, max-age=31536000, immutable";
+
+/// How many first bytes of a blob `GET /v1/blobs/{key}` reads to type it (every signature
+/// [`sniff`] knows is shorter).
+const SNIFF_BYTES: usize = 64;
 
 /// Answer of `POST /v1/blobs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -76,20 +91,37 @@ async fn download(
 ) -> Result<Response, ApiError> {
     let Path(key) = key?;
     let key = key.parse::<BlobKey>().map_err(|e| ApiError::invalid(e.to_string()))?;
-    match blobs.get(&key).await {
-        Ok(bytes) => {
-            let content_type = match sniff(&bytes) {
+    match blobs.read(&key).await {
+        Ok(mut blob) => {
+            // The first bytes say the type: read chunks until there are enough (or the blob ends),
+            // then send them ahead of the rest.
+            let mut head = Vec::new();
+            while head.len() < SNIFF_BYTES {
+                match blob.chunks.next().await {
+                    Some(Ok(chunk)) => head.push(chunk),
+                    Some(Err(BlobError::NotFound(key))) => return Err(ApiError::not_found(format!("no blob {key}"))),
+                    Some(Err(e)) => return Err(ApiError::unavailable(e)),
+                    None => break,
+                }
+                if head.iter().map(bytes::Bytes::len).sum::<usize>() >= SNIFF_BYTES {
+                    break;
+                }
+            }
+            let first: Vec<u8> = head.iter().flat_map(|chunk| chunk.iter().copied()).take(SNIFF_BYTES).collect();
+            let content_type = match sniff(&first) {
                 Sniffed::Image(format) => format.content_type(),
                 Sniffed::Other(_) => "application/octet-stream",
             };
             // A key is the SHA-256 of the bytes: what it names never changes. `private`: the
             // answer needed the API's token, so no shared cache may keep it for others.
             let headers = [
-                (header::CONTENT_TYPE, content_type),
-                (header::CACHE_CONTROL, BLOB_CACHE_CONTROL),
-                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                (header::CONTENT_TYPE, content_type.to_owned()),
+                (header::CONTENT_LENGTH, blob.size.to_string()),
+                (header::CACHE_CONTROL, BLOB_CACHE_CONTROL.to_owned()),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
             ];
-            Ok((headers, bytes).into_response())
+            let body = futures::stream::iter(head.into_iter().map(Ok)).chain(blob.chunks.fuse());
+            Ok((headers, Body::from_stream(body)).into_response())
         }
         Err(BlobError::NotFound(key)) => Err(ApiError::not_found(format!("no blob {key}"))),
         Err(e) => Err(ApiError::unavailable(e)),
