@@ -91,7 +91,7 @@ impl RedisConnection {
         match self {
             Self::Single(conn) => wait.query_async(&mut conn.clone()).await,
             Self::Cluster(conn) => {
-                let slots: HashSet<Slot> = keys.iter().map(|k| Slot::for_key(k)).collect();
+                let slots: HashSet<Slot> = keys.iter().map(Slot::for_key).collect();
                 let acks = try_join_all(slots.into_iter().map(|slot| {
                     let mut conn = conn.clone();
                     let wait = wait.clone();
