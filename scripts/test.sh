@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one: installs and starts what the tests
-# need (Redis, NATS 2.9 with JetStream, a current NATS, a Kafka-compatible broker and what
-# building librdkafka needs, SeaweedFS's S3 gateway (scripts/seaweedfs.sh), the image libraries
-# and the HEIC/AVIF encoders of scripts/image-libs.sh, Chromium and chromedriver for the dashboard's browser tests), then
+# need (Redis, a Redis Cluster of 3 primaries and 3 replicas (scripts/redis-cluster.sh), NATS 2.9
+# with JetStream, a current NATS, a Kafka-compatible broker and what building librdkafka needs,
+# SeaweedFS's S3 gateway (scripts/seaweedfs.sh), the image libraries and the HEIC/AVIF encoders of
+# scripts/image-libs.sh, Chromium and chromedriver for the dashboard's browser tests), then
 # runs every test of the workspace with every backend compiled in, schemathesis against the
 # coordinator's OpenAPI document (scripts/schemathesis.sh), and the pipeline in containers
 # (compose end to end on NATS and Kafka, the cluster under failures). `.ci/run` calls exactly this.
@@ -23,6 +24,8 @@ scripts/ci-guard-test.sh
 
 source scripts/redis.sh
 ensure_redis
+source scripts/redis-cluster.sh
+ensure_redis_cluster
 source scripts/image-libs.sh
 ensure_image_libs
 ensure_image_tools

@@ -28,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use imagepipe_runtime::clock::{Clock, SystemClock, millis};
 use imagepipe_runtime::embedded::EmbeddedError;
-use redis::aio::ConnectionManager;
+use imagepipe_runtime::redis_connection::RedisConnection;
 use tokio::time::Instant;
 
 pub use embedded::EmbeddedStore;
@@ -142,7 +142,9 @@ pub trait StatsStore: Send + Sync + 'static {
     async fn snapshot(&self) -> Result<Stats, StoreError>;
 }
 
-/// The statistics in Redis, under `<prefix>:analytics:`: a hash of counters, a hash of
+/// The statistics in Redis, under `<prefix>:{<prefix>:analytics}:` (the hash tag of the
+/// subscriber group, [`imagepipe_runtime::dedup::redis_group_tag`], which its dedup keys carry
+/// too, so the script's keys share one Redis Cluster slot): a hash of counters, a hash of
 /// histogram fields (`latencies:v2`: `<span>:count`, `:sum`, `:min`, `:max`, `:<bucket>`), a
 /// hash of stage times per task (`task:<id>`, with a TTL), and a hash per minute of the last
 /// hour (`minute:<start, Unix ms>`, the fields of [`Minute::fields`], expiring
@@ -151,19 +153,28 @@ pub trait StatsStore: Send + Sync + 'static {
 ///
 /// The histogram hash is versioned: `<prefix>:analytics:latencies` held the coarser buckets of
 /// earlier versions, indexed differently, and is no longer read (its histograms start afresh).
+///
+/// Before the hash tag the keys were under `<prefix>:analytics:` and the dedup keys under
+/// [`legacy_redis_prefix`](imagepipe_runtime::dedup::legacy_redis_prefix) (a layout that ran on
+/// a single server only). On a single server, [`RedisStore::connect`] renames the old counters,
+/// histograms, minutes and task times to their new names (those whose new name is free), and
+/// an event marked under the old dedup key counts as a duplicate until that mark expires.
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     prefix: String,
     dedup_prefix: String,
+    /// Where events were marked before the hash tag; the new prefix again on a cluster.
+    legacy_dedup_prefix: String,
     task_ttl: Duration,
     dedup_ttl: Duration,
     script: redis::Script,
     clock: Arc<dyn Clock>,
 }
 
-/// KEYS: counters, latencies, task, the event's dedup key, and the bucket of the minute it
-/// counts in (absent when it is before the last hour). ARGV: event type, outcome, format, bytes,
+/// KEYS: counters, latencies, task, the event's dedup key, its dedup key before the hash tag
+/// (the same key on a cluster), and the bucket of the minute it counts in (absent when it is
+/// before the last hour). ARGV: event type, outcome, format, bytes,
 /// stage, timestamp, task TTL ms, forget ('1' drops the task's times), dedup TTL ms, the
 /// minute's TTL ms, failure code, then counted lists: every stage name; the spans touching the
 /// stage as (name, from, to). The bucket bounds are the table `bounds`, the code that failures
@@ -175,10 +186,11 @@ pub struct RedisStore {
 /// (a timeout) after Redis ran the script, the redelivered event finds its mark and counts
 /// nothing.
 const RECORD_SCRIPT: &str = r"
-local counters, latencies, task, seen, minute = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local counters, latencies, task, seen, legacy_seen, minute = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local event_type, outcome, format, bytes = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local stage, timestamp, ttl, forget = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local minute_ttl, code = ARGV[10], ARGV[11]
+if redis.call('EXISTS', legacy_seen) == 1 then return {'duplicate'} end
 if not redis.call('SET', seen, '1', 'NX', 'PX', ARGV[9]) then return {'duplicate'} end
 local i = 12
 local stages = {}
@@ -266,21 +278,77 @@ fn record_script() -> String {
 }
 
 impl RedisStore {
-    /// Connects to `url`, keys under `<prefix>:analytics:`, task times kept `task_ttl`; each
-    /// counted event is marked done under the subscriber's dedup key (see
-    /// [`imagepipe_runtime::dedup::redis_prefix`]) for `dedup_ttl`.
+    /// Connects to `url`, keys under `<prefix>:{<prefix>:analytics}:`, task times kept
+    /// `task_ttl`; each counted event is marked done under the subscriber's dedup key (see
+    /// [`imagepipe_runtime::dedup::redis_prefix`]) for `dedup_ttl`. On a single server the keys
+    /// of the layout before the hash tag are moved first (see [`RedisStore`]).
     pub async fn connect(url: &str, prefix: &str, task_ttl: Duration, dedup_ttl: Duration) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(StoreError::Connect)?;
-        let connection = ConnectionManager::new(client).await.map_err(StoreError::Connect)?;
-        Ok(Self {
+        let connection = RedisConnection::open(url).await.map_err(StoreError::Connect)?;
+        let dedup_prefix = imagepipe_runtime::dedup::redis_prefix(prefix, crate::GROUP);
+        let legacy_dedup_prefix = if connection.is_cluster() {
+            dedup_prefix.clone()
+        } else {
+            imagepipe_runtime::dedup::legacy_redis_prefix(prefix, crate::GROUP)
+        };
+        let store = Self {
             connection,
-            prefix: format!("{prefix}:analytics"),
-            dedup_prefix: imagepipe_runtime::dedup::redis_prefix(prefix, crate::GROUP),
+            prefix: format!("{prefix}:{}", imagepipe_runtime::dedup::redis_group_tag(prefix, crate::GROUP)),
+            dedup_prefix,
+            legacy_dedup_prefix,
             task_ttl,
             dedup_ttl,
             script: redis::Script::new(&record_script()),
             clock: Arc::new(SystemClock),
-        })
+        };
+        if !store.connection.is_cluster() {
+            let moved = store.move_legacy_keys(&format!("{prefix}:analytics")).await?;
+            if moved > 0 {
+                tracing::info!(
+                    keys = moved,
+                    "analytics keys of the layout before the hash tag moved under {}",
+                    store.prefix
+                );
+            }
+        }
+        Ok(store)
+    }
+
+    /// Renames the keys under `old` (the layout before the hash tag) to their names under the
+    /// store's prefix, each whose new name is free; returns how many. One server only: the
+    /// rename spans slots.
+    async fn move_legacy_keys(&self, old: &str) -> Result<usize, StoreError> {
+        let mut keys = self
+            .connection
+            .scan_match(&format!("{old}:task:*"), 1_000)
+            .await
+            .map_err(redis_err("listing analytics keys of the old layout"))?;
+        keys.extend(
+            self.connection
+                .scan_match(&format!("{old}:minute:*"), 1_000)
+                .await
+                .map_err(redis_err("listing analytics keys of the old layout"))?,
+        );
+        keys.extend([format!("{old}:counters"), format!("{old}:latencies:v2")]);
+        let rename = redis::Script::new(MOVE_LEGACY);
+        rename
+            .prepare_invoke()
+            .load_async(&mut self.connection.clone())
+            .await
+            .map_err(redis_err("moving analytics keys of the old layout"))?;
+        let mut moved = 0;
+        for batch in keys.chunks(500) {
+            let mut pipe = redis::pipe();
+            for key in batch {
+                let new = format!("{}{}", self.prefix, &key[old.len()..]);
+                pipe.invoke_script(rename.key(key).key(new));
+            }
+            let done: Vec<u8> = pipe
+                .query_async(&mut self.connection.clone())
+                .await
+                .map_err(redis_err("moving analytics keys of the old layout"))?;
+            moved += done.iter().map(|d| usize::from(*d)).sum::<usize>();
+        }
+        Ok(moved)
     }
 
     /// The same store reading the time (the last hour's end, the minute an event counts in)
@@ -312,6 +380,14 @@ impl RedisStore {
     }
 }
 
+/// Renames `KEYS[1]` to `KEYS[2]` when the first exists and the second does not (keeping its
+/// TTL); returns 1 when it did.
+const MOVE_LEGACY: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('RENAME', KEYS[1], KEYS[2])
+return 1
+";
+
 fn redis_err(action: &'static str) -> impl FnOnce(redis::RedisError) -> StoreError {
     move |source| StoreError::Redis { action, source }
 }
@@ -330,7 +406,8 @@ impl StatsStore for RedisStore {
             .key(self.counters_key())
             .key(self.latencies_key())
             .key(self.task_key(update.task_id.as_deref()))
-            .key(format!("{}:{}", self.dedup_prefix, update.event_id));
+            .key(format!("{}:{}", self.dedup_prefix, update.event_id))
+            .key(format!("{}:{}", self.legacy_dedup_prefix, update.event_id));
         if let Some(minute) = minute {
             invocation.key(self.minute_key(minute));
         }

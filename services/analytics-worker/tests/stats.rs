@@ -22,6 +22,7 @@ use imagepipe_runtime::clock::{Clock, ManualClock};
 use imagepipe_runtime::dedup::{Dedup, EmbeddedDedup};
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::http::testing;
+use imagepipe_runtime::redis_connection::RedisConnection;
 use imagepipe_runtime::{Service, Settings, Shutdown};
 
 fn update(event_type: EventType, task_id: &str, timestamp: u64) -> Update {
@@ -348,81 +349,118 @@ async fn the_embedded_store_counts_an_event_once_and_marks_it_where_the_dedup_la
     assert!(!dedup.is_done(&downloaded.event_id).await.unwrap(), "the mark expires with dedup.ttl");
 }
 
-async fn redis_keys(prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<String>) {
-    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+async fn redis_keys(url: &str, prefix: &str) -> (RedisConnection, Vec<String>) {
+    let mut connection = RedisConnection::open(url).await.unwrap();
     let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut connection).await.unwrap();
     (connection, keys)
 }
 
+/// Where the store at `prefix` keeps its keys: under the analytics group's hash tag.
+fn root(prefix: &str) -> String {
+    format!("{prefix}:{{{prefix}:analytics}}")
+}
+
+async fn redis_store(url: &str, name: &str) -> (RedisStore, String) {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("imagepipe-test-analytics-{name}-{}-{nanos}", std::process::id());
+    let store = RedisStore::connect(url, &prefix, Duration::from_secs(600), Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("Redis at {url}: {e}"));
+    (store, prefix)
+}
+
 #[tokio::test]
 async fn the_redis_store_measures_latencies_in_any_order_and_forgets_finished_tasks() {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let prefix = format!("imagepipe-test-analytics-{}-{nanos}", std::process::id());
-    let store =
-        RedisStore::connect("redis://127.0.0.1:6379", &prefix, Duration::from_secs(600), Duration::from_secs(60))
-            .await
-            .expect("Redis on 127.0.0.1:6379");
-    suite(&store).await;
-    let (_, keys) = redis_keys(&prefix).await;
-    let mut kept: Vec<&String> = keys.iter().filter(|k| k.starts_with(&format!("{prefix}:analytics:"))).collect();
-    kept.sort();
-    assert_eq!(kept, [&format!("{prefix}:analytics:counters"), &format!("{prefix}:analytics:latencies:v2")]);
+    for (name, url) in imagepipe_contracts::testing::redis_urls() {
+        let (store, prefix) = redis_store(&url, "latencies").await;
+        suite(&store).await;
+        let (_, keys) = redis_keys(&url, &prefix).await;
+        let root = root(&prefix);
+        let mut kept: Vec<&String> = keys.iter().filter(|k| !k.starts_with(&format!("{prefix}:dedup:"))).collect();
+        kept.sort();
+        assert_eq!(kept, [&format!("{root}:counters"), &format!("{root}:latencies:v2")], "{name}");
 
-    store.record(&update(EventType::TaskCreated, "pending", 0)).await.unwrap();
-    let (mut connection, keys) = redis_keys(&prefix).await;
-    let ttl: i64 =
-        redis::cmd("PTTL").arg(format!("{prefix}:analytics:task:pending")).query_async(&mut connection).await.unwrap();
-    assert!((1..=600_000).contains(&ttl), "an unfinished task's times expire: {ttl}");
-    let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
+        store.record(&update(EventType::TaskCreated, "pending", 0)).await.unwrap();
+        let (mut connection, keys) = redis_keys(&url, &prefix).await;
+        let ttl: i64 =
+            redis::cmd("PTTL").arg(format!("{root}:task:pending")).query_async(&mut connection).await.unwrap();
+        assert!((1..=600_000).contains(&ttl), "{name}: an unfinished task's times expire: {ttl}");
+        let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
+    }
 }
 
 #[tokio::test]
 async fn the_redis_store_keeps_the_last_hour_in_a_hash_per_minute_that_expires() {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let prefix = format!("imagepipe-test-analytics-hour-{}-{nanos}", std::process::id());
-    let clock = ManualClock::at_unix_ms(T0);
-    let store =
-        RedisStore::connect("redis://127.0.0.1:6379", &prefix, Duration::from_secs(600), Duration::from_secs(60))
-            .await
-            .expect("Redis on 127.0.0.1:6379")
-            .with_clock(Arc::new(clock.clone()));
-    last_hour(&store, &clock, true).await;
+    for (name, url) in imagepipe_contracts::testing::redis_urls() {
+        let clock = ManualClock::at_unix_ms(T0);
+        let (store, prefix) = redis_store(&url, "hour").await;
+        let store = store.with_clock(Arc::new(clock.clone()));
+        last_hour(&store, &clock, true).await;
 
-    let (mut connection, keys) = redis_keys(&prefix).await;
-    let minutes: Vec<&String> = keys.iter().filter(|k| k.starts_with(&format!("{prefix}:analytics:minute:"))).collect();
-    assert!(!minutes.is_empty() && minutes.len() <= 9, "{minutes:?}");
-    let latest = format!("{prefix}:analytics:minute:{}", minute_of(clock.unix_ms()));
-    assert!(minutes.contains(&&latest), "{minutes:?}");
-    for key in minutes {
-        let ttl: i64 = redis::cmd("PTTL").arg(key).query_async(&mut connection).await.unwrap();
-        assert!((1..=65 * 60_000).contains(&ttl), "{key} expires within 65 minutes: {ttl}");
+        let (mut connection, keys) = redis_keys(&url, &prefix).await;
+        let root = root(&prefix);
+        let minutes: Vec<&String> = keys.iter().filter(|k| k.starts_with(&format!("{root}:minute:"))).collect();
+        assert!(!minutes.is_empty() && minutes.len() <= 9, "{name}: {minutes:?}");
+        let latest = format!("{root}:minute:{}", minute_of(clock.unix_ms()));
+        assert!(minutes.contains(&&latest), "{name}: {minutes:?}");
+        for key in minutes {
+            let ttl: i64 = redis::cmd("PTTL").arg(key).query_async(&mut connection).await.unwrap();
+            assert!((1..=65 * 60_000).contains(&ttl), "{key} expires within 65 minutes: {ttl}");
+        }
+        let fields: std::collections::HashMap<String, String> =
+            redis::cmd("HGETALL").arg(&latest).query_async(&mut connection).await.unwrap();
+        let expected = [("tasks:failed", "1"), ("failures:http_404", "1"), ("failure_codes", "1")];
+        let expected = expected.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+        assert_eq!(fields, expected, "{name}");
+        let ttl: i64 = redis::cmd("PTTL").arg(&latest).query_async(&mut connection).await.unwrap();
+        assert!(ttl > 64 * 60_000, "{name}: the current minute is kept the hour and the grace: {ttl}");
+        let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
     }
-    let fields: std::collections::HashMap<String, String> =
-        redis::cmd("HGETALL").arg(&latest).query_async(&mut connection).await.unwrap();
-    let expected = [("tasks:failed", "1"), ("failures:http_404", "1"), ("failure_codes", "1")];
-    let expected = expected.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
-    assert_eq!(fields, expected);
-    let ttl: i64 = redis::cmd("PTTL").arg(&latest).query_async(&mut connection).await.unwrap();
-    assert!(ttl > 64 * 60_000, "the current minute is kept the hour and the grace: {ttl}");
-    let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
 }
 
 #[tokio::test]
 async fn the_redis_store_counts_an_event_once_even_when_recorded_again_after_a_lost_reply() {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let prefix = format!("imagepipe-test-analytics-once-{}-{nanos}", std::process::id());
-    let store =
-        RedisStore::connect("redis://127.0.0.1:6379", &prefix, Duration::from_secs(600), Duration::from_secs(60))
-            .await
-            .expect("Redis on 127.0.0.1:6379");
-    let downloaded = counts_a_recorded_again_event_once(&store).await;
+    for (name, url) in imagepipe_contracts::testing::redis_urls() {
+        let (store, prefix) = redis_store(&url, "once").await;
+        let downloaded = counts_a_recorded_again_event_once(&store).await;
 
-    let (mut connection, keys) = redis_keys(&prefix).await;
-    let mark = format!("{}:{}", imagepipe_runtime::dedup::redis_prefix(&prefix, "analytics"), downloaded.event_id);
-    assert!(keys.contains(&mark), "the event is marked where the handler's dedup looks: {keys:?}");
-    let ttl: i64 = redis::cmd("PTTL").arg(&mark).query_async(&mut connection).await.unwrap();
-    assert!((1..=60_000).contains(&ttl), "the mark expires with dedup.ttl: {ttl}");
+        let (mut connection, keys) = redis_keys(&url, &prefix).await;
+        let mark = format!("{}:{}", imagepipe_runtime::dedup::redis_prefix(&prefix, "analytics"), downloaded.event_id);
+        assert!(keys.contains(&mark), "{name}: the event is marked where the handler's dedup looks: {keys:?}");
+        let ttl: i64 = redis::cmd("PTTL").arg(&mark).query_async(&mut connection).await.unwrap();
+        assert!((1..=60_000).contains(&ttl), "{name}: the mark expires with dedup.ttl: {ttl}");
+        let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
+    }
+}
+
+/// On a single server, the keys written before the hash tag are renamed at connect (counters,
+/// histograms, a task's times), and an event marked under the old dedup key is a duplicate.
+#[tokio::test]
+async fn connecting_moves_the_keys_written_before_the_hash_tag() {
+    let url = imagepipe_contracts::testing::redis_url();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("imagepipe-test-analytics-legacy-{}-{nanos}", std::process::id());
+    let mut connection = RedisConnection::open(&url).await.unwrap();
+    let old = format!("{prefix}:analytics");
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET").arg(format!("{old}:counters")).arg("events:task.created").arg(7).ignore();
+    pipe.cmd("HSET").arg(format!("{old}:latencies:v2")).arg("download:count").arg(1).ignore();
+    pipe.cmd("HSET").arg(format!("{old}:task:t1")).arg("created").arg(T0).ignore();
+    let update = update(EventType::TaskCreated, "t2", 0);
+    pipe.cmd("SET").arg(format!("{prefix}:dedup:analytics:{}", update.event_id)).arg(1).arg("PX").arg(60_000).ignore();
+    let () = pipe.query_async(&mut connection).await.unwrap();
+
+    let store = RedisStore::connect(&url, &prefix, Duration::from_secs(600), Duration::from_secs(60)).await.unwrap();
+    let (_, keys) = redis_keys(&url, &prefix).await;
+    let root = root(&prefix);
+    for moved in ["counters", "latencies:v2", "task:t1"] {
+        assert!(keys.contains(&format!("{root}:{moved}")), "{moved} moved: {keys:?}");
+        assert!(!keys.contains(&format!("{old}:{moved}")), "{moved} gone from the old name: {keys:?}");
+    }
+    assert_eq!(store.snapshot().await.unwrap().events.get("task.created"), Some(&7));
+    store.record(&update).await.unwrap();
+    assert_eq!(store.snapshot().await.unwrap().events.get("task.created"), Some(&7), "marked before the upgrade");
+    let (mut connection, keys) = redis_keys(&url, &prefix).await;
     let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
 }
 

@@ -54,7 +54,8 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn TaskStore>, Store
         StoreKind::Redis => Arc::new(
             RedisStore::connect(settings.store.redis.url.expose(), &settings.bus.prefix, grace)
                 .await?
-                .with_shards(shards),
+                .with_shards(shards)
+                .with_min_replicas(settings.store.redis.min_replicas),
         ),
     };
     store.pin_shards(shards).await?;

@@ -11,6 +11,9 @@ pub const IGNORED: &str = "imagepipe_coordinator_ignored_inputs_total";
 pub const ILLEGAL: &str = "imagepipe_coordinator_illegal_transitions_total";
 /// Transitions that lost their compare-and-set to another writer and were decided again.
 pub const CONFLICTS: &str = "imagepipe_coordinator_version_conflicts_total";
+/// Batches of transitions fewer replicas acknowledged than `store.redis.min_replicas` (their
+/// inputs are retried).
+pub const UNREPLICATED: &str = "imagepipe_coordinator_unreplicated_batches_total";
 /// Outbox entries the broker confirmed; label `kind` (`queue` or `event`).
 pub const OUTBOX_PUBLISHED: &str = "imagepipe_coordinator_outbox_published_total";
 /// Outbox publishes that failed (the entry stays and is relayed later).
@@ -85,6 +88,11 @@ pub fn describe() {
         "Inputs with no edge from the task's state, never applied, by input and state."
     );
     describe_counter!(CONFLICTS, Unit::Count, "Transitions that lost their compare-and-set to another writer.");
+    describe_counter!(
+        UNREPLICATED,
+        Unit::Count,
+        "Batches of transitions fewer replicas acknowledged than store.redis.min_replicas (inputs retried)."
+    );
     describe_counter!(OUTBOX_PUBLISHED, Unit::Count, "Outbox entries the broker confirmed, by kind (queue or event).");
     describe_counter!(OUTBOX_ERRORS, Unit::Count, "Outbox publishes that failed (the entry is relayed later).");
     describe_counter!(OUTBOX_UNDELIVERABLE, Unit::Count, "Outbox entries the bus refused for good (too large).");

@@ -179,8 +179,12 @@ pub fn unique_prefix(test: &str) -> String {
 /// A [`RedisLimiter`] on its own connection, keys under `prefix`; `None` (after saying so, or
 /// failing the test unless skips are allowed) when Redis is not running.
 pub async fn redis_limiter(prefix: &str, policy: HostPolicy) -> Option<RedisLimiter> {
-    let url = redis_url();
-    match RedisLimiter::connect(&url, prefix, policy).await {
+    redis_limiter_at(&redis_url(), prefix, policy).await
+}
+
+/// A [`RedisLimiter`] at `url` (a server or a cluster), as [`redis_limiter`].
+pub async fn redis_limiter_at(url: &str, prefix: &str, policy: HostPolicy) -> Option<RedisLimiter> {
+    match RedisLimiter::connect(url, prefix, policy).await {
         Ok(limiter) => Some(limiter),
         Err(error) => {
             imagepipe_contracts::testing::environment_missing(&format!(
@@ -188,6 +192,36 @@ pub async fn redis_limiter(prefix: &str, policy: HostPolicy) -> Option<RedisLimi
             ));
             None
         }
+    }
+}
+
+/// The Redis Cluster of the tests (`scripts/redis-cluster.sh`), or `None` after
+/// [`environment_missing`](imagepipe_contracts::testing::environment_missing) allowed a skip.
+pub fn redis_cluster_url() -> Option<String> {
+    let found = imagepipe_contracts::testing::redis_urls().into_iter().find(|(name, _)| *name == "cluster");
+    found.map(|(_, url)| url)
+}
+
+/// Deletes every key under a prefix on the Redis Cluster of the tests when dropped.
+pub struct ClusterCleanup(pub String);
+
+impl Drop for ClusterCleanup {
+    fn drop(&mut self) {
+        let Ok(url) = std::env::var(imagepipe_contracts::testing::REDIS_CLUSTER_URL_ENV) else { return };
+        let pattern = format!("{}:*", self.0);
+        // Drop runs inside the test's runtime: clean up on a thread with its own.
+        let cleaning = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async {
+                let mut conn = imagepipe_runtime::redis_connection::RedisConnection::open(&url).await.ok()?;
+                let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.ok()?;
+                for key in keys {
+                    let _: redis::RedisResult<()> = redis::cmd("DEL").arg(key).query_async(&mut conn).await;
+                }
+                Some(())
+            })
+        });
+        let _ = cleaning.join();
     }
 }
 

@@ -25,12 +25,18 @@ fn policy(concurrency: u32, rate: f64) -> HostPolicy {
 enum Harness {
     Memory,
     Redis { prefix: String, _cleanup: RedisCleanup },
+    Cluster { prefix: String, _cleanup: ClusterCleanup },
 }
 
 impl Harness {
     fn redis(test: &str) -> Self {
         let prefix = unique_prefix(test);
         Self::Redis { _cleanup: RedisCleanup(prefix.clone()), prefix }
+    }
+
+    fn cluster(test: &str) -> Self {
+        let prefix = unique_prefix(test);
+        Self::Cluster { _cleanup: ClusterCleanup(prefix.clone()), prefix }
     }
 
     /// Two replicas' limiters sharing their state; `None` when Redis is missing (and skips
@@ -44,6 +50,12 @@ impl Harness {
             Harness::Redis { prefix, .. } => {
                 let one = redis_limiter(prefix, policy).await?;
                 let two = redis_limiter(prefix, policy).await?;
+                Some([Arc::new(one), Arc::new(two)])
+            }
+            Harness::Cluster { prefix, .. } => {
+                let url = redis_cluster_url()?;
+                let one = redis_limiter_at(&url, prefix, policy).await?;
+                let two = redis_limiter_at(&url, prefix, policy).await?;
                 Some([Arc::new(one), Arc::new(two)])
             }
         }
@@ -174,6 +186,15 @@ macro_rules! conformance {
                 #[tokio::test]
                 async fn $case() {
                     super::$case(&super::Harness::redis(stringify!($case))).await;
+                }
+            )*
+        }
+
+        mod cluster {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case(&super::Harness::cluster(stringify!($case))).await;
                 }
             )*
         }

@@ -11,6 +11,7 @@ use imagepipe_contracts::step::{AnalysisOutput, MetadataOutput, Prediction};
 use imagepipe_contracts::{Event, TraceId};
 use imagepipe_runtime::embedded::EmbeddedDb;
 use imagepipe_runtime::http::testing;
+use imagepipe_runtime::redis_connection::RedisConnection;
 use imagepipe_runtime::{Service, Settings, Shutdown};
 use imagepipe_tag_indexer_worker::{
     EmbeddedIndex, GROUP, Hit, MemoryIndex, RedisIndex, TagIndex, TagMatch, api, run, serve, subscription,
@@ -136,35 +137,49 @@ async fn the_embedded_index_keeps_its_entries_across_a_restart() {
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 
-/// An index on a prefix of its own.
+/// An index on a prefix of its own, on the single Redis server.
 async fn redis_index(name: &str) -> (RedisIndex, String) {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let prefix = format!("imagepipe-test-tags-{name}-{}-{nanos}", std::process::id());
-    (RedisIndex::connect(REDIS, &prefix).await.expect("Redis on 127.0.0.1:6379"), prefix)
+    redis_index_at(REDIS, name).await
 }
 
-/// Every key under `prefix`.
-async fn redis_keys(prefix: &str) -> (Vec<String>, redis::aio::MultiplexedConnection) {
-    let mut connection = redis::Client::open(REDIS).unwrap().get_multiplexed_async_connection().await.unwrap();
+/// An index on a prefix of its own, at `url`.
+async fn redis_index_at(url: &str, name: &str) -> (RedisIndex, String) {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("imagepipe-test-tags-{name}-{}-{nanos}", std::process::id());
+    (RedisIndex::connect(url, &prefix).await.unwrap_or_else(|e| panic!("Redis at {url}: {e}")), prefix)
+}
+
+/// Every key under `prefix` on the single server.
+async fn redis_keys(prefix: &str) -> (Vec<String>, RedisConnection) {
+    redis_keys_at(REDIS, prefix).await
+}
+
+/// Every key under `prefix` at `url` (`KEYS` goes to every primary of a cluster).
+async fn redis_keys_at(url: &str, prefix: &str) -> (Vec<String>, RedisConnection) {
+    let mut connection = RedisConnection::open(url).await.unwrap();
     let keys = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut connection).await.unwrap();
     (keys, connection)
 }
 
 #[tokio::test]
 async fn the_redis_index_drops_the_entries_of_expired_tasks_and_leaves_no_key() {
-    let (index, prefix) = redis_index("expiry").await;
-    expiry(&index).await;
-    let (keys, _) = redis_keys(&prefix).await;
-    assert!(keys.is_empty(), "left behind: {keys:?}");
+    for (name, url) in imagepipe_contracts::testing::redis_urls() {
+        let (index, prefix) = redis_index_at(&url, "expiry").await;
+        expiry(&index).await;
+        let (keys, _) = redis_keys_at(&url, &prefix).await;
+        assert!(keys.is_empty(), "{name}: left behind: {keys:?}");
+    }
 }
 
 #[tokio::test]
 async fn the_redis_index_searches_best_first() {
-    let (index, prefix) = redis_index("search").await;
-    suite(&index).await;
-    let (keys, mut connection) = redis_keys(&prefix).await;
-    assert!(!keys.is_empty());
-    let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
+    for (name, url) in imagepipe_contracts::testing::redis_urls() {
+        let (index, prefix) = redis_index_at(&url, "search").await;
+        suite(&index).await;
+        let (keys, mut connection) = redis_keys_at(&url, &prefix).await;
+        assert!(!keys.is_empty(), "{name}");
+        let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut connection).await.unwrap();
+    }
 }
 
 /// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (the part between the first
@@ -207,7 +222,13 @@ fn cluster_slot_is_the_one_redis_computes() {
 /// block and script touches one slot; searches over several tags and expiry work on them.
 #[tokio::test]
 async fn every_key_of_the_redis_index_is_in_one_cluster_slot() {
-    let (index, prefix) = redis_index("slot").await;
+    for (_, url) in imagepipe_contracts::testing::redis_urls() {
+        one_slot_at(&url).await;
+    }
+}
+
+async fn one_slot_at(url: &str) {
+    let (index, prefix) = redis_index_at(url, "slot").await;
     let several = tags(&[("cat", 0.9), ("animal", 0.95), ("tiger cat", 0.4), ("a:b", 0.3), ("{x}", 0.2)]);
     index.index("t1", &several, T0).await.unwrap();
     index.index("t2", &tags(&[("dog", 0.8), ("animal", 0.6)]), T0).await.unwrap();
@@ -215,7 +236,7 @@ async fn every_key_of_the_redis_index_is_in_one_cluster_slot() {
     assert_eq!(ids(&index.search(&q(&["cat", "animal", "{x}"]), TagMatch::All, 10).await.unwrap()), ["t1"]);
     assert_eq!(ids(&index.search(&q(&["a:b", "dog"]), TagMatch::Any, 10).await.unwrap()), ["t2", "t1"]);
 
-    let (keys, _) = redis_keys(&prefix).await;
+    let (keys, _) = redis_keys_at(url, &prefix).await;
     assert_eq!(keys.len(), 6 + 2 + 2, "a key per tag, per task, `indexed` and `thumbnails`: {keys:?}");
     let slot = cluster_slot(&format!("{{{prefix}:tags}}"));
     for key in &keys {
@@ -223,7 +244,7 @@ async fn every_key_of_the_redis_index_is_in_one_cluster_slot() {
         assert_eq!(cluster_slot(key), slot, "{key}");
     }
     assert_eq!(index.expire(T0, 10).await.unwrap(), 2);
-    let (left, _) = redis_keys(&prefix).await;
+    let (left, _) = redis_keys_at(url, &prefix).await;
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 

@@ -23,3 +23,33 @@ pub fn environment_missing(reason: &str) {
     let thread = std::thread::current();
     eprintln!("SKIPPED {}: {reason}", thread.name().unwrap_or("a test"));
 }
+
+/// The variable naming the single Redis server of the tests (default `redis://127.0.0.1:6379`,
+/// which scripts/redis.sh starts).
+pub const REDIS_URL_ENV: &str = "IMAGEPIPE_TEST_REDIS_URL";
+
+/// The variable naming the Redis Cluster of the tests (scripts/redis-cluster.sh starts one and
+/// sets it to `redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003`).
+pub const REDIS_CLUSTER_URL_ENV: &str = "IMAGEPIPE_TEST_REDIS_CLUSTER_URL";
+
+/// The single Redis server of the tests: `IMAGEPIPE_TEST_REDIS_URL`, else `redis://127.0.0.1:6379`.
+pub fn redis_url() -> String {
+    std::env::var(REDIS_URL_ENV).unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The Redis deployments a test of a Redis backend runs on, named (`"redis"`, `"cluster"`):
+/// the single server ([`redis_url`]) and the cluster of `IMAGEPIPE_TEST_REDIS_CLUSTER_URL`.
+/// Without that variable the cluster is missing ([`environment_missing`]: the test fails, or
+/// with skipping allowed runs on the single server only).
+#[track_caller]
+pub fn redis_urls() -> Vec<(&'static str, String)> {
+    let mut urls = vec![("redis", redis_url())];
+    match std::env::var(REDIS_CLUSTER_URL_ENV) {
+        Ok(url) => urls.push(("cluster", url)),
+        Err(_) => environment_missing(&format!(
+            "the Redis Cluster is not running: {REDIS_CLUSTER_URL_ENV} is not set \
+             (source scripts/redis-cluster.sh; ensure_redis_cluster)"
+        )),
+    }
+    urls
+}

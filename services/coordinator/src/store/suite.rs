@@ -18,12 +18,20 @@ pub const RELAY_GRACE: Duration = Duration::from_secs(10);
 const T0: u64 = 1_700_000_000_000;
 
 /// Expands to one `#[tokio::test]` per suite case; `$make(name).await` returns a fresh store
-/// and a guard that cleans it up when dropped.
+/// and a guard that cleans it up when dropped. With `optional`, it returns them in an `Option`:
+/// `None` when the backend's server is missing and skipping is allowed
+/// ([`imagepipe_contracts::testing::environment_missing`]), and the case does nothing.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! store_suite {
     ($make:path) => {
-        $crate::store_suite!(@cases $make;
+        $crate::store_suite!(@list [$make, required]);
+    };
+    (optional $make:path) => {
+        $crate::store_suite!(@list [$make, optional]);
+    };
+    (@list $how:tt) => {
+        $crate::store_suite!(@cases $how;
             create_is_idempotent_by_id_and_key,
             apply_is_a_compare_and_set_on_the_version,
             a_batch_applies_each_compare_and_set_on_its_own,
@@ -54,11 +62,20 @@ macro_rules! store_suite {
             claims_and_queues_per_shard_return_only_those_shards,
         );
     };
-    (@cases $make:path; $($case:ident),* $(,)?) => {
+    (@cases [$make:path, required]; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test]
             async fn $case() {
                 let (store, _guard) = $make(stringify!($case)).await;
+                $crate::store::suite::$case(&store).await;
+            }
+        )*
+    };
+    (@cases [$make:path, optional]; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let Some((store, _guard)) = $make(stringify!($case)).await else { return };
                 $crate::store::suite::$case(&store).await;
             }
         )*

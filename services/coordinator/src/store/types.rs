@@ -20,6 +20,20 @@ pub enum StoreError {
         #[source]
         source: ::redis::RedisError,
     },
+    /// Fewer replicas than `store.redis.min_replicas` acknowledged a batch of transitions in
+    /// time: the batch is written on its primary but might not survive its loss.
+    #[error(
+        "{acked} replica(s) acknowledged the transitions within {timeout_ms} ms, store.redis.min_replicas is \
+         {wanted}: the batch is not acknowledged (its inputs are retried)"
+    )]
+    NotReplicated {
+        /// `store.redis.min_replicas`.
+        wanted: u32,
+        /// The fewest replicas a written primary reported.
+        acked: u32,
+        /// How long `WAIT` waited.
+        timeout_ms: u64,
+    },
     /// The embedded database failed.
     #[error("embedded store {operation}: {message}")]
     Embedded {

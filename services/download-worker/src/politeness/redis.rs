@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use imagepipe_runtime::clock::millis;
+use imagepipe_runtime::redis_connection::RedisConnection;
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 use super::{Admission, HostLimiter, HostPolicy, LimiterError};
 
@@ -104,7 +104,7 @@ return math.ceil(pause)
 /// The per-host limits in Redis (see the module docs).
 #[derive(Clone)]
 pub struct RedisLimiter {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     prefix: String,
     policy: HostPolicy,
     acquire: Script,
@@ -121,13 +121,12 @@ impl std::fmt::Debug for RedisLimiter {
 impl RedisLimiter {
     /// Connects to Redis at `url`; keys live under `<prefix>:polite:`.
     pub async fn connect(url: &str, prefix: &str, policy: HostPolicy) -> Result<Self, LimiterError> {
-        let client = redis::Client::open(url).map_err(LimiterError::Connect)?;
-        let connection = ConnectionManager::new(client).await.map_err(LimiterError::Connect)?;
+        let connection = RedisConnection::open(url).await.map_err(LimiterError::Connect)?;
         Ok(Self::new(connection, prefix, policy))
     }
 
     /// A limiter on `connection`, keys under `<prefix>:polite:`.
-    pub fn new(connection: ConnectionManager, prefix: &str, policy: HostPolicy) -> Self {
+    pub fn new(connection: RedisConnection, prefix: &str, policy: HostPolicy) -> Self {
         Self {
             connection,
             prefix: format!("{prefix}:polite"),

@@ -90,27 +90,18 @@ pub async fn clean_up(nats: Option<&NatsBus>, prefix: &str, redis_url: Option<&s
 }
 
 /// Deletes every key starting with `prefix:`, or with the hash tag `{prefix:` (a key that
-/// starts with its shard's tag).
+/// starts with its shard's tag), on every primary of a cluster.
 async fn delete_redis_keys(url: &str, prefix: &str) -> Result<(), redis::RedisError> {
-    let mut conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+    let mut conn = imagepipe_runtime::redis_connection::RedisConnection::open(url).await?;
     for pattern in [format!("{prefix}:*"), format!("{{{prefix}:*")] {
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1_000)
-                .query_async(&mut conn)
-                .await?;
-            if !keys.is_empty() {
-                redis::cmd("UNLINK").arg(&keys).query_async::<()>(&mut conn).await?;
+        let keys = conn.scan_match(&pattern, 1_000).await?;
+        for batch in keys.chunks(1_000) {
+            // One UNLINK per key: a cluster refuses one over several slots in a pipeline part.
+            let mut pipe = redis::pipe();
+            for key in batch {
+                pipe.cmd("UNLINK").arg(key).ignore();
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
+            pipe.query_async::<()>(&mut conn).await?;
         }
     }
     Ok(())

@@ -368,7 +368,7 @@ async fn store_checks(settings: &Settings) -> Vec<Check> {
 async fn redis_check(url: &str) -> Check {
     let shown = mask_url_credentials(url);
     let ping = async {
-        let mut connection = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+        let mut connection = imagepipe_runtime::redis_connection::RedisConnection::open(url).await?;
         redis::cmd("PING").query_async::<String>(&mut connection).await
     };
     let fix = format!("start Redis, or set {}", setting("store.redis.url"));

@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use imagepipe_runtime::redis_connection::RedisConnection;
 use imagepipe_similarity::parse_phash;
-use redis::aio::ConnectionManager;
 
 use super::{Change, Changed, Changes, Entry, SimilarityStore, StoreError, TOMBSTONE_TTL_MS};
 
@@ -69,7 +69,7 @@ return redis.call('INCR', KEYS[4])
 /// The store in Redis (see the module docs).
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     /// `<prefix>:{<prefix>:similarity}`: every key in one cluster slot.
     slot: String,
     update: redis::Script,
@@ -80,8 +80,7 @@ pub struct RedisStore {
 impl RedisStore {
     /// Connects to `url`, keys under `<prefix>:{<prefix>:similarity}:`.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(StoreError::Connect)?;
-        let connection = ConnectionManager::new(client).await.map_err(StoreError::Connect)?;
+        let connection = RedisConnection::open(url).await.map_err(StoreError::Connect)?;
         Ok(Self {
             connection,
             slot: format!("{prefix}:{{{prefix}:similarity}}"),

@@ -1,5 +1,5 @@
-//! The same cases against [`EmbeddedStore`] and [`RedisStore`] (a real Redis, a unique prefix
-//! per test).
+//! The same cases against [`EmbeddedStore`] and [`RedisStore`] (a real Redis and a real Redis
+//! Cluster, a unique prefix per test).
 
 use std::sync::Arc;
 
@@ -14,11 +14,12 @@ async fn stores(test: &str) -> (Vec<Arc<dyn SimilarityStore>>, tempfile::TempDir
     let dir = tempfile::tempdir().unwrap();
     let db = EmbeddedDb::open(&dir.path().join("similarity.redb")).unwrap();
     let mut stores: Vec<Arc<dyn SimilarityStore>> = vec![Arc::new(EmbeddedStore::open(db).await.unwrap())];
-    let url = std::env::var("IMAGEPIPE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let prefix = format!("test-similarity-{test}-{}", uuid::Uuid::new_v4().simple());
-    match RedisStore::connect(&url, &prefix).await {
-        Ok(store) => stores.push(Arc::new(store)),
-        Err(error) => imagepipe_contracts::testing::environment_missing(&format!("Redis at {url}: {error}")),
+    for (_, url) in imagepipe_contracts::testing::redis_urls() {
+        let prefix = format!("test-similarity-{test}-{}", uuid::Uuid::new_v4().simple());
+        match RedisStore::connect(&url, &prefix).await {
+            Ok(store) => stores.push(Arc::new(store)),
+            Err(error) => imagepipe_contracts::testing::environment_missing(&format!("Redis at {url}: {error}")),
+        }
     }
     (stores, dir)
 }

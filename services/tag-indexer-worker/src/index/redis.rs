@@ -42,7 +42,7 @@
 //! so the move, whose script spans an old and a new slot, never runs there.
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
+use imagepipe_runtime::redis_connection::RedisConnection;
 
 use super::{Hit, IndexError, TagIndex, TagMatch, best_first};
 
@@ -172,7 +172,7 @@ impl OldKeys {
 /// The index in Redis (see the module docs).
 #[derive(Clone)]
 pub struct RedisIndex {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     keys: Keys,
     expire: redis::Script,
 }
@@ -181,8 +181,7 @@ impl RedisIndex {
     /// Connects to `url`, keys under `<prefix>:{<prefix>:tags}:`, and moves the keys an older
     /// version wrote under `<prefix>:tags:` to their new names (see the module docs).
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, IndexError> {
-        let client = redis::Client::open(url).map_err(IndexError::Connect)?;
-        let connection = ConnectionManager::new(client).await.map_err(IndexError::Connect)?;
+        let connection = RedisConnection::open(url).await.map_err(IndexError::Connect)?;
         let index = Self { connection, keys: Keys::new(prefix), expire: redis::Script::new(EXPIRE) };
         let moved = migrate(&mut index.connection.clone(), prefix).await?;
         if moved > 0 {
@@ -194,7 +193,7 @@ impl RedisIndex {
 
 /// Moves the keys of the old layout under `<prefix>:tags:` to their new names (see the module
 /// docs); returns how many moved.
-async fn migrate(connection: &mut ConnectionManager, prefix: &str) -> Result<usize, IndexError> {
+async fn migrate(connection: &mut RedisConnection, prefix: &str) -> Result<usize, IndexError> {
     let (keys, old) = (Keys::new(prefix), OldKeys::new(prefix));
     let markers = [old.thumbnails(), old.indexed()];
     let mut exists = redis::pipe();
@@ -236,7 +235,7 @@ async fn migrate(connection: &mut ConnectionManager, prefix: &str) -> Result<usi
 /// Runs [`MOVE`] on each `(old name, new name, ZADD flag)` in one round trip; returns how many
 /// keys moved.
 async fn move_keys<'a>(
-    connection: &mut ConnectionManager,
+    connection: &mut RedisConnection,
     moves: impl Iterator<Item = (&'a str, String, &'static str)>,
 ) -> Result<usize, IndexError> {
     let script = redis::Script::new(MOVE);

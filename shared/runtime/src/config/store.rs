@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::{ConfigError, SecretUrl, mask_url_credentials};
 
 /// URL schemes the Redis client understands.
-const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
+const REDIS_SCHEMES: [&str; 6] = ["redis", "rediss", "redis+unix", "unix", "redis+cluster", "rediss+cluster"];
 
 /// Where every service keeps its state (see the module docs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -62,15 +62,24 @@ impl Default for StoreConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
-    /// `redis://[user:password@]host:port[/db]` (or `rediss://` for TLS); the password is
-    /// masked whenever printed.
+    /// `redis://[user:password@]host:port[/db]` (or `rediss://` for TLS) for one server;
+    /// `redis+cluster://[user:password@]host:port[,host:port...]` (or `rediss+cluster://`) for a
+    /// Redis Cluster, through the seed nodes listed (the client finds the others). The password
+    /// is masked whenever printed.
     #[schemars(with = "String")]
     pub url: SecretUrl,
+    /// Replicas that must hold the coordinator's transitions before it relays their messages
+    /// and acknowledges their inputs: after each batch of transitions it sends `WAIT` to every
+    /// primary written (up to 400 ms), and a batch fewer replicas acknowledged is a store error
+    /// (its inputs are retried). 0 does not wait; 1 is recommended in production, so that a
+    /// transition anyone saw survives the loss of its primary (each batch then waits for a
+    /// replica's round trip).
+    pub min_replicas: u32,
 }
 
 impl Default for RedisConfig {
     fn default() -> Self {
-        Self { url: SecretUrl::new("redis://127.0.0.1:6379") }
+        Self { url: SecretUrl::new("redis://127.0.0.1:6379"), min_replicas: 0 }
     }
 }
 

@@ -208,8 +208,9 @@ pub const JOB_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 pub async fn connect(settings: &Settings) -> Result<std::sync::Arc<dyn ControlStore>, ControlError> {
     match settings.store.kind {
         StoreKind::Redis => {
-            let client = ::redis::Client::open(settings.store.redis.url.expose()).map_err(ControlError::Connect)?;
-            let connection = ::redis::aio::ConnectionManager::new(client).await.map_err(ControlError::Connect)?;
+            let connection = crate::redis_connection::RedisConnection::open(settings.store.redis.url.expose())
+                .await
+                .map_err(ControlError::Connect)?;
             Ok(std::sync::Arc::new(RedisControl::new(connection, &settings.bus.prefix)))
         }
         StoreKind::Embedded => Ok(MemoryControl::for_dir(&settings.store.path)?),

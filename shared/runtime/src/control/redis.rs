@@ -12,13 +12,13 @@
 
 use async_trait::async_trait;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
 use super::{
     BEAT_TTL, Beat, CANCEL_TTL, ControlError, ControlState, ControlStore, JOB_TTL, QueueActivity, QueueControl,
     RATE_BUCKET_MS, RATE_WINDOW, rate_from_buckets,
 };
 use crate::clock::millis;
+use crate::redis_connection::RedisConnection;
 
 /// Sets one field of a queue's JSON in the queues hash: ARGV[1] field name, ARGV[2] JSON value
 /// (`null` removes the field), ARGV[3] now, ARGV[4] the queue. Returns 1 when it changed.
@@ -39,14 +39,14 @@ return 1
 /// The control state in Redis (see the module docs).
 #[derive(Clone)]
 pub struct RedisControl {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     prefix: String,
     update: redis::Script,
 }
 
 impl RedisControl {
     /// Keys under `bus_prefix` on `connection`.
-    pub fn new(connection: ConnectionManager, bus_prefix: &str) -> Self {
+    pub fn new(connection: RedisConnection, bus_prefix: &str) -> Self {
         Self {
             connection,
             prefix: format!("{bus_prefix}:{{{bus_prefix}:control}}"),

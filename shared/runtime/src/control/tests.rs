@@ -1,5 +1,5 @@
-//! The same cases against [`MemoryControl`] and [`RedisControl`] (a real Redis, unique
-//! prefix per test).
+//! The same cases against [`MemoryControl`] and [`RedisControl`] (a real Redis and a real
+//! Redis Cluster, unique prefix per test).
 
 use std::sync::Arc;
 
@@ -7,19 +7,19 @@ use super::*;
 
 const T0: u64 = 1_763_800_000_000;
 
-async fn redis(test: &str) -> Option<Arc<dyn ControlStore>> {
-    let url = std::env::var("IMAGEPIPE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let client = ::redis::Client::open(url.as_str()).unwrap();
-    match ::redis::aio::ConnectionManager::new(client).await {
-        Ok(connection) => {
-            let prefix = format!("test-control-{test}-{}", uuid::Uuid::new_v4().simple());
-            Some(Arc::new(RedisControl::new(connection, &prefix)))
-        }
-        Err(error) => {
-            imagepipe_contracts::testing::environment_missing(&format!("Redis at {url}: {error}"));
-            None
+/// A [`RedisControl`] on each of the Redis deployments of the tests (a server, a cluster).
+async fn redis(test: &str) -> Vec<Arc<dyn ControlStore>> {
+    let mut stores: Vec<Arc<dyn ControlStore>> = Vec::new();
+    for (_, url) in imagepipe_contracts::testing::redis_urls() {
+        match crate::redis_connection::RedisConnection::open(&url).await {
+            Ok(connection) => {
+                let prefix = format!("test-control-{test}-{}", uuid::Uuid::new_v4().simple());
+                stores.push(Arc::new(RedisControl::new(connection, &prefix)));
+            }
+            Err(error) => imagepipe_contracts::testing::environment_missing(&format!("Redis at {url}: {error}")),
         }
     }
+    stores
 }
 
 async fn both(test: &str) -> Vec<Arc<dyn ControlStore>> {

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use crate::backoff::ExponentialBackoff;
@@ -27,6 +26,7 @@ use crate::clock::SystemClock;
 use crate::config::{Settings, StoreKind};
 use crate::connect::{Unconnected, redis_unreachable, with_retry};
 use crate::embedded::{EmbeddedDb, EmbeddedError};
+use crate::redis_connection::RedisConnection;
 use crate::shutdown::Shutdown;
 
 pub use embedded::EmbeddedDedup;
@@ -66,15 +66,16 @@ pub trait Dedup: Send + Sync + 'static {
 }
 
 /// The dedup store `settings` call for, namespaced by subscriber `group`: Redis keys
-/// `<bus.prefix>:dedup:<group>:<key>` when `store.kind = redis`, the group's embedded file
-/// ([`open_embedded`]) otherwise.
+/// `<bus.prefix>:dedup:{<bus.prefix>:<group>}:<key>` ([`redis_prefix`]) when
+/// `store.kind = redis`, the group's embedded file ([`open_embedded`]) otherwise.
 pub async fn connect(settings: &Settings, group: &str) -> Result<Box<dyn Dedup>, DedupError> {
     match settings.store.kind {
         StoreKind::Redis => {
-            let client = redis::Client::open(settings.store.redis.url.expose()).map_err(DedupError::Connect)?;
-            let connection = ConnectionManager::new(client).await.map_err(DedupError::Connect)?;
+            let connection =
+                RedisConnection::open(settings.store.redis.url.expose()).await.map_err(DedupError::Connect)?;
             let prefix = redis_prefix(&settings.bus.prefix, group);
-            Ok(Box::new(RedisDedup::new(connection, prefix, settings.dedup.ttl)))
+            let legacy = (!connection.is_cluster()).then(|| legacy_redis_prefix(&settings.bus.prefix, group));
+            Ok(Box::new(RedisDedup::new(connection, prefix, settings.dedup.ttl).with_legacy_prefix(legacy)))
         }
         StoreKind::Embedded => Ok(Box::new(open_embedded(settings, group).await?)),
     }
@@ -108,25 +109,49 @@ pub async fn connect_with_retry(
     }
 }
 
-/// The prefix of subscriber `group`'s dedup keys in Redis: `<bus_prefix>:dedup:<group>`; a
-/// key is this, `:`, and the event id. A store that marks an event done inside its own atomic
-/// write (so a retry after a lost reply cannot apply it twice) writes the same key.
+/// The prefix of subscriber `group`'s dedup keys in Redis:
+/// `<bus_prefix>:dedup:{<bus_prefix>:<group>}`; a key is this, `:`, and the event id. A store
+/// that marks an event done inside its own atomic write (so a retry after a lost reply cannot
+/// apply it twice) writes the same key, and keeps the keys that write touches under the
+/// group's hash tag ([`redis_group_tag`]) so that on a Redis Cluster they share the slot.
 pub fn redis_prefix(bus_prefix: &str, group: &str) -> String {
+    format!("{bus_prefix}:dedup:{}", redis_group_tag(bus_prefix, group))
+}
+
+/// The Redis Cluster hash tag of subscriber `group`: `{<bus_prefix>:<group>}`. Its dedup keys
+/// carry it, and so do the keys of a store that marks events done in its own writes.
+pub fn redis_group_tag(bus_prefix: &str, group: &str) -> String {
+    format!("{{{bus_prefix}:{group}}}")
+}
+
+/// The prefix of the dedup keys written before they carried a hash tag:
+/// `<bus_prefix>:dedup:<group>`. On a single Redis server a key is done when it is marked under
+/// either prefix, so the marks made before an upgrade count until they expire (`dedup.ttl`); a
+/// cluster never had such keys.
+pub fn legacy_redis_prefix(bus_prefix: &str, group: &str) -> String {
     format!("{bus_prefix}:dedup:{group}")
 }
 
 /// Keys in Redis, `<prefix>:<key>`, each set with `SET NX PX <ttl>`.
 #[derive(Clone)]
 pub struct RedisDedup {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     prefix: String,
+    legacy_prefix: Option<String>,
     ttl: Duration,
 }
 
 impl RedisDedup {
     /// Keys under `prefix`, each forgotten `ttl` after it was marked.
-    pub fn new(connection: ConnectionManager, prefix: impl Into<String>, ttl: Duration) -> Self {
-        Self { connection, prefix: prefix.into(), ttl }
+    pub fn new(connection: RedisConnection, prefix: impl Into<String>, ttl: Duration) -> Self {
+        Self { connection, prefix: prefix.into(), legacy_prefix: None, ttl }
+    }
+
+    /// The same, also taking a key marked under `legacy` ([`legacy_redis_prefix`]) as done.
+    /// Only for a single server: in a cluster the two keys are in different slots.
+    #[must_use]
+    pub fn with_legacy_prefix(self, legacy: Option<String>) -> Self {
+        Self { legacy_prefix: legacy, ..self }
     }
 
     fn key(&self, key: &str) -> String {
@@ -137,13 +162,15 @@ impl RedisDedup {
 #[async_trait]
 impl Dedup for RedisDedup {
     async fn is_done(&self, key: &str) -> Result<bool, DedupError> {
+        let legacy = self.legacy_prefix.as_ref().map(|prefix| format!("{prefix}:{key}"));
         let key = self.key(key);
-        let exists: bool = redis::cmd("EXISTS")
+        let exists: u64 = redis::cmd("EXISTS")
             .arg(&key)
+            .arg(legacy)
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|source| DedupError::Redis { command: "EXISTS", key, source })?;
-        Ok(exists)
+        Ok(exists > 0)
     }
 
     async fn mark_done(&self, key: &str) -> Result<bool, DedupError> {
@@ -317,17 +344,18 @@ mod tests {
 
     #[tokio::test]
     async fn redis_marks_once_with_a_ttl() {
-        let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
-        let mut connection = ConnectionManager::new(client).await.expect("Redis on 127.0.0.1:6379");
-        let prefix = format!("imagepipe-test:dedup:{}", uuid_like());
-        let dedup = RedisDedup::new(connection.clone(), prefix.clone(), Duration::from_secs(30));
-        assert!(!dedup.is_done("evt").await.unwrap());
-        assert!(dedup.mark_done("evt").await.unwrap());
-        assert!(!dedup.mark_done("evt").await.unwrap());
-        assert!(dedup.is_done("evt").await.unwrap());
-        let ttl: i64 = redis::cmd("PTTL").arg(format!("{prefix}:evt")).query_async(&mut connection).await.unwrap();
-        assert!((1..=30_000).contains(&ttl), "ttl {ttl}");
-        let _: () = redis::cmd("DEL").arg(format!("{prefix}:evt")).query_async(&mut connection).await.unwrap();
+        for (name, url) in imagepipe_contracts::testing::redis_urls() {
+            let mut connection = RedisConnection::open(&url).await.unwrap_or_else(|e| panic!("Redis at {url}: {e}"));
+            let prefix = redis_prefix(&format!("imagepipe-test-{}", uuid_like()), "group");
+            let dedup = RedisDedup::new(connection.clone(), prefix.clone(), Duration::from_secs(30));
+            assert!(!dedup.is_done("evt").await.unwrap(), "{name}");
+            assert!(dedup.mark_done("evt").await.unwrap(), "{name}");
+            assert!(!dedup.mark_done("evt").await.unwrap(), "{name}");
+            assert!(dedup.is_done("evt").await.unwrap(), "{name}");
+            let ttl: i64 = redis::cmd("PTTL").arg(format!("{prefix}:evt")).query_async(&mut connection).await.unwrap();
+            assert!((1..=30_000).contains(&ttl), "{name}: ttl {ttl}");
+            let _: () = redis::cmd("DEL").arg(format!("{prefix}:evt")).query_async(&mut connection).await.unwrap();
+        }
     }
 
     fn uuid_like() -> String {

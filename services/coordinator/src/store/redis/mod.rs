@@ -96,7 +96,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use imagepipe_contracts::shard::DEFAULT_SHARDS;
-use redis::aio::ConnectionManager;
+use imagepipe_runtime::redis_connection::RedisConnection;
 use redis::{AsyncCommands, Script};
 use tokio::sync::OnceCell;
 
@@ -115,10 +115,12 @@ use crate::task::{HistoryEntry, OutboxEntry, Task, TaskState};
 /// Tasks in Redis, shared by every coordinator replica.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     prefix: String,
     relay_grace: Duration,
     shards: u16,
+    /// `store.redis.min_replicas`: replicas `WAIT`ed for after each batch of transitions.
+    min_replicas: u32,
     /// Set once the key layout is current and the indexes are built ([`RedisStore::ready`]).
     ready: Arc<OnceCell<()>>,
     transition: Script,
@@ -155,13 +157,13 @@ impl RedisStore {
                 )),
             });
         }
-        let client = redis::Client::open(url).map_err(redis_err("connecting"))?;
-        let conn = ConnectionManager::new(client).await.map_err(redis_err("connecting"))?;
+        let conn = RedisConnection::open(url).await.map_err(redis_err("connecting"))?;
         let store = Self {
             conn,
             prefix: prefix.to_owned(),
             relay_grace,
             shards: DEFAULT_SHARDS,
+            min_replicas: 0,
             ready: Arc::new(OnceCell::new()),
             transition: Script::new(TRANSITION),
             claim_in: Script::new(CLAIM_IN),
@@ -187,7 +189,45 @@ impl RedisStore {
     pub fn with_shards(self, shards: u16) -> Self {
         Self { shards: shards.max(1), ready: Arc::new(OnceCell::new()), ..self }
     }
+
+    /// The store waiting, after each batch of transitions ([`TaskStore::create`],
+    /// [`TaskStore::apply_many`]), until `replicas` replicas of every primary written hold it
+    /// (`WAIT`, at most [`REPLICA_WAIT`]); fewer is [`StoreError::NotReplicated`]. 0 (the
+    /// default) does not wait.
+    #[must_use]
+    pub fn with_min_replicas(self, replicas: u32) -> Self {
+        Self { min_replicas: replicas, ..self }
+    }
+
+    /// Waits until [`min_replicas`](Self::with_min_replicas) replicas acknowledged the writes
+    /// of `decisions` (their tasks' slots and the index slot, which the same batch wrote).
+    async fn replicated(&self, decisions: &[Decision]) -> Result<(), StoreError> {
+        if self.min_replicas == 0 || decisions.is_empty() {
+            return Ok(());
+        }
+        let index = self.index_key("all");
+        let mut keys: Vec<String> = decisions.iter().map(|d| self.task_key(&d.task.id)).collect();
+        keys.push(index);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let acked = self
+            .conn
+            .wait_replicas(&keys, self.min_replicas, REPLICA_WAIT)
+            .await
+            .map_err(redis_err("waiting for replicas"))?;
+        if acked >= self.min_replicas {
+            return Ok(());
+        }
+        metrics::counter!(crate::metrics::UNREPLICATED).increment(1);
+        let error =
+            StoreError::NotReplicated { wanted: self.min_replicas, acked, timeout_ms: REPLICA_WAIT.as_millis() as u64 };
+        tracing::warn!(transitions = decisions.len(), "{error}");
+        Err(error)
+    }
 }
+
+/// How long a batch of transitions waits for `store.redis.min_replicas` replicas (`WAIT`'s
+/// timeout): under the client's response timeout of 500 ms.
+pub const REPLICA_WAIT: Duration = Duration::from_millis(400);
 
 #[async_trait]
 impl TaskStore for RedisStore {
@@ -221,7 +261,9 @@ impl TaskStore for RedisStore {
                 }
             }
         }
-        match self.index_and_write(std::slice::from_ref(decision)).await?.first() {
+        let written = self.index_and_write(std::slice::from_ref(decision)).await?;
+        self.replicated(std::slice::from_ref(decision)).await?;
+        match written.first() {
             Some(Applied::Yes) => return Ok(Created::New),
             Some(Applied::Fenced) => {
                 self.repair(&[decision]).await?;
@@ -245,6 +287,7 @@ impl TaskStore for RedisStore {
         }
         self.ready().await?;
         let written = self.index_and_write(decisions).await?;
+        self.replicated(decisions).await?;
         let lost: Vec<&Decision> =
             decisions.iter().zip(&written).filter(|(_, w)| **w != Applied::Yes).map(|(d, _)| d).collect();
         self.repair(&lost).await?;

@@ -274,3 +274,96 @@ async fn a_store_of_the_layout_before_shards_is_moved_when_opened() {
     let again = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap();
     assert_eq!(again.history(&started).await.unwrap(), history);
 }
+
+/// The suite and the `store.redis.min_replicas` checks on the Redis Cluster of the tests
+/// (scripts/redis-cluster.sh, `IMAGEPIPE_TEST_REDIS_CLUSTER_URL`).
+mod cluster {
+    use imagepipe_contracts::testing::{REDIS_CLUSTER_URL_ENV, environment_missing};
+    use imagepipe_runtime::redis_connection::RedisConnection;
+
+    use super::*;
+
+    /// Deletes every key of a test's prefix on the cluster when dropped.
+    pub(crate) struct ClusterCleanup {
+        url: String,
+        prefix: String,
+    }
+
+    impl Drop for ClusterCleanup {
+        fn drop(&mut self) {
+            let (url, pattern) = (self.url.clone(), format!("{}:*", self.prefix));
+            // Drop runs inside the test's runtime: clean up on a thread with its own.
+            let cleaning = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+                runtime.block_on(async {
+                    let mut conn = RedisConnection::open(&url).await.ok()?;
+                    let keys = conn.scan_match(&pattern, 1_000).await.ok()?;
+                    for key in keys {
+                        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(key).query_async(&mut conn).await;
+                    }
+                    Some(())
+                })
+            });
+            let _ = cleaning.join();
+        }
+    }
+
+    /// The cluster's URL, or `None` after [`environment_missing`] allowed a skip.
+    fn url() -> Option<String> {
+        match std::env::var(REDIS_CLUSTER_URL_ENV) {
+            Ok(url) => Some(url),
+            Err(_) => {
+                environment_missing(&format!(
+                    "the Redis Cluster is not running: {REDIS_CLUSTER_URL_ENV} is not set \
+                     (source scripts/redis-cluster.sh; ensure_redis_cluster)"
+                ));
+                None
+            }
+        }
+    }
+
+    async fn make(name: &'static str) -> Option<(RedisStore, ClusterCleanup)> {
+        let url = url()?;
+        let prefix = unique_prefix(name);
+        let store = RedisStore::connect(&url, &prefix, suite::RELAY_GRACE)
+            .await
+            .unwrap_or_else(|e| panic!("Redis Cluster at {url}: {}", imagepipe_runtime::error_chain(&e)));
+        assert!(store.conn.is_cluster(), "{url} opens a cluster connection");
+        Some((store, ClusterCleanup { url, prefix }))
+    }
+
+    crate::store_suite!(optional make);
+
+    /// A batch of transitions over many shards (so over every primary) with
+    /// `min_replicas` of `replicas`.
+    async fn write_a_batch(replicas: u32) -> Option<(Result<Vec<Applied>, StoreError>, RedisStore, ClusterCleanup)> {
+        let (store, cleanup) = make("min-replicas").await?;
+        let store = store.with_min_replicas(replicas);
+        let decisions: Vec<Decision> = (0..32)
+            .map(|i| {
+                let s = SubmitTask::url("https://example.com/a.jpg");
+                machine::create(format!("tsk_wait{i}"), &s, s.validate().unwrap(), TraceId::random(), T0)
+            })
+            .collect();
+        Some((store.apply_many(&decisions).await, store, cleanup))
+    }
+
+    #[tokio::test]
+    async fn a_batch_acknowledged_by_one_replica_of_every_primary_is_applied() {
+        let Some((written, store, _cleanup)) = write_a_batch(1).await else { return };
+        let written = written.unwrap_or_else(|e| panic!("{}", imagepipe_runtime::error_chain(&e)));
+        assert!(written.iter().all(|w| *w == Applied::Yes), "{written:?}");
+        assert!(store.get("tsk_wait0").await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_batch_waiting_for_more_replicas_than_exist_is_a_store_error() {
+        let Some((written, store, _cleanup)) = write_a_batch(2).await else { return };
+        let error = written.expect_err("two replicas of one are not there");
+        assert!(matches!(error, StoreError::NotReplicated { wanted: 2, acked: 1, .. }), "{error:?}");
+        let message = error.to_string();
+        assert!(message.contains("min_replicas is 2") && message.contains("retried"), "{message}");
+        // The write itself happened: the retried input finds it (its compare-and-set fails).
+        assert!(store.get("tsk_wait0").await.unwrap().is_some());
+    }
+}

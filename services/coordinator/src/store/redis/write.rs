@@ -8,7 +8,8 @@ use crate::task::{Task, TaskState};
 
 impl RedisStore {
     /// Indexes transitions (each one's new state and wake time, globally and in its shard's
-    /// sets) and then writes them, in one round trip: the index commands run first, in a MULTI
+    /// sets) and then writes them, in one round trip (two on a cluster, which would run the
+    /// slots of one pipeline concurrently): the index commands run first, in a MULTI
     /// block of the index slot, then one transition script per decision in its shard's slot
     /// (each its own compare-and-set on `version - 1`, under its fence when it has one). What
     /// each write did.
@@ -47,6 +48,13 @@ impl RedisStore {
             self.queue_blob_references(&mut pipe, task);
         }
         pipe.cmd("EXEC").ignore();
+        let mut conn = self.conn.clone();
+        if conn.is_cluster() {
+            // A cluster runs a pipeline's slots concurrently: the index block must be in before
+            // any transition is written, so it is its own round trip there.
+            pipe.query_async::<()>(&mut conn).await.map_err(redis_err("indexing a transition"))?;
+            pipe = redis::pipe();
+        }
         let mut invocations = Vec::with_capacity(decisions.len());
         for decision in decisions {
             let task = &decision.task;
@@ -69,7 +77,6 @@ impl RedisStore {
             pipe.invoke_script(&invocation);
             invocations.push(invocation);
         }
-        let mut conn = self.conn.clone();
         let written = match pipe.query_async::<Vec<i64>>(&mut conn).await {
             // The server does not know the script yet (first use, or restarted), so none of the
             // pipeline's scripts ran: load it and send the whole pipeline again (its index
