@@ -4,41 +4,14 @@
 
 use std::time::Duration;
 
-use imagepipe_blob::{BlobConfig, BlobKind, S3Config};
-use imagepipe_secret::Secret;
+use imagepipe_blob::{BlobConfig, BlobKind};
 
-/// Where the S3 gateway listens (`http://127.0.0.1:<port>`).
-pub const ENDPOINT_ENV: &str = "IMAGEPIPE_TEST_S3_ENDPOINT";
-/// The bucket the script created.
-pub const BUCKET_ENV: &str = "IMAGEPIPE_TEST_S3_BUCKET";
-/// The access key id the gateway admits.
-pub const ACCESS_KEY_ID_ENV: &str = "IMAGEPIPE_TEST_S3_ACCESS_KEY_ID";
-/// Its secret.
-pub const SECRET_ACCESS_KEY_ENV: &str = "IMAGEPIPE_TEST_S3_SECRET_ACCESS_KEY";
+pub use imagepipe_blob::testing::{ACCESS_KEY_ID_ENV, BUCKET_ENV, ENDPOINT_ENV, SECRET_ACCESS_KEY_ENV};
 
 /// `blob.kind = "s3"` on the test server with blobs under `prefix`, or `None` (after failing, or
 /// printing `SKIPPED` under `IMAGEPIPE_TEST_ALLOW_SKIP=1`) when no server was provided.
 pub fn blob_config(prefix: &str) -> Option<BlobConfig> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let (Some(endpoint), Some(bucket), Some(id), Some(secret)) =
-        (var(ENDPOINT_ENV), var(BUCKET_ENV), var(ACCESS_KEY_ID_ENV), var(SECRET_ACCESS_KEY_ENV))
-    else {
-        imagepipe_contracts::testing::environment_missing(&format!(
-            "no S3 server: {ENDPOINT_ENV}, {BUCKET_ENV}, {ACCESS_KEY_ID_ENV} and {SECRET_ACCESS_KEY_ENV} are unset \
-             (source scripts/seaweedfs.sh and run ensure_seaweedfs)"
-        ));
-        return None;
-    };
-    let s3 = S3Config {
-        bucket,
-        prefix: prefix.to_owned(),
-        region: Some("us-east-1".into()),
-        endpoint: Some(endpoint),
-        access_key_id: Some(id),
-        secret_access_key: Some(Secret::new(secret)),
-        allow_http: true,
-        retry_timeout: Duration::from_secs(30),
-    };
+    let s3 = imagepipe_blob::testing::s3_config(prefix, Duration::from_secs(30))?;
     Some(BlobConfig { kind: BlobKind::S3, s3, ..BlobConfig::default() })
 }
 

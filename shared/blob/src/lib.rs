@@ -11,6 +11,8 @@ mod key;
 mod local;
 mod object;
 pub mod sniff;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::ops::Range;
 use std::time::SystemTime;

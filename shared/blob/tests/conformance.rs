@@ -245,32 +245,9 @@ mod memory {
 mod s3 {
     use super::*;
 
-    /// The `blob.s3` settings of the test server under `prefix`, or `None` (after failing or
-    /// printing `SKIPPED`) when `scripts/seaweedfs.sh` did not provide one.
+    /// The `blob.s3` settings of the test server under `prefix`.
     pub(super) fn config(prefix: &str) -> Option<S3Config> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let (Some(endpoint), Some(bucket), Some(id), Some(secret)) = (
-            var("IMAGEPIPE_TEST_S3_ENDPOINT"),
-            var("IMAGEPIPE_TEST_S3_BUCKET"),
-            var("IMAGEPIPE_TEST_S3_ACCESS_KEY_ID"),
-            var("IMAGEPIPE_TEST_S3_SECRET_ACCESS_KEY"),
-        ) else {
-            imagepipe_contracts::testing::environment_missing(
-                "no S3 server: IMAGEPIPE_TEST_S3_ENDPOINT, _BUCKET, _ACCESS_KEY_ID and _SECRET_ACCESS_KEY are unset \
-                 (source scripts/seaweedfs.sh and run ensure_seaweedfs)",
-            );
-            return None;
-        };
-        Some(S3Config {
-            bucket,
-            prefix: prefix.to_owned(),
-            region: Some("us-east-1".into()),
-            endpoint: Some(endpoint),
-            access_key_id: Some(id),
-            secret_access_key: Some(Secret::new(secret)),
-            allow_http: true,
-            retry_timeout: Duration::from_secs(20),
-        })
+        imagepipe_blob::testing::s3_config(prefix, Duration::from_secs(20))
     }
 
     /// A fresh prefix per test: `conformance/<label>-<random>`, with what the test adds.
