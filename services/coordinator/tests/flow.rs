@@ -245,6 +245,33 @@ async fn a_command_still_in_its_queue_is_not_charged_its_deadline() {
     assert_eq!(task.timer.map(|t| (t.kind, t.attempt)), Some((TimerKind::Retry, 2)));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn start_passes_asked_for_at_once_start_each_task_once_up_to_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus = memory_bus();
+    let clock = ManualClock::at_unix_ms(T0);
+    let engine = engine(embedded(dir.path()), &bus, &clock, 10);
+    for i in 0..20 {
+        let submit =
+            SubmitTask { task_id: Some(format!("tsk_rush{i:02}")), ..SubmitTask::url("https://example.com/a.jpg") };
+        engine.submit(&submit, Origin::Http, || unreachable!()).await.unwrap();
+    }
+    // Eight loops ask at once: one pass runs, the others leave their request to it.
+    let passes = (0..8).map(|_| {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.start_queued().await.unwrap() })
+    });
+    let started: usize = futures::future::join_all(passes).await.into_iter().map(Result::unwrap).sum();
+    assert_eq!(started, 10, "the cap's room, once");
+    let store = engine.store();
+    assert_eq!(store.count_in_flight().await.unwrap(), 10);
+    assert_eq!(store.count_queued().await.unwrap(), 10);
+    // At the cap, a later pass starts nothing more.
+    assert_eq!(engine.start_queued().await.unwrap(), 0, "still at the cap");
+    let downloads = bus.queues.consume(queues::DOWNLOAD, consumer_config()).await.unwrap();
+    assert_eq!(drain(downloads.as_ref()).await.len(), 10, "one command per started task");
+}
+
 fn clock_ms(clock: &ManualClock) -> u64 {
     use imagepipe_runtime::clock::Clock;
     clock.unix_ms()

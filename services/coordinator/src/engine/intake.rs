@@ -390,3 +390,41 @@ impl Engine {
         Ok(room)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use imagepipe_bus::memory::{MemoryBus, MemoryConfig};
+    use imagepipe_contracts::SubmitTask;
+    use imagepipe_runtime::clock::ManualClock;
+
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::store::TaskStore;
+    use crate::store::embedded::EmbeddedStore;
+
+    #[tokio::test]
+    async fn a_start_asked_for_during_a_pass_does_not_wait_and_is_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn TaskStore> = Arc::new(EmbeddedStore::open(dir.path(), Duration::from_secs(5)).unwrap());
+        let bus = MemoryBus::new("imagepipe".into(), MemoryConfig::default()).into_bus();
+        let clock = Arc::new(ManualClock::at_unix_ms(1_700_000_000_000));
+        let engine = Engine::new(store, bus, clock, EngineConfig { max_in_flight: 10, ..EngineConfig::default() });
+        for i in 0..3 {
+            let submit =
+                SubmitTask { task_id: Some(format!("tsk_wait{i}")), ..SubmitTask::url("https://example.com/a.jpg") };
+            engine.submit(&submit, Origin::Http, || unreachable!()).await.unwrap();
+        }
+        // Another loop's pass holds the lock: asking returns at once, leaving the request behind.
+        let held = engine.starting.clone().try_lock_owned().unwrap();
+        let asked = tokio::time::timeout(Duration::from_secs(1), engine.start_queued()).await;
+        assert_eq!(asked.expect("asking for a pass does not wait for the running one").unwrap(), 0);
+        assert!(engine.start_wanted.load(Ordering::SeqCst), "the request is left for the holder");
+        drop(held);
+        // The holder (here the next caller) runs the pass that was asked for.
+        assert_eq!(engine.start_queued().await.unwrap(), 3);
+        assert!(!engine.start_wanted.load(Ordering::SeqCst));
+    }
+}
