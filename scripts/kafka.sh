@@ -16,8 +16,7 @@ set -euo pipefail
 KAFKA_STATE_DIR="${IMAGEPIPE_KAFKA_STATE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/imagepipe/kafka}"
 KAFKA_PORT=9092
 
-# Whether something accepts TCP connections on 127.0.0.1:$1.
-kafka_port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+source "$(dirname "${BASH_SOURCE[0]}")/net.sh"
 
 ensure_kafka_build_deps() {
   local missing=()
@@ -45,7 +44,7 @@ kafka_broker_binary() {
 
 ensure_kafka() {
   export IMAGEPIPE_TEST_KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT"
-  if kafka_port_open "$KAFKA_PORT"; then return 0; fi
+  if port_open "$KAFKA_PORT"; then return 0; fi
   local bin log
   bin="$(kafka_broker_binary)"
   mkdir -p "$KAFKA_STATE_DIR"
@@ -55,7 +54,7 @@ ensure_kafka() {
     --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" >"$log" 2>&1 &
   echo $! >"$KAFKA_STATE_DIR/pid"
   for _ in $(seq 1 100); do
-    if kafka_port_open "$KAFKA_PORT"; then return 0; fi
+    if port_open "$KAFKA_PORT"; then return 0; fi
     if ! kill -0 "$(cat "$KAFKA_STATE_DIR/pid")" 2>/dev/null; then break; fi
     sleep 0.1
   done

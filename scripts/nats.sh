@@ -13,8 +13,7 @@ set -euo pipefail
 NATS_STATE_DIR="${IMAGEPIPE_NATS_STATE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/imagepipe/nats}"
 NATS_LATEST_VENV="${IMAGEPIPE_NATS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/imagepipe/nats-venv}"
 
-# Whether something accepts TCP connections on 127.0.0.1:$1.
-nats_port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+source "$(dirname "${BASH_SOURCE[0]}")/net.sh"
 
 # Whether the server on 127.0.0.1:$1 has JetStream enabled (its INFO line says "jetstream":true).
 nats_has_jetstream() {
@@ -36,7 +35,7 @@ nats_wait_up() {
 
 ensure_nats() {
   if nats_has_jetstream 4222; then return 0; fi
-  if nats_port_open 4222; then
+  if port_open 4222; then
     echo "something listens on 127.0.0.1:4222 but is not a nats-server with JetStream" >&2
     return 1
   fi
@@ -50,11 +49,6 @@ ensure_nats() {
   start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
   nats_wait_up 4222 /var/log/nats-server.log
-}
-
-# A free TCP port on the loopback interface.
-nats_spare_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 nats_latest_binary() {
@@ -86,7 +80,7 @@ ensure_nats_latest() {
       return 0
     fi
   fi
-  port="$(nats_spare_port)"
+  port="$(spare_port)"
   rm -rf "$NATS_STATE_DIR/store"
   mkdir -p "$NATS_STATE_DIR/store"
   echo "==> starting nats-server $("$bin" --version | awk '{print $2}') with JetStream on 127.0.0.1:$port"

@@ -15,7 +15,7 @@ set -euo pipefail
 REDIS_CLUSTER_PORTS=(7001 7002 7003 7004 7005 7006)
 REDIS_CLUSTER_DIR="${REDIS_CLUSTER_DIR:-/var/lib/imagepipe-redis-cluster}"
 
-redis_cluster_node_up() { (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
+source "$(dirname "${BASH_SOURCE[0]}")/net.sh"
 
 redis_cluster_ok() {
   redis-cli -p "${REDIS_CLUSTER_PORTS[0]}" cluster info 2>/dev/null | grep -q '^cluster_state:ok'
@@ -30,7 +30,7 @@ ensure_redis_cluster() {
   fi
   for port in "${REDIS_CLUSTER_PORTS[@]}"; do
     ports+=("127.0.0.1:$port")
-    redis_cluster_node_up "$port" && continue
+    port_open "$port" && continue
     echo "==> starting redis-server (cluster mode) on 127.0.0.1:$port"
     mkdir -p "$REDIS_CLUSTER_DIR/$port"
     redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --cluster-enabled yes \
@@ -38,8 +38,8 @@ ensure_redis_cluster() {
       --save "" --appendonly no --dir "$REDIS_CLUSTER_DIR/$port" --logfile "$REDIS_CLUSTER_DIR/$port/redis.log"
   done
   for port in "${REDIS_CLUSTER_PORTS[@]}"; do
-    for _ in $(seq 1 50); do redis_cluster_node_up "$port" && break; sleep 0.1; done
-    if ! redis_cluster_node_up "$port"; then
+    for _ in $(seq 1 50); do port_open "$port" && break; sleep 0.1; done
+    if ! port_open "$port"; then
       echo "redis-server did not come up on $port; see $REDIS_CLUSTER_DIR/$port/redis.log" >&2
       return 1
     fi

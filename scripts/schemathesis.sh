@@ -45,9 +45,7 @@ schemathesis_binary() {
   echo "$bin"
 }
 
-spare_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+source "$(dirname "${BASH_SOURCE[0]}")/net.sh"
 
 SCHEMATHESIS="$(schemathesis_binary)"
 # The workspace's binaries as `cargo nextest run --workspace --all-features` builds them (it

@@ -26,10 +26,7 @@ SEAWEEDFS_ACCESS_KEY_ID=imagepipe-test
 SEAWEEDFS_SECRET_ACCESS_KEY=imagepipe-test-secret
 SEAWEEDFS_BUCKET=imagepipe-test
 
-# A free TCP port on the loopback interface.
-seaweedfs_spare_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+source "$(dirname "${BASH_SOURCE[0]}")/net.sh"
 
 seaweedfs_binary() {
   if [[ -x "$SEAWEEDFS_VENV/bin/weed" ]]; then
@@ -69,7 +66,7 @@ seaweedfs_start_server() {
   fi
   if ((${#ports[@]} != 7)); then
     ports=()
-    for _ in 1 2 3 4 5 6 7; do ports+=("$(seaweedfs_spare_port)"); done
+    for _ in 1 2 3 4 5 6 7; do ports+=("$(spare_port)"); done
     echo "${ports[*]}" >"$dir/ports"
   fi
   nohup "$bin" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="$dir/data" \
@@ -148,7 +145,7 @@ ensure_seaweedfs() {
       return 0
     fi
   fi
-  port="$(seaweedfs_spare_port)"
+  port="$(spare_port)"
   echo "==> starting SeaweedFS $("$bin" version 2>/dev/null | awk '{print $3}') with its S3 gateway on 127.0.0.1:$port" >&2
   rm -f "$SEAWEEDFS_STATE_DIR/ports"
   pid="$(seaweedfs_serve "$bin" "$SEAWEEDFS_STATE_DIR" "$port")"
