@@ -623,7 +623,7 @@ async fn fetch_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Val
 }
 
 /// A port nothing listens on right now (the OS picks it; the service binds it again).
-fn free_port() -> std::io::Result<u16> {
+pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

@@ -348,9 +348,38 @@ pub async fn every_task_completes_with_blobs_in_s3(backend: Backend, count: usiz
     let finished = recorder.wait_until(Duration::from_secs(600), |r| r.terminal_tasks().is_superset(&all)).await;
     assert!(finished, "{} of {count} tasks finished", recorder.terminal_tasks().intersection(&all).count());
 
+    blobs_in_s3_and_served(&cluster, &ids, blobs.as_ref()).await;
     let http = reqwest::Client::new();
     let coordinator = cluster.url(ServiceKind::Coordinator);
-    for id in &ids {
+
+    // An original over the multipart threshold, uploaded as a client would: one PUT per part
+    // behind `POST /v1/blobs`, streamed back by `GET /v1/blobs/{key}`.
+    let mut large = std::fs::read(crate::fixtures::sample_path(SAMPLES[0])).expect("a sample");
+    large.extend((0..2 * MULTIPART_PART_SIZE).map(|i| (i % 251) as u8));
+    let uploaded = http.post(format!("{coordinator}/v1/blobs")).body(large.clone()).send().await.expect("upload");
+    assert_eq!(uploaded.status(), reqwest::StatusCode::CREATED);
+    let body: serde_json::Value = uploaded.json().await.expect("JSON");
+    let key: BlobKey = body["key"].as_str().expect("a key").parse().expect("a blob key");
+    assert_eq!(key, BlobKey::of(&large));
+    assert_eq!(blobs.get(&key).await.expect("the upload is in S3"), large);
+    let served = http.get(format!("{coordinator}/v1/blobs/{key}")).send().await.expect("GET");
+    assert_eq!(served.headers()["content-type"], "image/jpeg");
+    assert_eq!(served.bytes().await.expect("the whole body").as_ref(), large.as_slice());
+
+    let failures = cluster.stop(Duration::from_secs(40)).await;
+    recorder.stop().await;
+    assert!(failures.is_empty(), "services that did not stop cleanly on SIGTERM: {failures:?}");
+    empty(blobs.as_ref()).await;
+}
+
+/// Each of `ids` completed; its original and both derivatives are objects in `blobs`, and the
+/// coordinator serves each, streamed, with the bytes of its key.
+async fn blobs_in_s3_and_served(cluster: &Cluster, ids: &[String], blobs: &dyn imagepipe_blob::BlobStore) {
+    use imagepipe_blob::BlobKey;
+
+    let http = reqwest::Client::new();
+    let coordinator = cluster.url(ServiceKind::Coordinator);
+    for id in ids {
         let task = cluster.must_get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await;
         assert_eq!(task["state"], "completed", "{id}: {task}");
         let metadata = &task["outputs"]["metadata"];
@@ -372,24 +401,10 @@ pub async fn every_task_completes_with_blobs_in_s3(backend: Backend, count: usiz
             assert_eq!(BlobKey::of(&bytes), parsed, "{id}: the coordinator served {key}'s bytes");
         }
     }
+}
 
-    // An original over the multipart threshold, uploaded as a client would: one PUT per part
-    // behind `POST /v1/blobs`, streamed back by `GET /v1/blobs/{key}`.
-    let mut large = std::fs::read(crate::fixtures::sample_path(SAMPLES[0])).expect("a sample");
-    large.extend((0..2 * MULTIPART_PART_SIZE).map(|i| (i % 251) as u8));
-    let uploaded = http.post(format!("{coordinator}/v1/blobs")).body(large.clone()).send().await.expect("upload");
-    assert_eq!(uploaded.status(), reqwest::StatusCode::CREATED);
-    let body: serde_json::Value = uploaded.json().await.expect("JSON");
-    let key: BlobKey = body["key"].as_str().expect("a key").parse().expect("a blob key");
-    assert_eq!(key, BlobKey::of(&large));
-    assert_eq!(blobs.get(&key).await.expect("the upload is in S3"), large);
-    let served = http.get(format!("{coordinator}/v1/blobs/{key}")).send().await.expect("GET");
-    assert_eq!(served.headers()["content-type"], "image/jpeg");
-    assert_eq!(served.bytes().await.expect("the whole body").as_ref(), large.as_slice());
-
-    let failures = cluster.stop(Duration::from_secs(40)).await;
-    recorder.stop().await;
-    assert!(failures.is_empty(), "services that did not stop cleanly on SIGTERM: {failures:?}");
+/// Deletes every object of `blobs`.
+async fn empty(blobs: &dyn imagepipe_blob::BlobStore) {
     let mut after = None;
     loop {
         let page = blobs.list(after.as_ref(), 500).await.unwrap_or_default();
@@ -399,4 +414,70 @@ pub async fn every_task_completes_with_blobs_in_s3(backend: Backend, count: usiz
             let _ = blobs.delete(&stored.key).await;
         }
     }
+}
+
+/// `count` tasks through seven separate processes keeping every blob in a SeaweedFS of the
+/// test's own, which is killed with SIGKILL once the first task completed and started again
+/// over its data 5 s later. The services' S3 requests retry through the outage
+/// (`blob.s3.retry_timeout` 30 s): every task completes, none fails, and every blob a task
+/// completed with (stored before the crash or after) is in the bucket and served whole.
+pub async fn every_task_completes_through_a_seaweedfs_crash(backend: Backend, count: usize) {
+    use imagepipe_blob::testing::SeaweedFs;
+    use imagepipe_blob::{BlobConfig, BlobKind};
+
+    let Some(model_dir) = crate::cluster::model_dir() else { return };
+    let Some(bin) = imagepipe_blob::testing::seaweedfs_binary() else { return };
+    let mut server = tokio::task::spawn_blocking(move || SeaweedFs::start(bin)).await.expect("SeaweedFS starts");
+    let mut config = cluster_config(backend.clone(), "s3crash", &model_dir);
+    let blob = BlobConfig {
+        kind: BlobKind::S3,
+        s3: server.s3_config(&config.prefix, Duration::from_secs(30)),
+        ..BlobConfig::default()
+    };
+    for (key, value) in crate::s3::service_env(&blob) {
+        config = config.env(&key, value);
+    }
+    let blobs = blob.open().expect("the test's own client of the bucket");
+    let fixtures = Fixtures::start().await.expect("fixture server");
+    let _cleanup = Cleanup::new(&backend, &config.prefix);
+    let recorder = EventRecorder::start(&backend.bus_config(&config.prefix)).await.expect("event recorder");
+    let cluster = Cluster::start(config).await.expect("cluster");
+    let prefix = cluster.prefix().to_owned();
+
+    let (ids, bodies) = submits(&prefix, count, &fixtures);
+    backend.submitter(&prefix).await.expect("submitter").publish_all(bodies).await.expect("publish submits");
+    let all: BTreeSet<String> = ids.iter().cloned().collect();
+    let first = recorder.wait_until(Duration::from_secs(300), |r| !r.terminal_tasks().is_disjoint(&all)).await;
+    assert!(first, "no task finished before the crash");
+    server = tokio::task::spawn_blocking(move || {
+        server.kill9();
+        server
+    })
+    .await
+    .expect("kill -9");
+    let at_kill = recorder.terminal_tasks().intersection(&all).count();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let killed_for = std::time::Instant::now();
+    server = tokio::task::spawn_blocking(move || {
+        server.serve();
+        server
+    })
+    .await
+    .expect("SeaweedFS starts again");
+    eprintln!(
+        "SeaweedFS killed with {at_kill} of {count} tasks finished; back {:.1?} after the 5 s outage",
+        killed_for.elapsed()
+    );
+    assert!(at_kill < count, "every task finished before the crash: make the run longer");
+    let finished = recorder.wait_until(Duration::from_secs(600), |r| r.terminal_tasks().is_superset(&all)).await;
+    assert!(finished, "{} of {count} tasks finished", recorder.terminal_tasks().intersection(&all).count());
+    let failed = recorder.distinct_ids("task.failed");
+    let failed: Vec<&String> = ids.iter().filter(|id| failed.contains_key(*id)).collect();
+    assert!(failed.is_empty(), "tasks failed through the SeaweedFS crash: {failed:?}");
+    blobs_in_s3_and_served(&cluster, &ids, blobs.as_ref()).await;
+
+    let failures = cluster.stop(Duration::from_secs(40)).await;
+    recorder.stop().await;
+    assert!(failures.is_empty(), "services that did not stop cleanly on SIGTERM: {failures:?}");
+    drop(server);
 }

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use crate::backend::{Backend, BackendError, Submitter};
 use crate::cluster::{Cluster, ClusterConfig, Member, ServiceKind};
+use crate::observe::Seen;
 
 /// How long a replica's lease on a shard lasts unless renewed, in these runs: short, so that
 /// a dead or paused replica's shards are taken over quickly.
@@ -360,6 +361,8 @@ pub struct Entry {
     pub event: String,
     /// The state after it.
     pub to: String,
+    /// The step involved (`download`, `metadata`, `analyze`), if any.
+    pub step: Option<String>,
     /// The replica that wrote it under its lease (none: no lease was needed, as for creation).
     pub replica: Option<String>,
 }
@@ -373,6 +376,7 @@ pub fn parse_history(value: &Value) -> Result<Vec<Entry>, String> {
             at: e["at"].as_u64()?,
             event: e["event"].as_str()?.to_owned(),
             to: e["to"].as_str()?.to_owned(),
+            step: e["step"].as_str().map(str::to_owned),
             replica: e["replica"].as_str().map(str::to_owned),
         })
     };
@@ -410,6 +414,49 @@ pub fn not_completed_once(entries: &[Entry]) -> Option<String> {
     let last = entries.last().map_or("nothing", |e| e.to.as_str());
     (completions != 1 || last != "completed")
         .then(|| format!("{completions} `completed` entries, last state {last}: {entries:?}"))
+}
+
+/// The transition an event implies was stored before it went out: a history event and the
+/// step it names (`None`: any). The coordinator relays its own events and the commands after
+/// writing the transition that made them; a stage's event shows its command was relayed.
+fn implied_by(event_type: &str) -> Option<(&'static str, Option<&'static str>)> {
+    Some(match event_type {
+        "task.created" => ("created", None),
+        "image.downloaded" => ("started", None),
+        "image.metadata_extracted" => ("step_succeeded", Some("download")),
+        "image.analyzed" => ("step_succeeded", Some("metadata")),
+        "task.retrying" => ("retry_scheduled", None),
+        "task.completed" => ("completed", None),
+        "task.failed" => ("failed", None),
+        "task.cancelled" => ("cancelled", None),
+        _ => return None,
+    })
+}
+
+/// The events seen whose transition is missing from their task's history (one line each).
+/// What a store that lost acknowledged writes (a promoted replica that had not received them)
+/// shows. A stage's event (`image.*`) needs one entry of the implied transition: a command is
+/// delivered at least once, and a stage that handles it twice publishes two events for one
+/// dispatch. The coordinator's own events (`task.*`) each need an entry of their own: the
+/// history must hold as many as distinct event ids were seen (each retry is a transition).
+pub fn relayed_but_not_stored(seen: &[Seen], histories: &BTreeMap<String, Vec<Entry>>) -> Vec<String> {
+    let mut distinct: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+    for s in seen.iter().filter(|s| histories.contains_key(&s.task_id)) {
+        distinct.entry((s.task_id.as_str(), s.event_type.as_str())).or_default().insert(s.event_id.as_str());
+    }
+    distinct
+        .into_iter()
+        .filter_map(|((task, event_type), ids)| {
+            let (event, step) = implied_by(event_type)?;
+            let stored = histories[task]
+                .iter()
+                .filter(|e| e.event == event && step.is_none_or(|s| e.step.as_deref() == Some(s)))
+                .count();
+            let needed = if event_type.starts_with("task.") { ids.len() } else { 1 };
+            (stored < needed)
+                .then(|| format!("{task}: {} {event_type} event(s) seen, {stored} `{event}` entries stored", ids.len()))
+        })
+        .collect()
 }
 
 /// How many tasks each replica completed: the writer of each task's `completed` entry.
@@ -568,6 +615,7 @@ mod tests {
             at,
             event: "step_succeeded".into(),
             to: "analyzing".into(),
+            step: Some("metadata".into()),
             replica: Some(replica.into()),
         };
         let taken = BTreeMap::from([(shard, 100)]);
@@ -578,6 +626,55 @@ mod tests {
         assert!(check(vec![e(1, 50, "v"), e(2, 120, "a"), e(3, 250, "v")]).is_empty(), "before and after its leases");
         assert_eq!(check(vec![e(1, 50, "v"), e(2, 150, "v")]).len(), 1, "between takeover and retake");
         assert_eq!(check(vec![e(1, 120, "a"), e(2, 90, "v")]).len(), 1, "an old time after the new owner's write");
+    }
+
+    #[test]
+    fn an_event_seen_without_its_stored_transition_is_found() {
+        let seen = |task: &str, event_type: &str, id: &str| Seen {
+            event_id: id.into(),
+            event_type: event_type.into(),
+            task_id: task.into(),
+            trace_id: String::new(),
+            body: Value::Null,
+        };
+        let entry = |version, event: &str, step: Option<&str>| Entry {
+            version,
+            at: version,
+            event: event.into(),
+            to: "x".into(),
+            step: step.map(str::to_owned),
+            replica: None,
+        };
+        let histories = BTreeMap::from([(
+            "t1".to_owned(),
+            vec![
+                entry(1, "created", None),
+                entry(2, "started", Some("download")),
+                entry(3, "step_succeeded", Some("download")),
+            ],
+        )]);
+        let events = vec![
+            seen("t1", "task.created", "a"),
+            seen("t1", "task.created", "a"),
+            seen("t1", "image.downloaded", "b"),
+            seen("t1", "image.metadata_extracted", "c"),
+            seen("t2", "task.completed", "z"),
+        ];
+        assert!(
+            relayed_but_not_stored(&events, &histories).is_empty(),
+            "a redelivery is one event; other tasks ignored"
+        );
+        let mut twice = events.clone();
+        twice.push(seen("t1", "image.downloaded", "b2"));
+        assert!(relayed_but_not_stored(&twice, &histories).is_empty(), "a command handled twice: one dispatch");
+        let mut more = events.clone();
+        more.push(seen("t1", "image.analyzed", "d"));
+        more.push(seen("t1", "task.completed", "e"));
+        more.push(seen("t1", "task.created", "a2"));
+        let missing = relayed_but_not_stored(&more, &histories);
+        assert_eq!(missing.len(), 3, "{missing:?}");
+        assert!(missing[0].contains("image.analyzed") && missing[1].contains("task.completed"), "{missing:?}");
+        assert!(missing[2].contains("2 task.created event(s) seen, 1"), "{missing:?}");
     }
 
     #[test]

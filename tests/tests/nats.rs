@@ -17,3 +17,8 @@ async fn five_hundred_tasks_each_complete_once_while_every_service_is_killed_and
 async fn tasks_complete_with_every_blob_in_s3_on_seaweedfs() {
     scenarios::every_task_completes_with_blobs_in_s3(Backend::nats(), 12).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_complete_and_no_blob_is_lost_when_seaweedfs_is_killed_mid_run() {
+    scenarios::every_task_completes_through_a_seaweedfs_crash(Backend::nats(), 24).await;
+}

@@ -21,3 +21,8 @@ async fn over_kafka_every_task_completes_once_when_one_of_three_coordinators_is_
 async fn over_nats_shards_are_balanced_a_joining_replica_takes_its_share_and_a_paused_one_is_fenced() {
     scenarios::balance_join_and_fencing(Backend::nats(), 1_000).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_nats_on_a_redis_cluster_every_task_completes_once_and_nothing_relayed_is_lost_when_a_primary_is_killed() {
+    scenarios::redis_failover(Backend::nats(), 2_000).await;
+}

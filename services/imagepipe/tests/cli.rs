@@ -465,10 +465,28 @@ async fn a_failed_task_says_where_and_why_and_a_cancelled_one_ends_its_watch() {
         assert!(Instant::now() < deadline, "the download never started");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The watch follows the task before the cancel: the worker may stop the attempt at once.
+    let watching = std::process::Command::new(env!("CARGO_BIN_EXE_imagepipe"))
+        .args(["watch", "--task", &slow, "--api", &api])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (watching, said) = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        let mut watching = watching;
+        let mut stderr = std::io::BufReader::new(watching.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        (watching, line)
+    })
+    .await
+    .unwrap();
+    assert!(said.starts_with(&format!("imagepipe watch: following {slow} (downloading)")), "{said}");
     let out = imagepipe(args(&["cancel", &slow, "--reason", "not needed", "--api", &api])).await;
     let said = ok(&out);
     assert!(said.contains("cancelling: its download step is told to stop (within a second if it runs"), "{said}");
-    let out = imagepipe(args(&["watch", "--task", &slow, "--api", &api])).await;
+    let out = tokio::task::spawn_blocking(move || watching.wait_with_output().unwrap()).await.unwrap();
     let watched = ok(&out);
     assert!(watched.lines().any(|l| l.contains("task.cancelled")), "{watched}");
     assert_eq!(watched.lines().last(), Some(format!("{slow}  cancelled: not needed").as_str()), "{watched}");

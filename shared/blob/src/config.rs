@@ -116,7 +116,10 @@ impl S3Config {
     /// A client of the bucket (no request is made yet): what [`BlobConfig::open`] stores blobs
     /// in, under [`S3Config::prefix`].
     pub fn object_store(&self) -> Result<AmazonS3, BlobConfigError> {
-        let retry = RetryConfig { retry_timeout: self.retry_timeout, ..RetryConfig::default() };
+        // The time bounds the retries, not a count: the default 10 retries, jittered from
+        // 100 ms, ran out within seconds of an outage, long before `retry_timeout`.
+        let retry =
+            RetryConfig { retry_timeout: self.retry_timeout, max_retries: usize::MAX, ..RetryConfig::default() };
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(&self.bucket)
             .with_allow_http(self.allow_http)

@@ -39,6 +39,19 @@ pub const CLUSTER_RETRIES: u32 = 12;
 /// waits are shorter: 20 ms, doubling).
 pub const CLUSTER_MAX_RETRY_WAIT: u64 = 2_000;
 
+/// How long the cluster client waits for a node to accept a connection.
+pub const CLUSTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long the cluster client waits for one node's answer to one attempt. Without it, a
+/// request sent while a node fails over can wait for ever (seen: a coordinator whose every
+/// store call hung after its primary was killed and started again as a replica); with it,
+/// the attempt fails and is retried like any other failure.
+pub const CLUSTER_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one request may take in all, retries, reconnections and redirections included:
+/// longer than the retries take ([`CLUSTER_RETRIES`]), so that a failover is ridden out.
+pub const CLUSTER_OVERALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The URL schemes that name a cluster, each with the scheme of its nodes.
 const CLUSTER_SCHEMES: [(&str, &str); 2] = [("redis+cluster://", "redis://"), ("rediss+cluster://", "rediss://")];
 
@@ -65,6 +78,9 @@ impl RedisConnection {
                 let client = ClusterClientBuilder::new(nodes)
                     .retries(CLUSTER_RETRIES)
                     .max_retry_wait(CLUSTER_MAX_RETRY_WAIT)
+                    .connection_timeout(CLUSTER_CONNECT_TIMEOUT)
+                    .response_timeout(CLUSTER_RESPONSE_TIMEOUT)
+                    .overall_response_timeout(Some(CLUSTER_OVERALL_TIMEOUT))
                     .build()?;
                 Ok(Self::Cluster(client.get_async_connection().await?))
             }

@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 
 use super::{
     Entry, Feeder, Owners, SHARD_LEASE, SHARDS, VIEW_EVERY, View, Watch, cluster_config, completions_by_replica,
-    histories, metric_sum, not_completed_once, now_ms, regained, takeovers, tasks, writes_without_lease,
+    histories, metric_sum, not_completed_once, now_ms, regained, relayed_but_not_stored, takeovers, tasks,
+    writes_without_lease,
 };
 use crate::backend::{Backend, Cleanup};
-use crate::cluster::{Cluster, Member, ServiceKind, Signal};
+use crate::cluster::{Cluster, ClusterConfig, Member, ServiceKind, Signal};
 use crate::observe::EventRecorder;
+use crate::redis_cluster::RedisCluster;
 
 /// How long after a kill -9 the dead replica's shards must be owned elsewhere: the lease
 /// plus 5 s (the issue's bound: a lease, a renewal period and the time to read the store).
@@ -45,8 +47,14 @@ struct Run {
 impl Run {
     /// Starts `coordinators` replicas and the no-op stages, with an event recorder.
     async fn start(backend: Backend, label: &str, coordinators: usize) -> Self {
+        Self::start_with(cluster_config(backend, label, coordinators), coordinators).await
+    }
+
+    /// Starts the cluster of `config` (its `coordinators` replicas and the no-op stages), with
+    /// an event recorder.
+    async fn start_with(config: ClusterConfig, coordinators: usize) -> Self {
         let started = Instant::now();
-        let config = cluster_config(backend.clone(), label, coordinators);
+        let backend = config.backend.clone();
         let cleanup = Cleanup::new(&backend, &config.prefix);
         let recorder = EventRecorder::start(&backend.bus_config(&config.prefix)).await.expect("event recorder");
         let cluster = Cluster::start(config).await.expect("cluster");
@@ -513,6 +521,84 @@ pub async fn balance_join_and_fencing(backend: Backend, per_phase: usize) {
          unleased ({} shards taken back since); the store refused {fenced} of its writes",
         completions_by_replica(&read),
         retaken.len()
+    );
+    run.stop().await;
+}
+
+/// Three coordinators over `backend` with their state on a Redis Cluster of the test's own
+/// (three primaries, three replicas) and `store.redis.min_replicas = 1`; `count` tasks
+/// submitted at a steady pace. Once a quarter finished, the primary serving the most shards
+/// is killed with SIGKILL; its replica is promoted, and the killed node is started again once
+/// it was (it rejoins as the new primary's replica). Every task completes exactly once, and
+/// no transition whose event or command went out is missing from the store (each task's
+/// history against the events seen): what `min_replicas = 1` promises.
+pub async fn redis_failover(backend: Backend, count: usize) {
+    let mut redis = RedisCluster::start().await.expect("a Redis Cluster of the test's own");
+    let config = cluster_config(backend, "rdfail", 3)
+        .env("IMAGEPIPE_STORE__REDIS__URL", redis.url())
+        .env("IMAGEPIPE_STORE__REDIS__MIN_REPLICAS", "1");
+    let mut run = Run::start_with(config, 3).await;
+    let members = run.running();
+    let ids = run.ids(&members, &members).await;
+    let live: BTreeSet<String> = ids.values().cloned().collect();
+    let (settled, _, _) = run.settle(&live, &members, SETTLE_WITHIN + STABLE).await;
+    eprintln!("settled: {:?}", settled.owned());
+
+    let prefix = run.prefix();
+    let (task_ids, bodies) = tasks(&prefix, "r", count);
+    let all: BTreeSet<String> = task_ids.iter().cloned().collect();
+    let submitter = run.backend.submitter(&prefix).await.expect("submitter");
+    let feeding = Instant::now();
+    let feeder = Feeder::start(submitter, bodies, count / 20, Duration::from_millis(400));
+    let until = Instant::now() + FINISH_WITHIN;
+    while run.recorder.terminal_among(&all) < count / 4 {
+        assert!(Instant::now() < until, "a quarter of the tasks did not finish within {FINISH_WITHIN:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The primary serving the most shards' slots (every key of a shard's tasks and its lease).
+    let shard_keys: Vec<String> = (0..SHARDS).map(|s| format!("{{{prefix}:s{s}}}")).collect();
+    let (victim, served) = redis.primary_serving_most(&shard_keys).await.expect("the shards' primaries");
+    let replica = redis.replica_of(victim).await.expect("the victim's replica");
+    redis.kill9(victim).await;
+    let killed = Instant::now();
+    let (finished, published) = (run.recorder.terminal_among(&all), feeder.published());
+    eprintln!(
+        "killed the Redis primary 127.0.0.1:{victim} ({served} of {SHARDS} shards) {:.1?} into the run: \
+         {finished} of {count} finished, {published} submitted",
+        feeding.elapsed()
+    );
+    assert!(finished < count, "the run ended before the kill: make it longer");
+    if let Err(e) = redis.wait_promoted(victim, replica).await {
+        panic!("{e}\n{}", redis.log_tail(replica, 30));
+    }
+    let promoted = killed.elapsed();
+    redis.restart(victim).await.expect("the killed node starts again");
+    redis.wait_healthy(3).await.expect("the killed node rejoins as a replica in sync");
+    eprintln!(
+        "127.0.0.1:{replica} promoted {promoted:.1?} after the kill; the killed node back as its replica, in sync, {:.1?} after it",
+        killed.elapsed()
+    );
+
+    feeder.finish().await;
+    let took = run.finish(&all, &members, "redis failover").await;
+    eprintln!(
+        "all {count} tasks finished {:.1?} after the feeder's start ({took:.1?} after its end)",
+        feeding.elapsed()
+    );
+    let read = run.completed_once(&task_ids, members[0], "redis failover").await;
+    let lost = run.recorder.inspect(|seen| relayed_but_not_stored(seen, &read));
+    assert!(
+        lost.is_empty(),
+        "{} events went out whose transition the promoted replica does not have: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    let unreplicated = run.metric(members[0], "imagepipe_coordinator_unreplicated_batches_total").await;
+    eprintln!(
+        "every event seen has its transition stored; completions by replica {:?}; batches not replicated in time \
+         (retried) on the first replica: {unreplicated:?}",
+        completions_by_replica(&read)
     );
     run.stop().await;
 }

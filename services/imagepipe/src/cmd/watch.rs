@@ -58,7 +58,7 @@ pub async fn run(api: &ApiArgs, args: WatchArgs) -> anyhow::Result<ExitCode> {
                 print_final(&view, args.json)?;
                 return Ok(ExitCode::SUCCESS);
             }
-            Some(_) => {}
+            Some(view) => eprintln!("imagepipe watch: following {id} ({}); waiting for its events", view.task.state),
             None => eprintln!("imagepipe watch: no task {id} yet; waiting for its events"),
         }
     }
