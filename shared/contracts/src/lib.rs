@@ -7,6 +7,7 @@
 //!   [`DownloadCommand`], [`MetadataCommand`], [`AnalyzeCommand`].
 //! - [`step`] holds what a worker reports back to the coordinator: [`StepResult`].
 //! - [`names`] holds the logical names of queues, topics and headers.
+//! - [`asyncapi`] generates the AsyncAPI 3.0 document of every channel (docs/asyncapi.yaml).
 //! - [`cloudevents`] derives the CloudEvents attributes every message carries as headers.
 //!
 //! Every type decodes through [`decode`], whose error names the offending field.
@@ -14,6 +15,7 @@
 //! With the `testing` feature, [`testing`] holds the rule every test of the workspace follows
 //! when its environment (a server, a prepared model) is missing.
 
+pub mod asyncapi;
 pub mod cloudevents;
 pub mod command;
 pub mod decode;
