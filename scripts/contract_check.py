@@ -1,15 +1,17 @@
 """Checks of imagepipe's message contract with other languages' tools (the venv of
 scripts/contract-tools.sh). Run by the Rust tests, never by hand in CI:
 
-  contract_check.py cloudevents CASES.json
+  contract_check.py cloudevents CASES.json [ASYNCAPI.json]
       CASES.json: a list of raw messages read back from a broker, each
       {"name", "binding": "kafka" | "nats", "headers": {name: value}, "key", "body" (text),
-       "expect": {"id", "type", "source", "time" (RFC 3339), "subject"}}.
+       "expect": {"id", "type", "source", "time" (RFC 3339), "subject"}, "message" (the
+       AsyncAPI message component it is)}.
       Each is read with the CloudEvents Python SDK in binary content mode (Kafka: the Kafka
       binding; NATS: the ce-* headers through the HTTP binding, which names them the same) with
       both of its APIs, and must give the expected id, type, source, specversion, time, subject,
       datacontenttype and the body as data. Then the same messages with a wrong header each
-      must fail the comparison (so the check can fail).
+      must fail the comparison (so the check can fail). With the AsyncAPI document, the headers
+      and the body must also fit the message's `headers` and `payload` schemas there.
 
   contract_check.py asyncapi DOCUMENT.json GOLDEN.json
       Validates every golden message (GOLDEN.json: [{"file", "body", "address"}]) against the
@@ -133,13 +135,36 @@ def other(name):
     return "ce-" + name[3:] if name.startswith("ce_") else "ce_" + name[3:]
 
 
-def cloudevents_check(path):
+def in_document(document, schema, instance):
+    """The errors of `instance` against `schema`, whose $refs point into the AsyncAPI document."""
+    import jsonschema
+
+    root = {"$ref": "#/checked", "checked": schema, "components": document["components"]}
+    return [e.message[:300] for e in jsonschema.Draft202012Validator(root).iter_errors(instance)]
+
+
+def cloudevents_check(path, document_path=None):
     with open(path, encoding="utf-8") as f:
         cases = json.load(f)
     if not cases:
         fail(["no messages to check"])
+    document = None
+    if document_path:
+        with open(document_path, encoding="utf-8") as f:
+            document = json.load(f)
     problems = []
     for case in cases:
+        if document is not None:
+            message = document["components"]["messages"][case["message"]]
+            for part, schema, instance in [
+                ("headers", message["headers"], case["headers"]),
+                ("body", message["payload"], json.loads(case["body"])),
+            ]:
+                problems += [f"{case['name']}: {part} against {case['message']}: {e}" for e in in_document(document, schema, instance)]
+            wrong = dict(case["headers"])
+            wrong.pop("ce_type" if case["binding"] == "kafka" else "ce-type")
+            if not in_document(document, message["headers"], wrong):
+                problems.append(f"{case['name']}: headers without the type fit {case['message']}")
         for read in (read_core, read_legacy):
             problems += compare(case, read)
         for wrong in wrong_headers(case):
@@ -196,8 +221,8 @@ def asyncapi_check(document_path, golden_path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "cloudevents":
-        cloudevents_check(sys.argv[2])
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "cloudevents":
+        cloudevents_check(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "asyncapi":
         asyncapi_check(*sys.argv[2:])
     else:
