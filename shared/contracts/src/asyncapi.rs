@@ -11,7 +11,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::cloudevents::{CommandType, DATA_CONTENT_TYPE, SOURCE_PREFIX, SPEC_VERSION};
-use crate::names::{self, headers, queues};
+use crate::names::{self, headers};
 use crate::{EventType, SCHEMA_VERSION, Step};
 
 /// The bus prefix the addresses of the document carry (`bus.prefix`'s default).
@@ -226,10 +226,11 @@ fn common_headers() -> Vec<(&'static str, Value, bool)> {
         (
             headers::TRACEPARENT,
             header(
-                "W3C trace context of the task's trace.",
+                "W3C trace context of the task's trace: always from the coordinator, from a worker or \
+                 subscriber when it is traced.",
                 json!({ "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$" }),
             ),
-            true,
+            false,
         ),
         (headers::SCHEMA, header("Schema version of the body.", json!({ "const": SCHEMA_VERSION })), true),
         (
@@ -612,6 +613,7 @@ pub fn document() -> Result<Value, AsyncApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::queues;
 
     #[test]
     fn schema_names_follow_the_files() {
