@@ -647,7 +647,7 @@ mod tests {
         assert!(refs.len() > 50);
         for target in refs {
             let pointer = target.strip_prefix('#').unwrap_or_else(|| panic!("external reference {target}"));
-            assert!(doc.pointer(&pointer).is_some(), "{target} does not resolve");
+            assert!(doc.pointer(pointer).is_some(), "{target} does not resolve");
         }
     }
 
