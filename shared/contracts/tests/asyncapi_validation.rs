@@ -1,7 +1,9 @@
 //! Every golden message fits the payload schema of exactly one message of its channel in
 //! `docs/asyncapi.yaml` (as generated), and no message accepts an empty object. Checked by
 //! `scripts/contract_check.py asyncapi` with jsonschema (the venv of scripts/contract-tools.sh),
-//! whose draft 2020-12 validator reads the schemars-generated payload schemas as written.
+//! whose draft 2020-12 validator reads the schemars-generated payload schemas as written. That the
+//! document itself is a valid AsyncAPI 3.0 document is `asyncapi_spec.rs`'s test (roas-asyncapi's
+//! AsyncAPI 3.0 validator; the official JSON Schema of the specification is not available offline).
 
 use std::path::Path;
 
