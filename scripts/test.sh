@@ -3,7 +3,8 @@
 # need (Redis, a Redis Cluster of 3 primaries and 3 replicas (scripts/redis-cluster.sh), NATS 2.9
 # with JetStream, a current NATS, a Kafka-compatible broker and what building librdkafka needs,
 # SeaweedFS's S3 gateway (scripts/seaweedfs.sh), the image libraries and the HEIC/AVIF encoders of
-# scripts/image-libs.sh, Chromium and chromedriver for the dashboard's browser tests), then
+# scripts/image-libs.sh, Chromium and chromedriver for the dashboard's browser tests, the
+# CloudEvents SDK and jsonschema of the contract tests (scripts/contract-tools.sh)), then
 # runs every test of the workspace with every backend compiled in, schemathesis against the
 # coordinator's OpenAPI document (scripts/schemathesis.sh), and the pipeline in containers
 # (compose end to end on NATS and Kafka, the cluster under failures). `.ci/run` calls exactly this.
@@ -43,6 +44,8 @@ source scripts/seaweedfs.sh
 ensure_seaweedfs
 source scripts/chromium.sh
 ensure_chromium
+source scripts/contract-tools.sh
+ensure_contract_tools
 export IMAGEPIPE_TEST_MODEL_DIR; IMAGEPIPE_TEST_MODEL_DIR="$(scripts/prepare-model.sh --print-dir)"
 # Everything a test needs is provided above: a test that finds it missing fails, never skips.
 unset IMAGEPIPE_TEST_ALLOW_SKIP

@@ -15,7 +15,7 @@ use imagepipe_contracts::{Event, EventPayload, Step, TraceId};
 use imagepipe_runtime::clock::Clock;
 use imagepipe_runtime::control::{ControlError, ControlState, ControlStore, QueueActivity};
 use imagepipe_runtime::shutdown::Shutdown;
-use imagepipe_runtime::step::outgoing;
+use imagepipe_runtime::step::event_message;
 
 use crate::machine::{PausedSteps, SOURCE};
 
@@ -195,8 +195,7 @@ async fn publish<P: EventPayload>(bus: &Bus, now: u64, queue: &str, payload: P) 
         source: SOURCE.to_owned(),
         payload,
     };
-    let id = event.event_id.to_string();
-    let message = outgoing(&event, queue, id);
+    let message = event_message(&event, queue);
     bus.events
         .publish(P::EVENT_TYPE.as_str(), message)
         .await

@@ -20,7 +20,7 @@ use imagepipe_coordinator::store::embedded::EmbeddedStore;
 use imagepipe_coordinator::store::redis::RedisStore;
 use imagepipe_coordinator::task::{HistoryEvent, TaskState, TimerKind};
 use imagepipe_coordinator::{Ignored, Input};
-use imagepipe_runtime::clock::ManualClock;
+use imagepipe_runtime::clock::{Clock, ManualClock};
 use imagepipe_runtime::config::WorkerConfig;
 use imagepipe_runtime::shutdown::Shutdown;
 use imagepipe_runtime::worker::{Handler, LoopConfig, Outcome, Worker};
@@ -65,6 +65,16 @@ async fn a_bus_submission_runs_every_step_and_completes_once() {
     assert_eq!((command.task_id.as_str(), command.attempt), ("tsk_flow", 1));
     assert_eq!(commands[0].key.as_deref(), Some("tsk_flow"));
     assert!(commands[0].headers.get(headers::TRACEPARENT).is_some());
+    let attributes = commands[0].headers.cloud_event().unwrap();
+    assert_eq!(
+        (attributes.event_type.as_str(), attributes.source.as_str()),
+        ("command.download", "/imagepipe/coordinator")
+    );
+    assert_eq!(
+        (attributes.id.as_str(), attributes.subject.as_deref()),
+        (commands[0].id.as_deref().unwrap(), Some("tsk_flow"))
+    );
+    assert_eq!(attributes.time_ms, clock.unix_ms());
 
     for step in Step::ALL {
         clock.advance(Duration::from_secs(1));
@@ -81,7 +91,12 @@ async fn a_bus_submission_runs_every_step_and_completes_once() {
     let task = engine.store().get("tsk_flow").await.unwrap().unwrap();
     assert_eq!(task.state, TaskState::Completed);
     assert_eq!(engine.store().history("tsk_flow").await.unwrap().len(), 5);
-    assert_eq!(event_types(&drain(events.as_ref()).await), ["task.created", "task.completed"]);
+    let published = drain(events.as_ref()).await;
+    assert_eq!(event_types(&published), ["task.created", "task.completed"]);
+    for message in &published {
+        let event = Event::<serde_json::Value>::from_json(&message.payload).unwrap();
+        assert_eq!(message.headers.cloud_event().unwrap(), imagepipe_contracts::CloudEvent::of_event(&event));
+    }
     assert!(engine.store().outbox("tsk_flow").await.unwrap().is_empty(), "every entry relayed and removed");
 }
 

@@ -14,7 +14,7 @@ use imagepipe_contracts::{Event, EventPayload, EventType, derived_event_id};
 use imagepipe_runtime::Outcome;
 use imagepipe_runtime::clock::Clock;
 use imagepipe_runtime::dedup::{EventHandler, Seen};
-use imagepipe_runtime::step::outgoing;
+use imagepipe_runtime::step::event_message;
 use imagepipe_similarity::parse_phash;
 use serde_json::Value;
 
@@ -134,7 +134,7 @@ async fn announce(
         source: crate::SERVICE.to_owned(),
         payload,
     };
-    let message = outgoing(&event, &entry.task_id, event.event_id.to_string());
+    let message = event_message(&event, &entry.task_id);
     bus.events.publish(event_type.as_str(), message).await.map_err(|e| retry(&e))
 }
 

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use imagepipe_contracts::names::headers;
+use imagepipe_contracts::{CloudEvent, CloudEventError};
 
 /// Message headers: lowercase names to string values (`traceparent`, `imagepipe-schema`, ...).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -58,6 +59,20 @@ impl Headers {
     /// The W3C `traceparent`, if any.
     pub fn traceparent(&self) -> Option<&str> {
         self.get(headers::TRACEPARENT)
+    }
+
+    /// Sets the CloudEvents attribute headers of `attributes` (their binding-neutral names,
+    /// `ce-id`, ..., `content-type`; a backend renames them for its protocol binding).
+    pub fn insert_cloud_event(&mut self, attributes: &CloudEvent) -> &mut Self {
+        for (name, value) in attributes.headers() {
+            self.insert(name, value);
+        }
+        self
+    }
+
+    /// The CloudEvents attributes these headers carry.
+    pub fn cloud_event(&self) -> Result<CloudEvent, CloudEventError> {
+        CloudEvent::from_headers(|name| self.get(name))
     }
 }
 
@@ -120,6 +135,12 @@ impl Message {
     /// Adds a header.
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name, value);
+        self
+    }
+
+    /// Adds the CloudEvents attribute headers of `attributes` ([`Headers::insert_cloud_event`]).
+    pub fn with_cloud_event(mut self, attributes: &CloudEvent) -> Self {
+        self.headers.insert_cloud_event(attributes);
         self
     }
 

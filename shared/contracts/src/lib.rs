@@ -7,12 +7,16 @@
 //!   [`DownloadCommand`], [`MetadataCommand`], [`AnalyzeCommand`].
 //! - [`step`] holds what a worker reports back to the coordinator: [`StepResult`].
 //! - [`names`] holds the logical names of queues, topics and headers.
+//! - [`asyncapi`] generates the AsyncAPI 3.0 document of every channel (docs/asyncapi.yaml).
+//! - [`cloudevents`] derives the CloudEvents attributes every message carries as headers.
 //!
 //! Every type decodes through [`decode`], whose error names the offending field.
 //!
 //! With the `testing` feature, [`testing`] holds the rule every test of the workspace follows
 //! when its environment (a server, a prepared model) is missing.
 
+pub mod asyncapi;
+pub mod cloudevents;
 pub mod command;
 pub mod decode;
 pub mod embedding;
@@ -28,6 +32,7 @@ pub mod step_command;
 pub mod testing;
 pub mod trace;
 
+pub use cloudevents::{CloudEvent, CloudEventError, CommandType};
 pub use command::{AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, SubmitError, SubmitTask};
 pub use decode::{DecodeError, decode};
 pub use embedding::{Embedding, EmbeddingError};

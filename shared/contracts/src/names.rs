@@ -72,6 +72,26 @@ pub mod headers {
     /// `<prefix>.tasks.results[.<lane>].<shard>`, Kafka partition `<shard>`), where the
     /// coordinator that owns the shard reads it; without it, to the queue itself.
     pub const SHARD: &str = "imagepipe-shard";
+
+    /// What the CloudEvents attribute headers start with: `ce-<attribute>` is the binding-neutral
+    /// name (the HTTP and NATS bindings'); on Kafka a backend sends `ce_<attribute>` instead
+    /// ([`crate::cloudevents`]).
+    pub const CE_PREFIX: &str = "ce-";
+    /// CloudEvents `id`: the event id, or a command's message id.
+    pub const CE_ID: &str = "ce-id";
+    /// CloudEvents `type`: the event type, or a command's [`crate::cloudevents::CommandType`].
+    pub const CE_TYPE: &str = "ce-type";
+    /// CloudEvents `source`: `/imagepipe/<service>`.
+    pub const CE_SOURCE: &str = "ce-source";
+    /// CloudEvents `specversion`: `1.0`.
+    pub const CE_SPECVERSION: &str = "ce-specversion";
+    /// CloudEvents `time`: RFC 3339.
+    pub const CE_TIME: &str = "ce-time";
+    /// CloudEvents `subject`: the task id.
+    pub const CE_SUBJECT: &str = "ce-subject";
+    /// The body's media type (`application/json`), the CloudEvents `datacontenttype` in binary
+    /// mode (HTTP and Kafka bindings; the NATS binding also sends it as `ce-datacontenttype`).
+    pub const CONTENT_TYPE: &str = "content-type";
 }
 
 /// Prefix of every dead-letter queue name.

@@ -53,3 +53,39 @@ pub fn redis_urls() -> Vec<(&'static str, String)> {
     }
     urls
 }
+
+/// The variable naming the Python of the contract tools' venv (the CloudEvents SDK and
+/// jsonschema), which `scripts/contract-tools.sh` (`ensure_contract_tools`) sets up and exports.
+pub const CONTRACT_PYTHON_ENV: &str = "IMAGEPIPE_TEST_CONTRACT_PYTHON";
+
+/// The Python of the contract tools ([`CONTRACT_PYTHON_ENV`]); `None` after
+/// [`environment_missing`] when it is not set (the test fails, or skips when allowed).
+#[track_caller]
+pub fn contract_python() -> Option<std::path::PathBuf> {
+    match std::env::var_os(CONTRACT_PYTHON_ENV) {
+        Some(python) => Some(python.into()),
+        None => {
+            environment_missing(&format!(
+                "the contract tools are not installed: {CONTRACT_PYTHON_ENV} is not set \
+                 (source scripts/contract-tools.sh; ensure_contract_tools)"
+            ));
+            None
+        }
+    }
+}
+
+/// Runs `scripts/contract_check.py` (from the workspace root `root`) with the contract tools'
+/// `python` and `args`; panics with its output when a check fails.
+#[track_caller]
+pub fn run_contract_check(python: &std::path::Path, root: &std::path::Path, args: &[&std::ffi::OsStr]) {
+    let script = root.join("scripts").join("contract_check.py");
+    let output = std::process::Command::new(python)
+        .arg(&script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {} {}: {e}", python.display(), script.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{} failed ({}):\n{stdout}{stderr}", script.display(), output.status);
+    eprint!("{stdout}");
+}

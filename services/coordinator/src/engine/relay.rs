@@ -4,7 +4,7 @@
 
 use imagepipe_bus::{BusError, Message};
 use imagepipe_contracts::names::{self, headers};
-use imagepipe_contracts::{SCHEMA_VERSION, StepError};
+use imagepipe_contracts::{CloudEvent, CommandType, SCHEMA_VERSION, StepError};
 use imagepipe_runtime::telemetry::inject_trace;
 use metrics::counter;
 use tracing::{Instrument, Span};
@@ -124,6 +124,14 @@ impl Engine {
             .with_id(entry.message_id.clone())
             .with_header(headers::SCHEMA, SCHEMA_VERSION);
         inject_trace(&mut message.headers, entry.trace_id);
+        match self.cloud_event(id, entry) {
+            Some(attributes) => {
+                message.headers.insert_cloud_event(&attributes);
+            }
+            None => {
+                tracing::warn!(task_id = id, entry = %entry.id, "outbox entry sent without CloudEvents attributes");
+            }
+        }
         match &entry.destination {
             Destination::Queue(queue) => {
                 if let Some(ownership) = &self.ownership {
@@ -138,6 +146,21 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// The CloudEvents attributes of outbox entry `entry` of task `id`: an event's from its
+    /// envelope, a command's from its queue, its message id and the time it is sent. `None`
+    /// (logged by the caller) for a body that is no envelope or a queue of no command type,
+    /// which the machine never writes.
+    fn cloud_event(&self, id: &str, entry: &OutboxEntry) -> Option<CloudEvent> {
+        match &entry.destination {
+            Destination::Queue(queue) => CommandType::of_queue(queue).map(|command_type| {
+                CloudEvent::of_command(command_type, &entry.message_id, id, machine::SOURCE, self.clock.unix_ms())
+            }),
+            Destination::Event(_) => CloudEvent::of_event_json(entry.body.as_bytes())
+                .inspect_err(|e| tracing::warn!(task_id = id, error = %e, "outbox event is not an envelope"))
+                .ok(),
+        }
     }
 
     /// Relays every pending outbox entry of task `id`.

@@ -4,6 +4,11 @@
 //! `imagepipe-message-id`; every other header as a Kafka header. Headers starting with
 //! `imagepipe-kafka-` belong to the backend (delivery count and due time of redeliveries) and
 //! are refused on send and taken out on receive.
+//!
+//! CloudEvents attributes (binary content mode): the Kafka protocol binding names them `ce_id`,
+//! `ce_type`, ... where a [`Message`] has the binding-neutral `ce-id`, `ce-type`, ...; they are
+//! renamed on send and back on receive (`content-type` is the same in both). A message's own
+//! header named `ce_...` is refused, so the renaming is one to one.
 
 use bytes::Bytes;
 use imagepipe_contracts::names::headers;
@@ -19,6 +24,24 @@ const RESERVED_PREFIX: &str = "imagepipe-kafka-";
 pub(crate) const DELIVERY_COUNT: &str = "imagepipe-kafka-delivery-count";
 /// When a redelivery is due, in Unix milliseconds (on retry topics).
 pub(crate) const DUE: &str = "imagepipe-kafka-due";
+/// What the Kafka binding's CloudEvents attribute headers start with.
+const KAFKA_CE_PREFIX: &str = "ce_";
+
+/// The Kafka header name of a message's header: `ce-<attribute>` → `ce_<attribute>`.
+fn to_kafka_name(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.strip_prefix(headers::CE_PREFIX) {
+        Some(attribute) => format!("{KAFKA_CE_PREFIX}{attribute}").into(),
+        None => name.into(),
+    }
+}
+
+/// The message's header name of a Kafka header: `ce_<attribute>` → `ce-<attribute>`.
+fn from_kafka_name(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.strip_prefix(KAFKA_CE_PREFIX) {
+        Some(attribute) => format!("{}{attribute}", headers::CE_PREFIX).into(),
+        None => name.into(),
+    }
+}
 
 /// A received record: the message, and what the backend's own headers say.
 #[derive(Debug, Clone)]
@@ -31,23 +54,26 @@ pub(crate) struct Received {
 
 /// The Kafka headers of `message`, plus `extra` (which win over the message's own).
 pub(crate) fn encode_headers(message: &Message, extra: &[(&str, &str)]) -> Result<OwnedHeaders, BusError> {
-    let mut fields: Vec<(&str, &str)> = Vec::with_capacity(message.headers.len() + extra.len() + 1);
+    let mut fields: Vec<(std::borrow::Cow<'_, str>, &str)> =
+        Vec::with_capacity(message.headers.len() + extra.len() + 1);
     for (name, value) in message.headers.iter() {
-        if name.starts_with(RESERVED_PREFIX) {
-            return Err(BusError::Invalid(format!(
-                "header {name:?}: names starting with `{RESERVED_PREFIX}` are reserved"
-            )));
+        for reserved in [RESERVED_PREFIX, KAFKA_CE_PREFIX] {
+            if name.starts_with(reserved) {
+                return Err(BusError::Invalid(format!(
+                    "header {name:?}: names starting with `{reserved}` are reserved"
+                )));
+            }
         }
         if !extra.iter().any(|(n, _)| *n == name) {
-            fields.push((name, value));
+            fields.push((to_kafka_name(name), value));
         }
     }
     if let Some(id) = &message.id {
-        fields.push((headers::MESSAGE_ID, id));
+        fields.push((headers::MESSAGE_ID.into(), id));
     }
-    fields.extend_from_slice(extra);
+    fields.extend(extra.iter().map(|(name, value)| (to_kafka_name(name), *value)));
     let mut out = OwnedHeaders::new_with_capacity(fields.len());
-    for (name, value) in fields {
+    for (name, value) in &fields {
         out = out.insert(Header { key: name, value: Some(value.as_bytes()) });
     }
     Ok(out)
@@ -59,7 +85,7 @@ pub(crate) fn decode(record: &BorrowedMessage<'_>) -> Received {
     if let Some(kafka_headers) = record.headers() {
         for header in kafka_headers.iter() {
             let value = header.value.map(String::from_utf8_lossy).unwrap_or_default();
-            fields.insert(header.key, value);
+            fields.insert(from_kafka_name(header.key), value);
         }
     }
     let delivery_count = fields.remove(DELIVERY_COUNT).and_then(|v| v.parse().ok());
@@ -107,6 +133,36 @@ mod tests {
         );
         let reserved = Message::new("x").with_header(DELIVERY_COUNT, "3");
         assert!(matches!(encode_headers(&reserved, &[]), Err(BusError::Invalid(_))));
+    }
+
+    #[test]
+    fn cloud_event_headers_take_the_kafka_binding_names() {
+        let attributes = imagepipe_contracts::CloudEvent::of_command(
+            imagepipe_contracts::CommandType::Download,
+            "m-1",
+            "tsk_1",
+            "coordinator",
+            1_000,
+        );
+        let message = Message::new("{}").with_cloud_event(&attributes);
+        let encoded = encode_headers(&message, &[]).unwrap();
+        let names: Vec<&str> = encoded.iter().map(|h| h.key).collect();
+        assert_eq!(names, ["ce_id", "ce_source", "ce_specversion", "ce_subject", "ce_time", "ce_type", "content-type"]);
+        let value = |key: &str| encoded.iter().find(|h| h.key == key).and_then(|h| h.value).unwrap();
+        assert_eq!(value("ce_type"), b"command.download");
+        assert_eq!(value("ce_source"), b"/imagepipe/coordinator");
+        assert_eq!(value("content-type"), b"application/json");
+
+        // Back to the neutral names on receive.
+        let back: Headers = encoded
+            .iter()
+            .map(|h| (from_kafka_name(h.key).into_owned(), String::from_utf8_lossy(h.value.unwrap()).into_owned()))
+            .collect();
+        assert_eq!(back, message.headers);
+        assert_eq!(back.cloud_event().unwrap(), attributes);
+
+        let clash = Message::new("x").with_header("ce_id", "1");
+        assert!(matches!(encode_headers(&clash, &[]), Err(BusError::Invalid(_))));
     }
 
     #[test]

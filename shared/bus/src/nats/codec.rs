@@ -3,6 +3,11 @@
 //! The body travels as the NATS payload; headers as NATS headers; the id as `Nats-Msg-Id`
 //! (JetStream deduplication); the key in `imagepipe-key`. Headers starting with `nats-` belong
 //! to the server and are refused on send and left out on receive.
+//!
+//! CloudEvents attributes (binary content mode, NATS protocol binding 1.0.3): the headers keep
+//! their `ce-` names, their values are percent-encoded (space, `"`, `%` and everything outside
+//! printable ASCII) on send and decoded on receive, and a CloudEvent's `content-type` is also
+//! sent as `ce-datacontenttype`, the binding's name for it (taken out again on receive).
 
 use std::str::FromStr;
 
@@ -19,6 +24,9 @@ const NATS_MESSAGE_ID: &str = "Nats-Msg-Id";
 /// Carries [`Message::key`]; NATS has no message key of its own.
 pub(crate) const KEY_HEADER: &str = "imagepipe-key";
 
+/// The NATS binding's name of the CloudEvents `datacontenttype` attribute.
+const CE_DATACONTENTTYPE: &str = "ce-datacontenttype";
+
 /// The NATS headers for `message`, plus `extra` (which win over the message's own).
 pub(crate) fn encode(message: &Message, extra: &[(&str, &str)]) -> Result<HeaderMap, BusError> {
     let mut map = HeaderMap::new();
@@ -26,7 +34,19 @@ pub(crate) fn encode(message: &Message, extra: &[(&str, &str)]) -> Result<Header
         if name.starts_with("nats-") {
             return Err(BusError::Invalid(format!("header {name:?}: names starting with `nats-` are reserved")));
         }
-        insert(&mut map, name, value)?;
+        if name == CE_DATACONTENTTYPE {
+            continue;
+        }
+        if name.starts_with(headers::CE_PREFIX) {
+            insert(&mut map, name, &percent_encode(value))?;
+        } else {
+            insert(&mut map, name, value)?;
+        }
+    }
+    if message.headers.get(headers::CE_SPECVERSION).is_some()
+        && let Some(content_type) = message.headers.get(headers::CONTENT_TYPE)
+    {
+        insert(&mut map, CE_DATACONTENTTYPE, &percent_encode(content_type))?;
     }
     if let Some(key) = &message.key {
         insert(&mut map, KEY_HEADER, key)?;
@@ -63,14 +83,78 @@ pub(crate) fn decode(map: Option<&HeaderMap>, payload: bytes::Bytes) -> Message 
         let Some(value) = values.last() else { continue };
         if name == NATS_MESSAGE_ID.to_ascii_lowercase() {
             nats_id = Some(value.as_str().to_owned());
+        } else if name.starts_with(headers::CE_PREFIX) {
+            fields.insert(name, percent_decode(value.as_str()));
         } else if !name.starts_with("nats-") {
             fields.insert(name, value.as_str());
         }
+    }
+    if let Some(content_type) = fields.remove(CE_DATACONTENTTYPE)
+        && fields.get(headers::CONTENT_TYPE).is_none()
+    {
+        fields.insert(headers::CONTENT_TYPE, content_type);
     }
     message.key = fields.remove(KEY_HEADER);
     message.id = fields.remove(headers::MESSAGE_ID).or(nats_id);
     message.headers = fields;
     message
+}
+
+/// A CloudEvents attribute value as the NATS binding sends it: space, `"`, `%` and every
+/// character outside printable ASCII percent-encoded (upper-case hex, over its UTF-8 bytes).
+fn percent_encode(value: &str) -> std::borrow::Cow<'_, str> {
+    let plain = |b: u8| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'%';
+    if value.bytes().all(plain) {
+        return value.into();
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for byte in value.bytes() {
+        if plain(byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out.into()
+}
+
+/// A CloudEvents attribute value as the NATS binding receives it: a double-quoted value
+/// unquoted (backslash escapes), then one round of percent-decoding. A value whose decoded
+/// bytes are not UTF-8, or with a malformed escape, is kept as it came.
+fn percent_decode(value: &str) -> String {
+    let unquoted = match value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+        Some(inner) => {
+            let mut out = String::with_capacity(inner.len());
+            let mut chars = inner.chars();
+            while let Some(c) = chars.next() {
+                out.push(if c == '\\' { chars.next().unwrap_or(c) } else { c });
+            }
+            out
+        }
+        None => value.to_owned(),
+    };
+    if !unquoted.contains('%') {
+        return unquoted;
+    }
+    let bytes = unquoted.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(byte) => {
+                    out.push(byte);
+                    i += 3;
+                }
+                None => return unquoted,
+            }
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap_or(unquoted)
 }
 
 /// A header value made safe: line breaks become spaces and it is cut to `max` bytes.
@@ -107,6 +191,45 @@ mod tests {
         assert_eq!(back.headers.get("traceparent"), message.headers.get("traceparent"));
         assert_eq!(back.headers.len(), 3);
         assert_eq!(back.payload, message.payload);
+    }
+
+    #[test]
+    fn cloud_event_headers_follow_the_nats_binding() {
+        let attributes = imagepipe_contracts::CloudEvent {
+            id: "id 1".into(),
+            event_type: "task.completed".into(),
+            source: "/imagepipe/coordinator".into(),
+            time_ms: 1_763_800_000_000,
+            subject: Some("tsk_1".into()),
+        };
+        let message = Message::new("{}").with_cloud_event(&attributes);
+        let map = encode(&message, &[]).unwrap();
+        let value = |name: &str| map.get(name).map(|v| v.as_str().to_owned());
+        assert_eq!(value("ce-id").as_deref(), Some("id%201"));
+        assert_eq!(value("ce-type").as_deref(), Some("task.completed"));
+        assert_eq!(value("ce-time").as_deref(), Some("2025-11-22T08:26:40.000Z"));
+        assert_eq!(value("ce-specversion").as_deref(), Some("1.0"));
+        assert_eq!(value("ce-datacontenttype").as_deref(), Some("application/json"));
+        assert_eq!(value("content-type").as_deref(), Some("application/json"));
+        let back = decode(Some(&map), message.payload.clone());
+        assert_eq!(back.headers, message.headers, "the neutral set comes back");
+        assert_eq!(back.headers.cloud_event().unwrap(), attributes);
+    }
+
+    #[test]
+    fn percent_encoding_is_the_bindings() {
+        // The binding's own example.
+        assert_eq!(percent_encode("Euro \u{20ac} \u{1f600}"), "Euro%20%E2%82%AC%20%F0%9F%98%80");
+        assert_eq!(percent_decode("Euro%20%E2%82%AC%20%F0%9F%98%80"), "Euro \u{20ac} \u{1f600}");
+        assert_eq!(percent_encode("100% \"x\""), "100%25%20%22x%22");
+        assert_eq!(percent_decode("100%25%20%22x%22"), "100% \"x\"");
+        // Lower-case hex, unneeded escapes and an old sender's quoted value are accepted.
+        assert_eq!(percent_decode("%e2%82%ac%41"), "\u{20ac}A");
+        assert_eq!(percent_decode("\"a b\\\"c\""), "a b\"c");
+        // An overlong or cut escape is not decoded.
+        assert_eq!(percent_decode("%C0%A0"), "%C0%A0");
+        assert_eq!(percent_decode("50%"), "50%");
+        assert_eq!(percent_encode("/imagepipe/coordinator"), "/imagepipe/coordinator");
     }
 
     #[test]

@@ -13,5 +13,5 @@ mod serve;
 
 pub use failure::{StepFailure, blob_code, codes, read_blob};
 pub use handler::{CANCELLED, Reporting, StepHandler};
-pub use report::{Attempt, StepReporter, command_shard, outgoing};
+pub use report::{Attempt, StepReporter, command_shard, event_message, outgoing};
 pub use serve::{StepRunError, run_step};

@@ -2,16 +2,16 @@
 //! deterministic event id) and sends the [`StepResult`] to the coordinator, both at once (the
 //! event handed to the bus first) and confirmed before it returns; on failure it sends only the
 //! result. A report that fails is an error and the step is retried: both messages carry
-//! deterministic ids, so the repeat is deduplicated. Every message carries the schema version
-//! and the current trace.
+//! deterministic ids, so the repeat is deduplicated. Every message carries the schema version,
+//! the current trace and its CloudEvents attributes ([`imagepipe_contracts::cloudevents`]).
 
 use std::sync::Arc;
 
 use imagepipe_bus::{Bus, BusError, Message};
 use imagepipe_contracts::names::{headers, queues};
 use imagepipe_contracts::{
-    Event, EventPayload, Priority, SCHEMA_VERSION, Step, StepCommand, StepError, StepOutcome, StepOutput, StepResult,
-    TraceId,
+    CloudEvent, CommandType, Event, EventPayload, Priority, SCHEMA_VERSION, Step, StepCommand, StepError, StepOutcome,
+    StepOutput, StepResult, TraceId,
 };
 use serde::Serialize;
 
@@ -92,7 +92,7 @@ impl StepReporter {
         let trace_id = current_trace_id().unwrap_or_else(TraceId::random);
         let event =
             Event::for_task(&attempt.task_id, attempt.attempt, trace_id, self.clock.unix_ms(), &self.source, payload);
-        let message = outgoing(&event, &attempt.task_id, event.event_id.to_string());
+        let message = event_message(&event, &attempt.task_id);
         let (published, reported) = tokio::join!(
             self.bus.events.publish(P::EVENT_TYPE.as_str(), message),
             self.report(attempt, StepOutcome::Ok { output }),
@@ -138,14 +138,25 @@ impl StepReporter {
     async fn send(&self, attempt: &Attempt, outcome: StepOutcome, id: String) -> Result<(), BusError> {
         let result =
             StepResult { task_id: attempt.task_id.clone(), step: attempt.step, attempt: attempt.attempt, outcome };
-        let mut message = outgoing(&result, &attempt.task_id, id);
+        let attributes =
+            CloudEvent::of_command(CommandType::StepResult, &id, &attempt.task_id, &self.source, self.clock.unix_ms());
+        let mut message = outgoing(&result, &attempt.task_id, id).with_cloud_event(&attributes);
         message.partition = attempt.shard;
         self.bus.queues.send(&attempt.priority.lane(queues::RESULTS), message).await
     }
 }
 
+/// `event` as a message keyed by `key` (its task, or what orders it), deduplicated by its
+/// event id, with the schema version, the current span's `traceparent` and its CloudEvents
+/// attributes ([`CloudEvent::of_event`]) in its headers: how every service publishes an event.
+pub fn event_message<P: Serialize>(event: &Event<P>, key: &str) -> Message {
+    outgoing(event, key, event.event_id.to_string()).with_cloud_event(&CloudEvent::of_event(event))
+}
+
 /// A JSON message keyed by `task_id`, deduplicated by `id`, with the schema version and the
-/// current span's `traceparent` in its headers.
+/// current span's `traceparent` in its headers. No CloudEvents attributes: an event goes out
+/// through [`event_message`], a command or step result adds its own
+/// ([`CloudEvent::of_command`], [`Message::with_cloud_event`]).
 pub fn outgoing(body: &impl Serialize, task_id: &str, id: String) -> Message {
     let payload = serde_json::to_vec(body).expect("contract types serialize infallibly");
     let mut message = Message::new(payload).with_key(task_id).with_id(id).with_header(headers::SCHEMA, SCHEMA_VERSION);
@@ -197,12 +208,20 @@ mod tests {
         assert_eq!((event.timestamp, event.source.as_str()), (1_000, "download-worker"));
         assert_eq!(delivered.message.headers.get(headers::SCHEMA), Some(SCHEMA_VERSION));
         assert_eq!(delivered.message.id.as_deref(), Some(event.event_id.to_string().as_str()));
+        let attributes = delivered.message.headers.cloud_event().unwrap();
+        assert_eq!(attributes, CloudEvent::of_event(&event));
+        assert_eq!(attributes.source, "/imagepipe/download-worker");
 
         let delivered = results.fetch(1, Duration::from_secs(1)).await.unwrap().pop().unwrap();
         let result: StepResult = decode(&delivered.message.payload).unwrap();
         assert_eq!((result.task_id.as_str(), result.step, result.attempt), ("tsk_1", Step::Download, 2));
         assert!(matches!(result.outcome, StepOutcome::Ok { output: StepOutput::Download(_) }));
         assert_eq!(delivered.message.key.as_deref(), Some("tsk_1"));
+        let attributes = delivered.message.headers.cloud_event().unwrap();
+        assert_eq!(
+            attributes,
+            CloudEvent::of_command(CommandType::StepResult, "tsk_1:download:2", "tsk_1", "download-worker", 1_000)
+        );
     }
 
     #[tokio::test]

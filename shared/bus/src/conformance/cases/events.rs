@@ -204,12 +204,21 @@ pub async fn publish_dedup_by_message_id_topic(h: &dyn Harness) {
     ack_all(got).await;
 }
 
-/// `publish` adds the `imagepipe-event-type` header; the rest of the message arrives unchanged.
+/// `publish` adds the `imagepipe-event-type` header; the rest of the message (its CloudEvents
+/// attributes too) arrives unchanged.
 pub async fn event_type_header_added(h: &dyn Harness) {
     let t = h.timing();
     let bus = h.bus().await;
     let member = join(&bus, &t, "headers", "*", StartPosition::New).await;
+    let attributes = imagepipe_contracts::CloudEvent {
+        id: "8f0c7c7e-0b5e-4d55-9a47-2a5b5d1c9e11".into(),
+        event_type: "image.metadata_extracted".into(),
+        source: "/imagepipe/metadata-worker".into(),
+        time_ms: 1_763_800_000_000,
+        subject: Some("tsk_photo_0001".into()),
+    };
     let published = event("typed")
+        .with_cloud_event(&attributes)
         .with_header(headers::TRACEPARENT, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
         .with_header(headers::SCHEMA, imagepipe_contracts::SCHEMA_VERSION);
     bus.events.publish("image.metadata_extracted", published.clone()).await.expect("publish");
@@ -217,5 +226,6 @@ pub async fn event_type_header_added(h: &dyn Harness) {
     let mut expected = published;
     expected.headers.insert(headers::EVENT_TYPE, "image.metadata_extracted");
     assert_eq!(got[0].message, expected);
+    assert_eq!(got[0].message.headers.cloud_event(), Ok(attributes));
     ack_all(got).await;
 }

@@ -44,12 +44,22 @@ pub async fn send_fetch_delivers_payload_key_id(h: &dyn Harness) {
     ack_all(got).await;
 }
 
-/// Headers arrive exactly as sent: trace context, schema version and custom headers (names
-/// lowercased), nothing lost and nothing added.
+/// Headers arrive exactly as sent: trace context, schema version, CloudEvents attributes
+/// (under their neutral names, whatever the binding calls them on the wire; values that need
+/// percent-encoding on NATS too) and custom headers (names lowercased), nothing lost and nothing
+/// added.
 pub async fn headers_round_trip(h: &dyn Harness) {
     let t = h.timing();
     let bus = h.bus().await;
+    let attributes = imagepipe_contracts::CloudEvent::of_command(
+        imagepipe_contracts::CommandType::Download,
+        "with-headers",
+        "tsk_ümlaut 1",
+        "a worker \"quoted\" 100%",
+        1_763_800_000_123,
+    );
     let sent = Message::new("{}")
+        .with_cloud_event(&attributes)
         .with_id("with-headers")
         .with_header(headers::TRACEPARENT, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
         .with_header("tracestate", "vendor=abc,other=x:y")
@@ -62,6 +72,7 @@ pub async fn headers_round_trip(h: &dyn Harness) {
     let got = collect_exactly(&*consumer, 1, &t, "the sent message").await;
     assert_eq!(got[0].message.headers, sent.headers);
     assert_eq!(got[0].message.headers.traceparent(), sent.headers.traceparent());
+    assert_eq!(got[0].message.headers.cloud_event(), Ok(attributes));
     ack_all(got).await;
 }
 
