@@ -84,6 +84,11 @@ export IMAGEPIPE_WORKER__ACK_WAIT=10s
 # redelivered in time) waits for its step deadline (5 min by default); a command still waiting in
 # its queue is not charged one, so 30 s is safe under load.
 export IMAGEPIPE_COORDINATOR__STEP_DEADLINE=30s
+# The seaweedfs scenario's S3 outage lasts about a minute (a clean stop ~25 s, 10 s down, ~25 s
+# until the gateway answers again), and a blob operation fails within seconds of it (the S3
+# client stops after its 10 quick retries, well short of blob.s3.retry_timeout): 5 attempts per
+# step (the default; 1-s backoff doubling, full jitter) can all fall inside it, 10 do not.
+export IMAGEPIPE_COORDINATOR__MAX_ATTEMPTS=10
 unset IMAGEPIPE_HTTP__AUTH_TOKEN OTEL_EXPORTER_OTLP_ENDPOINT IMAGEPIPE_NET__ALLOW_CIDRS
 services=(coordinator download-worker metadata-worker ai-worker notification-worker tag-indexer-worker
   similarity-indexer analytics-worker)
@@ -241,7 +246,7 @@ start_load() {
 check_run() {
   local run="$1" started_at=$SECONDS summary
   summary="$(client imagepipe/e2e-client python3 /e2e/compose_e2e.py check --run "$run" --tasks "$tasks" \
-    --events "/out/events-$run.jsonl" --timeout 900)" || { echo "$summary"; return 1; }
+    --events "/out/events-$run.jsonl" --timeout 900)" || { echo "run $run: $summary" >&2; return 1; }
   docker stop -t 5 "$project-load-$run" >/dev/null 2>&1 || true
   log "run $run: every task checked $((SECONDS - started_at)) s after the disruption ended: $summary"
   echo "$summary"
@@ -270,6 +275,15 @@ for scenario in "${scenarios[@]}"; do
     id="$(container download-worker 1)"
     metrics_url="http://$(name_of "$id"):8080/metrics"
     log "$(name_of "$id") before: $(client imagepipe/e2e-client python3 /e2e/compose_e2e.py metrics --run x --url "$metrics_url")"
+  fi
+  if [[ "$scenario" == redis ]]; then
+    # The primary to kill is found before the trigger, so that the kill lands at half the tasks
+    # (the lookups take seconds on a loaded machine).
+    read -r primary primary_shards replica spread <<<"$(shard_primaries "$(container redis-1 1)")"
+    [[ -n "$replica" ]] || { echo "no primary with a replica found (CLUSTER NODES)" >&2; exit 1; }
+    id="$(container "$primary" 1)"
+    replica_id="$(container "$replica" 1)"
+    log "coordinator shards per Redis primary: $spread; $primary: $(redis_info "$id")"
   fi
   start_load "$run"
   # Downloads run far ahead of the other stages (1,000 take about 20 s, before the first task
@@ -305,11 +319,6 @@ for scenario in "${scenarios[@]}"; do
       log "$(name_of "$id") exited with $(docker inspect -f '{{.State.ExitCode}}' "$id")"
       ;;
     redis)
-      read -r primary primary_shards replica spread <<<"$(shard_primaries "$(container redis-1 1)")"
-      [[ -n "$replica" ]] || { echo "no primary with a replica found (CLUSTER NODES)" >&2; exit 1; }
-      id="$(container "$primary" 1)"
-      replica_id="$(container "$replica" 1)"
-      log "coordinator shards per Redis primary: $spread; $primary before: $(redis_info "$id")"
       log "killing $primary (docker kill: SIGKILL; $primary_shards of $shards shards), replica $replica;" \
         "$(grep -c '"eventType": "task.completed"' "$work/events-$run.jsonl" || true) tasks completed"
       killed_at=$EPOCHREALTIME
