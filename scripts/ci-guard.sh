@@ -13,7 +13,6 @@
 # NAME=what setting it does, one a line.
 CI_REFUSED='IMAGEPIPE_TEST_CLUSTER=skips the cluster scenarios (scripts/compose-cluster.sh)
 IMAGEPIPE_TEST_CLUSTER_TASKS=changes the number of tasks of each cluster scenario
-IMAGEPIPE_CLUSTER_REDIS_STOP=swaps how the redis scenario stops Redis
 IMAGEPIPE_E2E_SKIP_IMAGES=runs the containers on existing images, not on the binaries just built
 IMAGEPIPE_E2E_IMAGE=runs the containers on another imagepipe image than the one just built
 IMAGEPIPE_SCHEMATHESIS_EXAMPLES=changes the number of schemathesis examples per operation

@@ -318,6 +318,7 @@ def check(args):
     ids = [f"tsk_{args.run}_{i:05d}" for i in range(args.tasks)]
     deadline = time.monotonic() + args.timeout
     states = {}
+    errors = {}
     while True:
         pending = [i for i in ids if states.get(i) not in ("completed", "failed", "cancelled")]
         for task_id in pending:
@@ -327,6 +328,8 @@ def check(args):
                 log(f"GET /v1/tasks/{task_id}: {e}")
                 break
             states[task_id] = task.get("state") if status == 200 else f"http {status}"
+            if status == 200 and task.get("state") in ("failed", "cancelled"):
+                errors[task_id] = task.get("lastError")
         pending = [i for i in ids if states.get(i) not in ("completed", "failed", "cancelled")]
         if not pending or time.monotonic() > deadline:
             break
@@ -363,6 +366,7 @@ def check(args):
         "completedEvents": sum(len(e) for e in completions.values()),
         "eventsRecorded": events,
         "notCompleted": not_completed[:20],
+        "notCompletedErrors": dict(list(errors.items())[:5]),
         "completedTwice": dict(list(twice.items())[:20]),
         "completedWithoutEvent": no_event[:20],
         "historyCompletedNotOnce": dict(list(twice_in_history.items())[:20]),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Renders docker-compose.yml into a file that Compose v1 (docker-compose 1.29) also runs.
 
-    scripts/compose_render.py [--profile P]... [--ephemeral-ports] [--for v1|v2] [-f FILE] [-o OUT]
+    scripts/compose_render.py [--profile P]... [--ephemeral-ports] [--drop-volume NAME]...
+                              [--for v1|v2] [-f FILE] [-o OUT]
 
 docker-compose.yml is written for Compose v2; v1 refuses two of its keys:
 
@@ -17,6 +18,10 @@ docker-compose.yml is written for Compose v2; v1 refuses two of its keys:
 --ephemeral-ports publishes every port on an ephemeral host port of the same address
 (`127.0.0.1:8080:8080` becomes `127.0.0.1::8080`; `docker-compose port SERVICE 8080` tells which),
 so that a test project never collides with a server of the host or another project.
+
+--drop-volume NAME removes named volume NAME: its mounts from every service and its declaration
+(scripts/compose-cluster.sh drops `blobs`, so that no service of the cluster profile, whose blobs
+are in S3, keeps a shared directory to fall back on).
 
 Anchors and merge keys are expanded; `${VAR}` interpolation is left to Compose. The result runs
 from the repository root (`docker-compose -f OUT --project-directory .`): relative paths are
@@ -36,10 +41,12 @@ def enabled(service, profiles):
     return not wanted or any(p in profiles for p in wanted)
 
 
-def render(compose, profiles, ephemeral_ports, for_v1=True):
+def render(compose, profiles, ephemeral_ports, for_v1=True, drop_volumes=()):
     if for_v1:
         compose.pop("name", None)
     services = compose.get("services") or {}
+    for name in drop_volumes:
+        drop_volume(compose, name)
     for service in services.values():
         depends = service.get("depends_on")
         if for_v1 and isinstance(depends, dict):
@@ -53,6 +60,28 @@ def render(compose, profiles, ephemeral_ports, for_v1=True):
         if ephemeral_ports and service.get("ports"):
             service["ports"] = [ephemeral(port) for port in service["ports"]]
     return compose
+
+
+def drop_volume(compose, name):
+    """Named volume `name` gone from every service and from the top-level `volumes`."""
+    declared = compose.get("volumes") or {}
+    if name not in declared:
+        raise SystemExit(f"--drop-volume {name}: no such volume is declared")
+    del declared[name]
+    for service in (compose.get("services") or {}).values():
+        if "volumes" in service:
+            # A new list: merge keys share one list between the services.
+            service["volumes"] = [v for v in service["volumes"] if volume_source(v) != name]
+            if not service["volumes"]:
+                del service["volumes"]
+
+
+def volume_source(volume):
+    """The source of a mount, short (`src:dst[:mode]`) or long syntax."""
+    if isinstance(volume, dict):
+        return volume.get("source")
+    parts = str(volume).split(":")
+    return parts[0] if len(parts) > 1 else None
 
 
 def ephemeral(port):
@@ -76,13 +105,14 @@ def main():
     parser.add_argument("-o", "--output", default="-")
     parser.add_argument("--profile", action="append", default=[])
     parser.add_argument("--ephemeral-ports", action="store_true")
+    parser.add_argument("--drop-volume", action="append", default=[])
     parser.add_argument("--for", dest="target", choices=["v1", "v2"], default="v1")
     args = parser.parse_args()
     profiles = set(args.profile)
     profiles.update(p for p in os.environ.get("COMPOSE_PROFILES", "").split(",") if p)
     with open(args.file, encoding="utf-8") as f:
         compose = yaml.safe_load(f)
-    text = yaml.safe_dump(render(compose, profiles, args.ephemeral_ports, for_v1=args.target == "v1"), sort_keys=False, width=1000)
+    text = yaml.safe_dump(render(compose, profiles, args.ephemeral_ports, for_v1=args.target == "v1", drop_volumes=args.drop_volume), sort_keys=False, width=1000)
     if args.output == "-":
         sys.stdout.write(text)
     else:

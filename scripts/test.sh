@@ -69,8 +69,9 @@ scripts/schemathesis.sh
 
 # The pipeline in containers (docs/containers.md), where a Docker engine answers: local images
 # (no registry needed) around the binaries the tests just built; NATS and Kafka end to end, and
-# the cluster profile (3 NATS servers, R3 streams, two replicas of every service) through a
-# stopped NATS node, a cut-off download worker, a stopped coordinator and a restarted Redis.
+# the cluster profile (3 NATS servers, R3 streams, a Redis Cluster, SeaweedFS's S3, two replicas
+# of every service) through a stopped NATS node, a cut-off download worker, a stopped
+# coordinator, a Redis primary killed and failed over, and a stopped SeaweedFS.
 if docker info >/dev/null 2>&1; then
   export IMAGEPIPE_IMAGES_BINARIES="${CARGO_TARGET_DIR:-target}/debug"
   # Compose v2 and buildx (Debian 13's packages): the images build with BuildKit, NATS runs under
