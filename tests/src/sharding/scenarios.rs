@@ -536,7 +536,10 @@ pub async fn redis_failover(backend: Backend, count: usize) {
     let mut redis = RedisCluster::start().await.expect("a Redis Cluster of the test's own");
     let config = cluster_config(backend, "rdfail", 3)
         .env("IMAGEPIPE_STORE__REDIS__URL", redis.url())
-        .env("IMAGEPIPE_STORE__REDIS__MIN_REPLICAS", "1");
+        .env("IMAGEPIPE_STORE__REDIS__MIN_REPLICAS", "1")
+        // A store write can wait out the failover (up to the client's 30 s per request): the
+        // 5 s of the other scenarios, five deliveries, dead-lettered a submit mid-failover.
+        .env("IMAGEPIPE_WORKER__ACK_WAIT", "15s");
     let mut run = Run::start_with(config, 3).await;
     let members = run.running();
     let ids = run.ids(&members, &members).await;
