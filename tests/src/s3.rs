@@ -15,6 +15,14 @@ pub fn blob_config(prefix: &str) -> Option<BlobConfig> {
     Some(BlobConfig { kind: BlobKind::S3, s3, ..BlobConfig::default() })
 }
 
+/// `config` with every service storing its blobs as `blob` says.
+pub fn with_blobs(mut config: crate::cluster::ClusterConfig, blob: &BlobConfig) -> crate::cluster::ClusterConfig {
+    for (key, value) in service_env(blob) {
+        config = config.env(&key, value);
+    }
+    config
+}
+
 /// The `IMAGEPIPE_BLOB__…` environment of a service storing its blobs as `config` says.
 pub fn service_env(config: &BlobConfig) -> Vec<(String, String)> {
     let s3 = &config.s3;

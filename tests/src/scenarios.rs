@@ -330,11 +330,9 @@ pub async fn every_task_completes_with_blobs_in_s3(backend: Backend, count: usiz
     use imagepipe_blob::{BlobKey, MULTIPART_PART_SIZE};
 
     let Some(model_dir) = crate::cluster::model_dir() else { return };
-    let mut config = cluster_config(backend.clone(), "s3", &model_dir);
+    let config = cluster_config(backend.clone(), "s3", &model_dir);
     let Some(blob) = crate::s3::blob_config(&config.prefix) else { return };
-    for (key, value) in crate::s3::service_env(&blob) {
-        config = config.env(&key, value);
-    }
+    let config = crate::s3::with_blobs(config, &blob);
     let blobs = blob.open().expect("the test's own client of the bucket");
     let fixtures = Fixtures::start().await.expect("fixture server");
     let _cleanup = Cleanup::new(&backend, &config.prefix);
@@ -428,15 +426,13 @@ pub async fn every_task_completes_through_a_seaweedfs_crash(backend: Backend, co
     let Some(model_dir) = crate::cluster::model_dir() else { return };
     let Some(bin) = imagepipe_blob::testing::seaweedfs_binary() else { return };
     let mut server = tokio::task::spawn_blocking(move || SeaweedFs::start(bin)).await.expect("SeaweedFS starts");
-    let mut config = cluster_config(backend.clone(), "s3crash", &model_dir);
+    let config = cluster_config(backend.clone(), "s3crash", &model_dir);
     let blob = BlobConfig {
         kind: BlobKind::S3,
         s3: server.s3_config(&config.prefix, Duration::from_secs(30)),
         ..BlobConfig::default()
     };
-    for (key, value) in crate::s3::service_env(&blob) {
-        config = config.env(&key, value);
-    }
+    let config = crate::s3::with_blobs(config, &blob);
     let blobs = blob.open().expect("the test's own client of the bucket");
     let fixtures = Fixtures::start().await.expect("fixture server");
     let _cleanup = Cleanup::new(&backend, &config.prefix);

@@ -215,6 +215,41 @@ impl Run {
     }
 }
 
+/// A run settled on its first replicas, with tasks streaming in and a quarter of them finished:
+/// where the failover scenarios strike.
+struct MidRun {
+    members: Vec<Member>,
+    ids: BTreeMap<Member, String>,
+    task_ids: Vec<String>,
+    all: BTreeSet<String>,
+    feeder: Feeder,
+    feeding: Instant,
+}
+
+impl Run {
+    /// Waits until the replicas running now settle, feeds `count` tasks of `phase` at a steady
+    /// pace, and returns once a quarter of them finished (more still to be submitted).
+    async fn settle_and_feed_a_quarter(&mut self, phase: &str, count: usize) -> MidRun {
+        let members = self.running();
+        let ids = self.ids(&members, &members).await;
+        let live: BTreeSet<String> = ids.values().cloned().collect();
+        let (settled, _, _) = self.settle(&live, &members, SETTLE_WITHIN + STABLE).await;
+        eprintln!("settled: {:?}", settled.owned());
+        let prefix = self.prefix();
+        let (task_ids, bodies) = tasks(&prefix, phase, count);
+        let all: BTreeSet<String> = task_ids.iter().cloned().collect();
+        let submitter = self.backend.submitter(&prefix).await.expect("submitter");
+        let feeding = Instant::now();
+        let feeder = Feeder::start(submitter, bodies, count / 20, Duration::from_millis(400));
+        let until = Instant::now() + FINISH_WITHIN;
+        while self.recorder.terminal_among(&all) < count / 4 {
+            assert!(Instant::now() < until, "a quarter of the tasks did not finish within {FINISH_WITHIN:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        MidRun { members, ids, task_ids, all, feeder, feeding }
+    }
+}
+
 /// Three coordinators over `backend` and Redis, `count` tasks submitted at a steady pace as
 /// plain JSON; one coordinator is killed with SIGKILL mid-run. Every task completes exactly
 /// once (events and histories), every shard the dead replica owned is taken by a live one
@@ -222,28 +257,10 @@ impl Run {
 /// two survivors settle on shares within one of each other.
 pub async fn failover_after_kill_9(backend: Backend, count: usize) {
     let mut run = Run::start(backend, "shfail", 3).await;
-    let members = run.running();
-    let ids = run.ids(&members, &members).await;
-    let live: BTreeSet<String> = ids.values().cloned().collect();
-    let (settled, _, _) = run.settle(&live, &members, SETTLE_WITHIN + STABLE).await;
-    eprintln!("settled: {:?}", settled.owned());
-
-    let prefix = run.prefix();
-    let (task_ids, bodies) = tasks(&prefix, "f", count);
-    let all: BTreeSet<String> = task_ids.iter().cloned().collect();
-    let submitter = run.backend.submitter(&prefix).await.expect("submitter");
-    let feeding = Instant::now();
-    let feeder = Feeder::start(submitter, bodies, count / 20, Duration::from_millis(400));
-
-    // Mid-run: a quarter of the tasks finished, and more still to be submitted.
+    let MidRun { members, ids, task_ids, all, feeder, feeding } = run.settle_and_feed_a_quarter("f", count).await;
     let victim = members[1];
     let victim_id = ids[&victim].clone();
     let survivors: Vec<Member> = members.iter().copied().filter(|m| *m != victim).collect();
-    let until = Instant::now() + FINISH_WITHIN;
-    while run.recorder.terminal_among(&all) < count / 4 {
-        assert!(Instant::now() < until, "a quarter of the tasks did not finish within {FINISH_WITHIN:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let owned = run.view(&members).await.shards_of(&victim_id);
     assert!(!owned.is_empty(), "the victim {victim_id} owns no shard before the kill");
     let killed_at = now_ms();
@@ -541,23 +558,8 @@ pub async fn redis_failover(backend: Backend, count: usize) {
         // 5 s of the other scenarios, five deliveries, dead-lettered a submit mid-failover.
         .env("IMAGEPIPE_WORKER__ACK_WAIT", "15s");
     let mut run = Run::start_with(config, 3).await;
-    let members = run.running();
-    let ids = run.ids(&members, &members).await;
-    let live: BTreeSet<String> = ids.values().cloned().collect();
-    let (settled, _, _) = run.settle(&live, &members, SETTLE_WITHIN + STABLE).await;
-    eprintln!("settled: {:?}", settled.owned());
-
+    let MidRun { members, task_ids, all, feeder, feeding, .. } = run.settle_and_feed_a_quarter("r", count).await;
     let prefix = run.prefix();
-    let (task_ids, bodies) = tasks(&prefix, "r", count);
-    let all: BTreeSet<String> = task_ids.iter().cloned().collect();
-    let submitter = run.backend.submitter(&prefix).await.expect("submitter");
-    let feeding = Instant::now();
-    let feeder = Feeder::start(submitter, bodies, count / 20, Duration::from_millis(400));
-    let until = Instant::now() + FINISH_WITHIN;
-    while run.recorder.terminal_among(&all) < count / 4 {
-        assert!(Instant::now() < until, "a quarter of the tasks did not finish within {FINISH_WITHIN:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 
     // The primary serving the most shards' slots (every key of a shard's tasks and its lease).
     let shard_keys: Vec<String> = (0..SHARDS).map(|s| format!("{{{prefix}:s{s}}}")).collect();
