@@ -120,6 +120,41 @@ impl Browser {
         }
     }
 
+    /// Clicks the element `css` finds. A live page re-renders what its event stream changes, so
+    /// an element found can be replaced before the click reaches it (a stale reference): then
+    /// it is found again and clicked, until [`WAIT`] runs out.
+    async fn click(&self, css: &str) {
+        self.on_fresh(css, async |element: Element| element.click().await.map(|_| ())).await;
+    }
+
+    /// The text of the element `css` finds (found again when it went stale, as [`Self::click`]).
+    async fn text(&self, css: &str) -> String {
+        self.on_fresh(css, async |element: Element| element.text().await).await
+    }
+
+    /// Types `keys` into the element `css` finds (found again when it went stale).
+    async fn send_keys(&self, css: &str, keys: &str) {
+        self.on_fresh(css, async |element: Element| element.send_keys(keys).await).await;
+    }
+
+    /// Runs `act` on the element `css` finds, finding it again while the page replaced it under
+    /// the action (a stale element reference), at most [`WAIT`]; any other error fails the test.
+    async fn on_fresh<T, F>(&self, css: &str, mut act: F) -> T
+    where
+        F: AsyncFnMut(Element) -> Result<T, fantoccini::error::CmdError>,
+    {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match act(self.find(css).await).await {
+                Ok(value) => return value,
+                Err(e) if e.is_stale_element_reference() && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{css} on {:?}: {e}", self.client.current_url().await),
+            }
+        }
+    }
+
     /// Evaluates `script` (a function body returning a value) until it returns something truthy.
     async fn until(&self, what: &str, script: &str) -> Value {
         let deadline = tokio::time::Instant::now() + WAIT;
@@ -158,7 +193,7 @@ impl Browser {
 
     /// Chooses `file` in the file input `css`.
     async fn choose_file(&self, css: &str, file: &Path) {
-        self.find(css).await.send_keys(&file.display().to_string()).await.unwrap();
+        self.send_keys(css, &file.display().to_string()).await;
     }
 
     async fn close(self) {
@@ -218,10 +253,11 @@ impl Run {
 /// Submits `file` through the upload form of the page open now; the new task's id.
 async fn upload(browser: &Browser, file: &Path, labels: &str) -> String {
     browser.choose_file("#upload-file", file).await;
-    browser.find("#upload-labels").await.send_keys(labels).await.unwrap();
-    browser.find("form[data-upload] button[type=submit]").await.click().await.unwrap();
-    let link = browser.find("[data-submitted-task]").await;
-    link.attr("data-submitted-task").await.unwrap().expect("the submitted task's id")
+    browser.send_keys("#upload-labels", labels).await;
+    browser.click("form[data-upload] button[type=submit]").await;
+    let id =
+        browser.on_fresh("[data-submitted-task]", async |link: Element| link.attr("data-submitted-task").await).await;
+    id.expect("the submitted task's id")
 }
 
 async fn the_dashboard_shows_and_steers_the_pipeline(bus: BusKind) {
@@ -248,12 +284,12 @@ async fn the_dashboard_shows_and_steers_the_pipeline(bus: BusKind) {
     browser.screenshot("tasks").await;
 
     // The task's page: thumbnail loaded, the model's label, the labels given.
-    browser.find(&format!("#task-{id} a[href='/tasks/{id}']")).await.click().await.unwrap();
+    browser.click(&format!("#task-{id} a[href='/tasks/{id}']")).await;
     browser.synced().await;
     browser
         .until("the thumbnail is loaded", "return document.querySelector('img[data-thumbnail]')?.naturalWidth || 0")
         .await;
-    let label = browser.find("[data-prediction]").await.text().await.unwrap();
+    let label = browser.text("[data-prediction]").await;
     assert!(!label.trim().is_empty(), "a prediction label");
     let page = browser.client.source().await.unwrap();
     assert!(page.contains("album=dashboard"), "the labels are shown");
@@ -264,8 +300,7 @@ async fn the_dashboard_shows_and_steers_the_pipeline(bus: BusKind) {
     browser.goto(&run.url("/")).await;
     browser.find("table.queues").await;
     browser.screenshot("overview").await;
-    let pause = browser.find("button[aria-label='Pause the metadata queue']").await;
-    pause.send_keys("\u{E007}").await.unwrap();
+    browser.send_keys("button[aria-label='Pause the metadata queue']", "\u{E007}").await;
     browser
         .until(
             "the metadata queue shows paused",
@@ -282,10 +317,10 @@ async fn the_dashboard_shows_and_steers_the_pipeline(bus: BusKind) {
         )
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let state = browser.find("[data-state-badge]").await.text().await.unwrap();
+    let state = browser.text("[data-state-badge]").await;
     assert_eq!(state, "extracting metadata", "the paused queue holds the task");
     browser.goto(&run.url("/")).await;
-    browser.find("button[aria-label='Resume the metadata queue']").await.click().await.unwrap();
+    browser.click("button[aria-label='Resume the metadata queue']").await;
     browser
         .until(
             "the metadata queue runs",
@@ -304,16 +339,18 @@ async fn the_dashboard_shows_and_steers_the_pipeline(bus: BusKind) {
     run.pipeline.bus().queues.send("tasks.download", Message::new(&b"{not a command"[..])).await.unwrap();
     browser.goto(&run.url("/dlq")).await;
     let letter_id = loop {
-        if let Ok(letter) = browser.client.find(Locator::Css("li[data-letter]")).await {
-            break letter.attr("data-letter").await.unwrap().unwrap();
+        if let Ok(letter) = browser.client.find(Locator::Css("li[data-letter]")).await
+            && let Ok(Some(id)) = letter.attr("data-letter").await
+        {
+            break id;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         browser.client.refresh().await.unwrap();
         browser.synced().await;
     };
-    browser.find("li[data-letter] details summary").await.click().await.unwrap();
+    browser.click("li[data-letter] details summary").await;
     browser.screenshot("dlq").await;
-    browser.find(&format!("button[aria-label='Replay dead letter {letter_id}']")).await.click().await.unwrap();
+    browser.click(&format!("button[aria-label='Replay dead letter {letter_id}']")).await;
     browser
         .until("the letter leaves the page", &format!("return document.getElementById('letter-{letter_id}') === null"))
         .await;
@@ -356,13 +393,13 @@ async fn the_dashboard_logs_in_with_the_token_and_refuses_requests_without_csrf(
     assert!(browser.client.current_url().await.unwrap().path().ends_with("/login"), "sent to the login form");
     browser.screenshot("login").await;
 
-    browser.find("#token").await.send_keys("not-the-token").await.unwrap();
-    browser.find("form.login button").await.click().await.unwrap();
-    let refused = browser.find("#login-error").await.text().await.unwrap();
+    browser.send_keys("#token", "not-the-token").await;
+    browser.click("form.login button").await;
+    let refused = browser.text("#login-error").await;
     assert!(refused.contains("not the token"), "{refused}");
 
-    browser.find("#token").await.send_keys(token).await.unwrap();
-    browser.find("form.login button").await.click().await.unwrap();
+    browser.send_keys("#token", token).await;
+    browser.click("form.login button").await;
     browser.find("table.tasks").await;
     let url = browser.client.current_url().await.unwrap();
     assert_eq!((url.path(), url.query()), ("/tasks", Some("state=completed")), "back to the page asked for");
@@ -382,7 +419,7 @@ async fn the_dashboard_logs_in_with_the_token_and_refuses_requests_without_csrf(
     let read = browser.client.execute("return fetch('/v1/queues').then(r => r.json()).then(v => v.queues.find(q => q.name === 'metadata').paused)", vec![]).await.unwrap();
     assert_eq!(read, json!(true));
 
-    browser.find("form.logout button").await.click().await.unwrap();
+    browser.click("form.logout button").await;
     browser.find("form.login").await;
     let after = browser.client.execute("return fetch('/v1/queues').then(r => r.status)", vec![]).await.unwrap();
     assert_eq!(after, json!(401), "logged out");
@@ -458,9 +495,9 @@ async fn the_dashboard_names_every_image_says_why_a_task_failed_and_counts_in_wo
         let row = format!("#task-{id}[data-state=completed]");
         browser.until("the row is completed", &format!("return !!document.querySelector('{row}')")).await;
     }
-    let source = browser.find(&format!("#task-{cat} [data-source]")).await.text().await.unwrap();
+    let source = browser.text(&format!("#task-{cat} [data-source]")).await;
     assert!(source.starts_with("chelsea.jpg (uploaded, sha256:"), "the row names the file: {source:?}");
-    let reason = browser.find(&format!("#task-{cat} [data-reason]")).await.text().await.unwrap();
+    let reason = browser.text(&format!("#task-{cat} [data-reason]")).await;
     assert_eq!(reason, "", "a completed task has no failure reason");
 
     // A URL task that fails: its row shows the URL without its query and why it failed.
@@ -478,9 +515,9 @@ async fn the_dashboard_names_every_image_says_why_a_task_failed_and_counts_in_wo
     let failed = accepted["taskId"].as_str().expect("a task id").to_owned();
     api_until(&run, "the URL task fails", &format!("/v1/tasks/{failed}"), |t| t["state"] == "failed").await;
     browser.goto(&run.url("/tasks?state=failed")).await;
-    let source = browser.find(&format!("#task-{failed} [data-source]")).await.text().await.unwrap();
+    let source = browser.text(&format!("#task-{failed} [data-source]")).await;
     assert_eq!(source, format!("{base}/missing/photo.jpg"), "the URL without query or fragment");
-    let reason = browser.find(&format!("#task-{failed} [data-reason]")).await.text().await.unwrap();
+    let reason = browser.text(&format!("#task-{failed} [data-reason]")).await;
     assert!(reason.starts_with("failed at download after 1 attempt: http_404"), "why it failed: {reason:?}");
     let page = browser.client.source().await.unwrap();
     assert!(!page.contains("s3cret"), "the query's secret is not shown");
@@ -493,7 +530,7 @@ async fn the_dashboard_names_every_image_says_why_a_task_failed_and_counts_in_wo
     let tag = url::form_urlencoded::byte_serialize(tag.as_bytes()).collect::<String>();
     for query in ["tags", "tag"] {
         browser.goto(&run.url(&format!("/search?{query}={tag}"))).await;
-        let name = browser.find(&format!("li[data-hit='{cat}'] [data-name]")).await.text().await.unwrap();
+        let name = browser.text(&format!("li[data-hit='{cat}'] [data-name]")).await;
         assert_eq!(name, "chelsea.jpg", "?{query}=: the result names its file");
     }
     let field = browser.find("#s-tag").await.attr("name").await.unwrap();
@@ -530,7 +567,7 @@ async fn the_dashboard_names_every_image_says_why_a_task_failed_and_counts_in_wo
     assert_eq!(listed, json!(expected), "the similar images are those at cosine 0.5 or more: {similar}");
     let hidden = browser.find("[data-similar-hidden]").await.attr("data-similar-hidden").await.unwrap();
     assert_eq!(hidden, Some(below.to_string()), "the others are counted");
-    let source = browser.find("[data-source]").await.text().await.unwrap();
+    let source = browser.text("[data-source]").await;
     assert!(source.starts_with("chelsea.jpg (uploaded, sha256:"), "the task's page names its file: {source:?}");
 
     // One dead letter: counts in the singular.
@@ -538,13 +575,13 @@ async fn the_dashboard_names_every_image_says_why_a_task_failed_and_counts_in_wo
     let letters = api_until(&run, "the letter is archived", "/v1/dlq", |v| v["total"] == 1).await;
     let deliveries = letters["entries"][0]["deliveryCount"].as_u64().expect("a delivery count");
     browser.goto(&run.url("/dlq")).await;
-    let total = browser.find("p[data-dead-letters]").await.text().await.unwrap();
+    let total = browser.text("p[data-dead-letters]").await;
     assert_eq!(total, "1 letter in the archive");
-    let head = browser.find("li[data-letter] .letter-head").await.text().await.unwrap();
+    let head = browser.text("li[data-letter] .letter-head").await;
     let counted = if deliveries == 1 { "1 delivery ".to_owned() } else { format!("{deliveries} deliveries ") };
     assert!(head.contains(&format!("· {counted}·")), "{head:?} counts {deliveries} deliveries in words");
     browser.goto(&run.url("/")).await;
-    let overview = browser.find("a[data-dead-letters]").await.text().await.unwrap();
+    let overview = browser.text("a[data-dead-letters]").await;
     assert_eq!(overview, "1 dead letter");
 
     browser.close().await;

@@ -26,7 +26,6 @@ fn settings(work: &tempfile::TempDir) -> Settings {
     settings.store.path = work.path().join("store");
     settings.blob.dir = work.path().join("blobs");
     settings.bus.prefix = format!("shards-{}", uuid::Uuid::new_v4().simple());
-    settings.coordinator.shard_lease = Duration::from_secs(1);
     settings.coordinator.shard_loops = 1;
     settings.coordinator.max_in_flight = 2_000;
     settings
