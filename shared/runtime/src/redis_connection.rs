@@ -17,13 +17,20 @@
 //! their relative order. Commands that span nodes (`KEYS`,
 //! `SCRIPT LOAD`, a `DEL` of several slots) are sent to every node they concern by the cluster
 //! client; `SCAN` is not, so [`RedisConnection::scan_match`] iterates every primary.
+//!
+//! A cluster connection whose request times out in all ([`CLUSTER_OVERALL_TIMEOUT`]) is
+//! replaced by a new one, built from the seed nodes in the background ([`ClusterLink`]): the
+//! cluster client can wedge after a failover (seen: one of three coordinators whose every
+//! request timed out for minutes after its primary was killed, while the other two, on the
+//! same cluster, carried on), and a client that never recovers is worse than a reconnection.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::future::try_join_all;
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
@@ -62,7 +69,82 @@ pub enum RedisConnection {
     /// One server (`redis://`, `rediss://`).
     Single(ConnectionManager),
     /// A cluster (`redis+cluster://`, `rediss+cluster://`).
-    Cluster(ClusterConnection),
+    Cluster(ClusterLink),
+}
+
+/// A cluster connection that replaces itself when a request times out in all (the module's
+/// docs): requests run on the current connection; the first to time out on it starts one
+/// rebuild in the background, and the requests after it run on the new connection. Cloning is
+/// cheap and shares the connection.
+#[derive(Clone)]
+pub struct ClusterLink(Arc<LinkState>);
+
+struct LinkState {
+    client: ClusterClient,
+    /// The connection and its generation (how many times it was rebuilt).
+    current: RwLock<(u64, ClusterConnection)>,
+    /// Held by the one rebuild running.
+    rebuilding: tokio::sync::Mutex<()>,
+}
+
+impl ClusterLink {
+    async fn open(client: ClusterClient) -> RedisResult<Self> {
+        let conn = client.get_async_connection().await?;
+        Ok(Self(Arc::new(LinkState {
+            client,
+            current: RwLock::new((0, conn)),
+            rebuilding: tokio::sync::Mutex::new(()),
+        })))
+    }
+
+    /// The connection now, and its generation.
+    fn current(&self) -> (u64, ClusterConnection) {
+        let current = self.0.current.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (current.0, current.1.clone())
+    }
+
+    /// How many times the connection was rebuilt.
+    #[must_use]
+    pub fn generation(&self) -> u64 {
+        self.current().0
+    }
+
+    /// Runs `request` on the current connection; when it times out, rebuilds the connection
+    /// in the background (once per generation) and returns the error.
+    async fn run<T, F, Fut>(&self, request: F) -> RedisResult<T>
+    where
+        F: FnOnce(ClusterConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let (generation, conn) = self.current();
+        let result = request(conn).await;
+        if let Err(e) = &result
+            && e.is_timeout()
+        {
+            let link = self.clone();
+            tokio::spawn(async move { link.rebuild(generation).await });
+        }
+        result
+    }
+
+    /// Replaces generation `generation` of the connection with a new one from the seed nodes,
+    /// unless another rebuild already did; a rebuild that fails leaves the connection as it is
+    /// (the next timeout tries again).
+    async fn rebuild(&self, generation: u64) {
+        let _one = self.0.rebuilding.lock().await;
+        if self.generation() != generation {
+            return;
+        }
+        match tokio::time::timeout(CLUSTER_OVERALL_TIMEOUT, self.0.client.get_async_connection()).await {
+            Ok(Ok(conn)) => {
+                let mut current = self.0.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                *current = (generation + 1, conn);
+                tracing::warn!(generation = generation + 1, "Redis Cluster connection rebuilt after a request timed out");
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "Redis Cluster connection not rebuilt; trying again at the next timeout"),
+            Err(_) => tracing::warn!("Redis Cluster connection not rebuilt in time; trying again at the next timeout"),
+        }
+    }
 }
 
 impl RedisConnection {
@@ -82,7 +164,7 @@ impl RedisConnection {
                     .response_timeout(CLUSTER_RESPONSE_TIMEOUT)
                     .overall_response_timeout(Some(CLUSTER_OVERALL_TIMEOUT))
                     .build()?;
-                Ok(Self::Cluster(client.get_async_connection().await?))
+                Ok(Self::Cluster(ClusterLink::open(client).await?))
             }
         }
     }
@@ -106,16 +188,15 @@ impl RedisConnection {
         wait.arg(replicas).arg(timeout.as_millis() as u64);
         match self {
             Self::Single(conn) => wait.query_async(&mut conn.clone()).await,
-            Self::Cluster(conn) => {
+            Self::Cluster(link) => {
                 let slots: HashSet<Slot> = keys.iter().map(Slot::for_key).collect();
                 let acks = try_join_all(slots.into_iter().map(|slot| {
-                    let mut conn = conn.clone();
                     let wait = wait.clone();
-                    async move {
+                    link.run(async move |mut conn| {
                         let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(slot, SlotAddr::Master));
                         let acked = conn.route_command(wait, RoutingInfo::SingleNode(route)).await?;
                         redis::from_redis_value::<u32>(acked).map_err(RedisError::from)
-                    }
+                    })
                 }))
                 .await?;
                 Ok(acks.into_iter().min().unwrap_or(replicas))
@@ -135,16 +216,15 @@ impl RedisConnection {
                 })
                 .await
             }
-            Self::Cluster(conn) => {
+            Self::Cluster(link) => {
                 let mut keys = Vec::new();
-                for (host, port) in primaries(conn).await? {
+                for (host, port) in link.run(async |conn| primaries(&conn).await).await? {
                     let node = scan_node(pattern, count, |cmd| {
-                        let mut conn = conn.clone();
                         let route = SingleNodeRoutingInfo::ByAddress { host: host.clone(), port };
-                        async move {
+                        link.run(async move |mut conn| {
                             redis::from_redis_value(conn.route_command(cmd, RoutingInfo::SingleNode(route)).await?)
                                 .map_err(RedisError::from)
-                        }
+                        })
                     })
                     .await?;
                     keys.extend(node);
@@ -321,7 +401,7 @@ impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Single(conn) => conn.req_packed_command(cmd),
-            Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(link) => Box::pin(link.run(async move |mut conn| conn.req_packed_command(cmd).await)),
         }
     }
 
@@ -333,20 +413,20 @@ impl ConnectionLike for RedisConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(conn) => {
+            Self::Cluster(link) => Box::pin(link.run(async move |mut conn| {
                 if pipeline.is_transaction() {
-                    conn.req_packed_commands(pipeline, offset, count)
+                    conn.req_packed_commands(pipeline, offset, count).await
                 } else {
-                    Box::pin(split_pipeline(conn, pipeline))
+                    split_pipeline(&conn, pipeline).await
                 }
-            }
+            })),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Self::Single(conn) => conn.get_db(),
-            Self::Cluster(conn) => conn.get_db(),
+            Self::Cluster(link) => link.current().1.get_db(),
         }
     }
 }
@@ -423,6 +503,37 @@ mod tests {
         assert_eq!(conn.wait_replicas(&refs, 2, timeout).await.unwrap(), 1, "no primary has a second replica");
         assert_eq!(conn.wait_replicas(&[], 2, timeout).await.unwrap(), 2, "nothing written, nothing to wait for");
         let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_request_that_times_out_has_the_connection_rebuilt_once_and_the_next_ones_run_on_it() {
+        let Some(mut conn) = cluster().await else { return };
+        let RedisConnection::Cluster(link) = conn.clone() else { unreachable!("a cluster connection") };
+        let timed_out = || io_error(std::io::ErrorKind::TimedOut);
+        let refused: RedisError = (ErrorKind::Server(redis::ServerErrorKind::ReadOnly), "refused").into();
+        assert!(link.run(async |_| Err::<(), _>(refused)).await.is_err());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(link.generation(), 0, "an error other than a timeout keeps the connection");
+
+        // Three requests time out on generation 0: one rebuild.
+        let failed = futures::future::join_all((0..3).map(|_| link.run(async |_| Err::<(), _>(timed_out())))).await;
+        assert!(failed.iter().all(|r| r.as_ref().is_err_and(RedisError::is_timeout)), "the timeouts are returned");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while link.generation() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the connection was rebuilt within 10 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(link.generation(), 1, "timeouts on one generation rebuild it once");
+
+        let key = format!("test-rebuilt-{}", uuid::Uuid::new_v4().simple());
+        let () = redis::cmd("SET").arg(&key).arg(7).arg("PX").arg(60_000).query_async(&mut conn).await.unwrap();
+        let read: u32 = redis::cmd("GET").arg(&key).query_async(&mut conn).await.unwrap();
+        assert_eq!(read, 7, "clones of the connection run on the rebuilt one");
+    }
+
+    fn io_error(kind: std::io::ErrorKind) -> RedisError {
+        std::io::Error::from(kind).into()
     }
 
     #[test]
