@@ -41,7 +41,10 @@ pub enum ModelError {
         source: std::io::Error,
     },
     /// A model file does not hold what the preparation writes.
-    #[error("model file {path} is invalid: {reason}; re-run `{PREPARE_COMMAND} --force`")]
+    #[error(
+        "model file {path} is invalid: {reason}; re-run `{PREPARE_COMMAND} --force` (for a model of your own, \
+         correct the file or its manifest: docs/model.md)"
+    )]
     Invalid {
         /// The file.
         path: PathBuf,
