@@ -47,6 +47,9 @@ ensure_chromium
 source scripts/contract-tools.sh
 ensure_contract_tools
 export IMAGEPIPE_TEST_MODEL_DIR; IMAGEPIPE_TEST_MODEL_DIR="$(scripts/prepare-model.sh --print-dir)"
+# The preparation's venv (numpy, onnx, onnxruntime), set up by prepare-model.sh: the custom-model
+# test prepares a second classifier with it.
+export IMAGEPIPE_TEST_PREPARE_PYTHON="${IMAGEPIPE_CACHE_DIR:-$HOME/.cache/imagepipe}/venv-prepare/bin/python"
 # Everything a test needs is provided above: a test that finds it missing fails, never skips.
 unset IMAGEPIPE_TEST_ALLOW_SKIP
 

@@ -19,7 +19,7 @@ use tokio::task::JoinError;
 use crate::error::{AnalyzeError, ModelError};
 use crate::metrics;
 use crate::model::Model;
-use crate::preprocess::{memory_needed, preprocess};
+use crate::preprocess::memory_needed;
 use crate::runtime::RuntimeOptions;
 
 /// What an analysis reports, from the `ai` settings.
@@ -97,8 +97,8 @@ impl Classifier {
         let deadline = wait.map(|wait| (tokio::time::Instant::now() + wait, wait));
         let slot = within(deadline, self.slots.acquire()).await?;
         let needed = tokio::task::spawn_blocking({
-            let (bytes, max_pixels) = (bytes.clone(), self.settings.max_pixels);
-            move || memory_needed(&bytes, max_pixels)
+            let (bytes, max_pixels, model) = (bytes.clone(), self.settings.max_pixels, self.model.clone());
+            move || memory_needed(&bytes, max_pixels, model.input())
         })
         .await
         .map_err(crashed)??;
@@ -141,7 +141,7 @@ fn crashed(join: JoinError) -> AnalyzeError {
 /// Decodes, preprocesses and classifies one image, tags it, and makes its embedding from the
 /// same run of the model (none when the model directory has no embedding). CPU-bound.
 pub fn analyze(model: &Model, settings: &AnalysisOptions, bytes: &[u8]) -> Result<AnalysisOutput, AnalyzeError> {
-    let input = preprocess(bytes, settings.max_pixels)?;
+    let input = model.preprocess(bytes, settings.max_pixels)?;
     let inference = model.infer(input)?;
     let (predictions, tags) =
         model.taxonomy().analyze(&inference.probabilities, settings.top_k, settings.tag_min_score);

@@ -41,12 +41,48 @@ pub enum ModelError {
         source: std::io::Error,
     },
     /// A model file does not hold what the preparation writes.
-    #[error("model file {path} is invalid: {reason}; re-run `{PREPARE_COMMAND} --force`")]
+    #[error(
+        "model file {path} is invalid: {reason}; re-run `{PREPARE_COMMAND} --force` (for a model of your own, \
+         correct the file or its manifest: docs/model.md)"
+    )]
     Invalid {
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
+    },
+    /// The manifest describes the model in a way the worker cannot use (an input that is not a
+    /// square RGB image, a scale of 0, an output shape not matching the labels, ...).
+    #[error("model manifest {path}: its {field} {reason}")]
+    Manifest {
+        /// The manifest.
+        path: PathBuf,
+        /// The manifest field at fault (`input.shape`, `output.shape`, ...).
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The class names (`labels.json`) or the tag table (`tags.json`) are unusable.
+    #[error("model file {path} is unusable: {reason}")]
+    Classes {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: crate::taxonomy::TaxonomyError,
+    },
+    /// The graph's logits are not one per class of `labels.json`.
+    #[error("the model {path} gives {logits} logits in its output {output}, but {labels_path} names {labels} classes")]
+    ClassCount {
+        /// The graph file.
+        path: PathBuf,
+        /// The logits output.
+        output: String,
+        /// Logits the output holds.
+        logits: usize,
+        /// The labels file.
+        labels_path: PathBuf,
+        /// Classes it names.
+        labels: usize,
     },
     /// The runtime could not load or optimise the ONNX graph.
     #[error("{runtime} could not load the ONNX graph {path}: {reason}")]

@@ -1,12 +1,14 @@
 //! imagepipe ai-worker: consumes `tasks.ai`, labels each downloaded image with EfficientNet-Lite0
-//! (ImageNet-1k, an ONNX graph run by onnxruntime, or by `tract` as the fallback; offline), tags
+//! (ImageNet-1k, an ONNX graph run by onnxruntime, or by `tract` as the fallback; offline; or
+//! with any ONNX image classifier the model directory's manifest describes: [`model`]), tags
 //! it with the labels' broader WordNet names, publishes `image.analyzed` with the image's
 //! embedding (the same run's pooled features, int8-quantised, for similarity search; the step
 //! result leaves it out) and reports the step.
 //!
 //! - [`model`]: the prepared model directory (`scripts/prepare-model.sh`), loaded once.
 //! - [`runtime`]: onnxruntime or tract, the runtime running the model (`ai.runtime`).
-//! - [`preprocess`]: bytes → decoded image → the model's `[1,3,224,224]` input.
+//! - [`preprocess`]: bytes → decoded image → the model's `[1,3,size,size]` input (224 for the
+//!   bundled model; the model directory's manifest says).
 //! - [`taxonomy`]: class names, tag ancestors, top-k and tag scores.
 //! - [`classifier`]: analysis on a blocking pool of `ai.threads`, within `ai.memory_budget`.
 //! - [`handler`]: the step's [`StepHandler`](imagepipe_runtime::step::StepHandler): blob
@@ -31,6 +33,7 @@ pub use classifier::{AnalysisOptions, Classifier, analyze};
 pub use error::{AnalyzeError, ModelError, PREPARE_COMMAND};
 pub use handler::AiHandler;
 pub use model::{EmbeddingSpec, Inference, Model};
+pub use preprocess::ModelInput;
 pub use runtime::{AiRuntime, RuntimeKind, RuntimeOptions};
 
 /// The service's name: the `source` of its events, and its name in logs and traces.

@@ -1,17 +1,20 @@
-//! Class names and search tags. `labels.json` names the 1000 classes in index order;
-//! `tags.json` gives each class its broader WordNet ancestors, nearest first (tabby → domestic
-//! cat → cat → feline → … → animal), both written by `scripts/prepare-model.sh`.
+//! Class names and search tags. `labels.json` names the model's classes in index order (the
+//! bundled model's 1000 ImageNet classes; any number from [`MIN_CLASSES`] for a model of your
+//! own); `tags.json`, optional, gives each class its broader names, nearest first (for the
+//! bundled model its WordNet ancestors: tabby → domestic cat → cat → feline → … → animal), both
+//! written by `scripts/prepare-model.sh`.
 //!
 //! An analysis reports the top-k classes and, as tags, those classes' names and ancestors. A
 //! tag's score is the summed probability of every class it covers, so "cat" scores what all
-//! the cat classes together score; tags under `tag_min_score` are left out.
+//! the cat classes together score; tags under `tag_min_score` are left out. Without a tag table
+//! the tags are the top classes' names.
 
 use std::collections::{HashMap, HashSet};
 
 use imagepipe_contracts::step::Prediction;
 
-/// The number of classes of an ImageNet-1k model.
-pub const CLASSES: usize = 1000;
+/// The fewest classes a model may have.
+pub const MIN_CLASSES: usize = 2;
 
 /// Why a label or tag table is unusable.
 #[derive(Debug, thiserror::Error)]
@@ -25,18 +28,38 @@ pub enum TaxonomyError {
         #[source]
         source: serde_json::Error,
     },
-    /// The table has the wrong number of entries.
-    #[error("{what} has {actual} entries, expected {CLASSES}")]
-    Length {
-        /// Which table.
-        what: &'static str,
+    /// The label list names fewer than [`MIN_CLASSES`] classes.
+    #[error("the label list has {actual} entries, at least {MIN_CLASSES} expected")]
+    TooFewClasses {
         /// Entries found.
         actual: usize,
+    },
+    /// The tag table does not have one entry per class.
+    #[error("the tag table has {actual} entries, expected {expected} (one per class of the label list)")]
+    Length {
+        /// Entries found.
+        actual: usize,
+        /// The number of classes.
+        expected: usize,
     },
     /// A class has an empty name.
     #[error("class {0} has an empty name")]
     EmptyLabel(usize),
 }
+
+impl TaxonomyError {
+    /// Whether the tag table is at fault (else the label list).
+    pub fn is_about_tags(&self) -> bool {
+        match self {
+            Self::Json { expected, .. } => *expected == TAGS_EXPECTED,
+            Self::Length { .. } => true,
+            Self::TooFewClasses { .. } | Self::EmptyLabel(_) => false,
+        }
+    }
+}
+
+/// What the tag table should hold.
+const TAGS_EXPECTED: &str = "list of ancestor lists";
 
 /// Class names, each class's ancestor tags, and which classes each tag covers.
 #[derive(Debug, Clone)]
@@ -47,23 +70,27 @@ pub struct Taxonomy {
 }
 
 impl Taxonomy {
-    /// Reads `labels.json` (a list of 1000 names) and `tags.json` (a list of 1000 lists of
-    /// ancestor names).
-    pub fn from_json(labels: &[u8], tags: &[u8]) -> Result<Self, TaxonomyError> {
+    /// Reads `labels.json` (a list of class names, at least [`MIN_CLASSES`]) and, when there is
+    /// one, `tags.json` (a list of as many lists of ancestor names); without it no class has
+    /// ancestors.
+    pub fn from_json(labels: &[u8], tags: Option<&[u8]>) -> Result<Self, TaxonomyError> {
         let labels: Vec<String> = serde_json::from_slice(labels)
             .map_err(|source| TaxonomyError::Json { expected: "list of class names", source })?;
-        let ancestors: Vec<Vec<String>> = serde_json::from_slice(tags)
-            .map_err(|source| TaxonomyError::Json { expected: "list of ancestor lists", source })?;
+        let ancestors: Vec<Vec<String>> = match tags {
+            Some(tags) => serde_json::from_slice(tags)
+                .map_err(|source| TaxonomyError::Json { expected: TAGS_EXPECTED, source })?,
+            None => vec![Vec::new(); labels.len()],
+        };
         Self::new(labels, ancestors)
     }
 
     /// A taxonomy of `labels` with each class's `ancestors`, nearest first.
     pub fn new(labels: Vec<String>, ancestors: Vec<Vec<String>>) -> Result<Self, TaxonomyError> {
-        if labels.len() != CLASSES {
-            return Err(TaxonomyError::Length { what: "the label list", actual: labels.len() });
+        if labels.len() < MIN_CLASSES {
+            return Err(TaxonomyError::TooFewClasses { actual: labels.len() });
         }
-        if ancestors.len() != CLASSES {
-            return Err(TaxonomyError::Length { what: "the tag table", actual: ancestors.len() });
+        if ancestors.len() != labels.len() {
+            return Err(TaxonomyError::Length { actual: ancestors.len(), expected: labels.len() });
         }
         if let Some(index) = labels.iter().position(|l| l.trim().is_empty()) {
             return Err(TaxonomyError::EmptyLabel(index));
@@ -78,6 +105,16 @@ impl Taxonomy {
             }
         }
         Ok(Self { labels, ancestors, covers })
+    }
+
+    /// The number of classes.
+    pub fn classes(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// The class names, in index order.
+    pub fn labels(&self) -> &[String] {
+        &self.labels
     }
 
     /// The name of class `index`.
@@ -132,6 +169,9 @@ impl Taxonomy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The number of classes of the tests' taxonomy.
+    const CLASSES: usize = 1000;
 
     /// Classes 0-2 are cats, 3 is a dog, 4 is espresso; the rest are filler.
     fn taxonomy() -> Taxonomy {
@@ -196,11 +236,28 @@ mod tests {
 
     #[test]
     fn tables_of_the_wrong_shape_are_rejected() {
-        let err = Taxonomy::from_json(b"[\"a\"]", b"[[]]").unwrap_err();
-        assert!(matches!(err, TaxonomyError::Length { actual: 1, .. }), "{err}");
-        assert!(matches!(Taxonomy::from_json(b"{}", b"[]"), Err(TaxonomyError::Json { .. })));
+        let err = Taxonomy::from_json(b"[\"a\"]", Some(b"[[]]".as_slice())).unwrap_err();
+        assert!(matches!(err, TaxonomyError::TooFewClasses { actual: 1 }), "{err}");
+        let err = Taxonomy::from_json(b"[\"a\", \"b\", \"c\"]", Some(b"[[], []]".as_slice())).unwrap_err();
+        assert!(matches!(err, TaxonomyError::Length { actual: 2, expected: 3 }), "{err}");
+        assert!(err.to_string().contains("2 entries, expected 3"), "{err}");
+        assert!(matches!(Taxonomy::from_json(b"{}", Some(b"[]".as_slice())), Err(TaxonomyError::Json { .. })));
         let labels = serde_json::to_vec(&vec![""; CLASSES]).unwrap();
         let tags = serde_json::to_vec(&vec![Vec::<String>::new(); CLASSES]).unwrap();
-        assert!(matches!(Taxonomy::from_json(&labels, &tags), Err(TaxonomyError::EmptyLabel(0))));
+        assert!(matches!(Taxonomy::from_json(&labels, Some(tags.as_slice())), Err(TaxonomyError::EmptyLabel(0))));
+    }
+
+    #[test]
+    fn any_number_of_classes_and_without_tags_the_tags_are_the_top_classes() {
+        let taxonomy = Taxonomy::from_json(br#"["cat", "dog", "food"]"#, None).unwrap();
+        assert_eq!(taxonomy.classes(), 3);
+        assert_eq!(taxonomy.labels(), ["cat", "dog", "food"]);
+        let (predictions, tags) = taxonomy.analyze(&[0.2, 0.7, 0.1], 2, 0.15);
+        let labels: Vec<&str> = predictions.iter().map(|p| p.label.as_str()).collect();
+        assert_eq!(labels, ["dog", "cat"]);
+        let tags: Vec<(&str, f64)> = tags.iter().map(|t| (t.label.as_str(), t.score)).collect();
+        assert_eq!(tags.len(), 2);
+        assert_eq!((tags[0].0, tags[1].0), ("dog", "cat"));
+        assert!((tags[0].1 - 0.7).abs() < 1e-6 && (tags[1].1 - 0.2).abs() < 1e-6, "{tags:?}");
     }
 }

@@ -14,7 +14,6 @@ use image::codecs::jpeg::JpegEncoder;
 use image::imageops::FilterType;
 use image::{DynamicImage, ImageFormat};
 use imagepipe_ai_worker::model::{LABELS_FILE, MANIFEST_FILE, MODEL_FILE, TAGS_FILE};
-use imagepipe_ai_worker::preprocess::preprocess;
 use imagepipe_ai_worker::{AiRuntime, AnalysisOptions, Model, ModelError, RuntimeKind, RuntimeOptions, analyze};
 use imagepipe_contracts::command::AnalyzeCommand;
 use imagepipe_contracts::payload::ImageAnalyzed;
@@ -87,7 +86,7 @@ fn the_analysis_carries_a_unit_embedding_of_the_manifests_version() {
             embedding.components().unwrap().iter().map(|&q| f32::from(q) * embedding.scale).collect();
         assert!((norm(&dequantised) - 1.0).abs() < 0.01, "{name}: the scale keeps unit length: {}", norm(&dequantised));
 
-        let features = model.infer(preprocess(&bytes, MAX_PIXELS).unwrap()).unwrap().features.unwrap();
+        let features = model.infer(model.preprocess(&bytes, MAX_PIXELS).unwrap()).unwrap().features.unwrap();
         assert!(features.iter().all(|f| (0.0..=6.0).contains(f)), "{name}: pooled ReLU6 features lie in 0..=6");
         let similarity = cosine(&back, &features);
         assert!(similarity > 0.999, "{name}: quantised vs float cosine {similarity}");
@@ -132,7 +131,7 @@ fn onnxruntime_and_tract_give_the_same_embedding() {
     assert_eq!(ort.embedding_version(), tract.embedding_version());
     for name in SAMPLES {
         let bytes = sample(name);
-        let input = preprocess(&bytes, MAX_PIXELS).unwrap();
+        let input = ort.preprocess(&bytes, MAX_PIXELS).unwrap();
         let (a, b) = (ort.infer(input.clone()).unwrap(), tract.infer(input).unwrap());
         let float = cosine(a.features.as_ref().unwrap(), b.features.as_ref().unwrap());
         let quantised = cosine(&unit(&ort, &bytes), &unit(&tract, &bytes));
@@ -152,7 +151,7 @@ fn a_model_directory_prepared_before_embeddings_still_loads_without_one() {
             .unwrap_or_else(|e| panic!("{runtime}: {e}"));
         assert_eq!((model.embedding(), model.embedding_version()), (None, None), "{runtime}");
         let bytes = sample("chelsea");
-        assert_eq!(model.infer(preprocess(&bytes, MAX_PIXELS).unwrap()).unwrap().features, None, "{runtime}");
+        assert_eq!(model.infer(model.preprocess(&bytes, MAX_PIXELS).unwrap()).unwrap().features, None, "{runtime}");
         let analysis = analyze(&model, &settings(), &bytes).unwrap();
         assert_eq!(analysis.embedding, None, "{runtime}");
         assert_eq!(analysis.predictions.len(), settings().top_k, "{runtime}: it still labels");

@@ -3,7 +3,6 @@
 
 mod common;
 
-use imagepipe_ai_worker::preprocess::preprocess;
 use imagepipe_ai_worker::{AnalysisOptions, analyze};
 
 const CATS: [&str; 5] = ["tabby", "tiger cat", "Egyptian cat", "Persian cat", "Siamese cat"];
@@ -49,7 +48,8 @@ fn rust_preprocessing_gives_the_references_top_labels() {
     let report = common::verification(&dir);
     for name in common::PHOTOS {
         let reference = report["photos"][name]["top5"].as_array().unwrap();
-        let probabilities = model.probabilities(preprocess(&common::photo(&dir, name), 100_000_000).unwrap()).unwrap();
+        let probabilities =
+            model.probabilities(model.preprocess(&common::photo(&dir, name), 100_000_000).unwrap()).unwrap();
         let top = model.taxonomy().top_classes(&probabilities, 3);
         let reference_top3: Vec<usize> = reference[..3].iter().map(|r| r["index"].as_u64().unwrap() as usize).collect();
         let ours: Vec<usize> = top.iter().map(|&(i, _)| i).collect();

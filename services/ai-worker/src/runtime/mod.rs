@@ -1,6 +1,8 @@
 //! The inference runtimes behind [`Model::infer`](crate::Model::infer), and which one runs the
-//! model (`ai.runtime`). Each runs the graph once per image and reads the outputs it is asked for
-//! ([`OutputNames`]: the logits, and the pooled features when the model directory has them):
+//! model (`ai.runtime`). Each feeds the graph's one input by the name and the size the model
+//! directory's manifest gives ([`ModelInput`]), runs it once per image and reads the outputs it is
+//! asked for ([`OutputNames`]: the logits, and the pooled features when the model directory has
+//! them):
 //!
 //! - [`onnxruntime`]: onnxruntime through the `ort` crate, its shared library loaded at run time
 //!   from the model directory (or `ai.onnxruntime_library`). Several times faster than tract.
@@ -21,6 +23,7 @@ use tract_onnx::prelude::tract_ndarray::Array4;
 use self::onnxruntime::OnnxruntimeBackend;
 use self::tract::TractBackend;
 use crate::error::{AnalyzeError, ModelError};
+use crate::preprocess::ModelInput;
 
 /// The runtime running a loaded model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +80,7 @@ impl From<&AiConfig> for RuntimeOptions {
 /// The graph outputs a run reads, as the model directory's manifest names them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputNames {
-    /// The class logits, `[1, 1000]`.
+    /// The class logits, `[1, classes]`.
     pub logits: String,
     /// The pooled features the embedding is made of; `None` for a graph prepared without them.
     pub features: Option<String>,
@@ -98,21 +101,25 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    /// Loads `graph` (the bytes of `path`) into the runtime `options` pick, to read `outputs` on
-    /// each run (a missing output is an error). `library` finds onnxruntime's library (or says
-    /// why there is none); it is called only when onnxruntime is wanted. Under `auto`,
-    /// onnxruntime failing for any reason falls back to tract with a warning.
+    /// Loads `graph` (the bytes of `path`) into the runtime `options` pick, to take `input` (its
+    /// one input, by that name and size) and read `outputs` on each run (a missing or misnamed
+    /// input or output is an error). `library` finds onnxruntime's library (or says why there is
+    /// none); it is called only when onnxruntime is wanted. Under `auto`, onnxruntime failing for
+    /// any reason falls back to tract with a warning.
     pub(crate) fn load(
         graph: &[u8],
         path: &Path,
+        input: &ModelInput,
         outputs: &OutputNames,
         library: impl FnOnce() -> Result<PathBuf, ModelError>,
         options: &RuntimeOptions,
     ) -> Result<Self, ModelError> {
-        let onnxruntime =
-            || library().and_then(|library| OnnxruntimeBackend::load(&library, graph, path, outputs, options.sessions));
+        let onnxruntime = || {
+            library()
+                .and_then(|library| OnnxruntimeBackend::load(&library, graph, path, input, outputs, options.sessions))
+        };
         match options.runtime {
-            AiRuntime::Tract => Self::tract(graph, path, outputs),
+            AiRuntime::Tract => Self::tract(graph, path, input, outputs),
             AiRuntime::Onnxruntime => onnxruntime().map(Self::Onnxruntime),
             AiRuntime::Auto => match onnxruntime() {
                 Ok(backend) => Ok(Self::Onnxruntime(backend)),
@@ -122,14 +129,14 @@ impl Backend {
                         "onnxruntime is not available, so tract runs the model (several times slower); \
                          set ai.runtime = tract to choose it and silence this warning"
                     );
-                    Self::tract(graph, path, outputs)
+                    Self::tract(graph, path, input, outputs)
                 }
             },
         }
     }
 
-    fn tract(graph: &[u8], path: &Path, outputs: &OutputNames) -> Result<Self, ModelError> {
-        TractBackend::load(graph, outputs).map(Self::Tract).map_err(|reason| ModelError::Graph {
+    fn tract(graph: &[u8], path: &Path, input: &ModelInput, outputs: &OutputNames) -> Result<Self, ModelError> {
+        TractBackend::load(graph, input, outputs).map(Self::Tract).map_err(|reason| ModelError::Graph {
             runtime: "tract",
             path: path.to_owned(),
             reason,
@@ -141,6 +148,15 @@ impl Backend {
         match self {
             Self::Onnxruntime(_) => RuntimeKind::Onnxruntime,
             Self::Tract(_) => RuntimeKind::Tract,
+        }
+    }
+
+    /// How many logits a run gives, when the graph says so before it runs (every dimension of
+    /// the logits output known).
+    pub(crate) fn logits_len(&self) -> Option<usize> {
+        match self {
+            Self::Onnxruntime(ort) => ort.logits_len(),
+            Self::Tract(tract) => tract.logits_len(),
         }
     }
 

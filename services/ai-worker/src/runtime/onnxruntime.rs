@@ -23,7 +23,7 @@ use tract_onnx::prelude::tract_ndarray::Array4;
 
 use super::{OutputNames, RawOutputs};
 use crate::error::{AnalyzeError, ModelError};
-use crate::preprocess::INPUT_SIZE;
+use crate::preprocess::ModelInput;
 
 /// The library this process loaded, or failed to load, and the outcome (`ort` loads one library
 /// per process, at its first use, and keeps it).
@@ -35,8 +35,12 @@ pub struct OnnxruntimeBackend {
     version: String,
     /// The graph's bytes, for a session more when every session is busy.
     graph: Arc<[u8]>,
+    /// The graph input each run feeds.
+    input: String,
     /// The outputs each run reads.
     outputs: OutputNames,
+    /// The number of logits, when the graph says before it runs.
+    logits_len: Option<usize>,
     /// Sessions not running an inference now.
     idle: Mutex<Vec<Session>>,
 }
@@ -46,6 +50,7 @@ impl std::fmt::Debug for OnnxruntimeBackend {
         f.debug_struct("OnnxruntimeBackend")
             .field("library", &self.library)
             .field("version", &self.version)
+            .field("input", &self.input)
             .field("outputs", &self.outputs)
             .field("idle_sessions", &self.idle.lock().map_or(0, |idle| idle.len()))
             .finish_non_exhaustive()
@@ -55,11 +60,12 @@ impl std::fmt::Debug for OnnxruntimeBackend {
 impl OnnxruntimeBackend {
     /// Loads onnxruntime's shared library `library` (once per process), then `graph` (the
     /// bytes of `path`) into `sessions` sessions sharing their prepacked weights; the graph must
-    /// have the float `outputs`.
+    /// take the one float `input` and give the float `outputs`.
     pub fn load(
         library: &Path,
         graph: &[u8],
         path: &Path,
+        input: &ModelInput,
         outputs: &OutputNames,
         sessions: usize,
     ) -> Result<Self, ModelError> {
@@ -70,14 +76,21 @@ impl OnnxruntimeBackend {
         for _ in 0..sessions.max(1) {
             idle.push(new_session(graph, Some(&prepacked)).map_err(graph_error)?);
         }
-        check_signature(&idle[0], outputs).map_err(graph_error)?;
+        let logits_len = check_signature(&idle[0], input, outputs).map_err(graph_error)?;
         Ok(Self {
             library: library.to_owned(),
             version,
             graph: graph.into(),
+            input: input.name.clone(),
             outputs: outputs.clone(),
+            logits_len,
             idle: Mutex::new(idle),
         })
+    }
+
+    /// How many logits a run gives, when the graph says before it runs.
+    pub(crate) fn logits_len(&self) -> Option<usize> {
+        self.logits_len
     }
 
     /// The library's path.
@@ -99,7 +112,7 @@ impl OnnxruntimeBackend {
             None => new_session(&self.graph, None)
                 .map_err(|reason| AnalyzeError::Inference(format!("onnxruntime: a session more: {reason}")))?,
         };
-        let outputs = run(&mut session, input, &self.outputs);
+        let outputs = run(&mut session, &self.input, input, &self.outputs);
         self.idle.lock().unwrap_or_else(PoisonError::into_inner).push(session);
         outputs
     }
@@ -181,20 +194,33 @@ fn new_session(graph: &[u8], prepacked: Option<&PrepackedWeights>) -> Result<Ses
     builder.commit_from_memory(graph).map_err(|e| e.to_string())
 }
 
-/// The graph takes one float tensor `[1,3,224,224]` and gives the float `outputs`.
-fn check_signature(session: &Session, outputs: &OutputNames) -> Result<(), String> {
-    let size = i64::from(INPUT_SIZE);
+/// The graph takes one float tensor named as `expected` says, `[1,3,size,size]` (a dimension
+/// the graph leaves free takes any size), and gives the float `outputs`. Returns the number of
+/// logits when every dimension of the logits output is known.
+fn check_signature(session: &Session, expected: &ModelInput, outputs: &OutputNames) -> Result<Option<usize>, String> {
+    let size = i64::from(expected.size);
     let [input] = session.inputs.as_slice() else {
-        return Err(format!("it has {} inputs, expected 1", session.inputs.len()));
+        let names: Vec<&str> = session.inputs.iter().map(|input| input.name.as_str()).collect();
+        return Err(format!("it has {} inputs {names:?}, expected 1", names.len()));
     };
+    if input.name != expected.name {
+        return Err(format!("its input is named {:?}, the manifest's input.name says {:?}", input.name, expected.name));
+    }
     match &input.input_type {
         ValueType::Tensor { ty: ort::tensor::TensorElementType::Float32, shape, .. }
-            if **shape == [1, 3, size, size] => {}
+            if shape.len() == 4 && shape.iter().zip([1, 3, size, size]).all(|(&got, want)| got == want || got < 0) => {}
         other => return Err(format!("its input {} is {other:?}, expected f32 [1, 3, {size}, {size}]", input.name)),
     }
+    let mut logits_len = None;
     for name in std::iter::once(&outputs.logits).chain(&outputs.features) {
         match session.outputs.iter().find(|output| output.name == *name) {
-            Some(output) if output.output_type.tensor_type() == Some(ort::tensor::TensorElementType::Float32) => {}
+            Some(output) if output.output_type.tensor_type() == Some(ort::tensor::TensorElementType::Float32) => {
+                if *name == outputs.logits {
+                    logits_len = output.output_type.tensor_shape().and_then(|shape| {
+                        shape.iter().try_fold(1usize, |len, &dim| usize::try_from(dim).ok().map(|dim| len * dim))
+                    });
+                }
+            }
             Some(output) => return Err(format!("its output {name} is {:?}, expected f32", output.output_type)),
             None => {
                 let names: Vec<&str> = session.outputs.iter().map(|output| output.name.as_str()).collect();
@@ -202,16 +228,21 @@ fn check_signature(session: &Session, outputs: &OutputNames) -> Result<(), Strin
             }
         }
     }
-    Ok(())
+    Ok(logits_len)
 }
 
-fn run(session: &mut Session, input: Array4<f32>, names: &OutputNames) -> Result<RawOutputs, AnalyzeError> {
+fn run(
+    session: &mut Session,
+    input_name: &str,
+    input: Array4<f32>,
+    names: &OutputNames,
+) -> Result<RawOutputs, AnalyzeError> {
     let error = |e: ort::Error| AnalyzeError::Inference(format!("onnxruntime: {e}"));
     let (n, c, h, w) = input.dim();
     let input = input.as_standard_layout();
     let data = input.as_slice().expect("a standard-layout array is one slice");
     let tensor = TensorRef::from_array_view(([n, c, h, w], data)).map_err(error)?;
-    let outputs = session.run(ort::inputs![tensor]).map_err(error)?;
+    let outputs = session.run(ort::inputs![input_name => tensor]).map_err(error)?;
     let read = |name: &str| -> Result<Vec<f32>, AnalyzeError> {
         let value = outputs
             .get(name)
@@ -244,13 +275,16 @@ mod tests {
         let bogus = dir.path().join("libonnxruntime.so");
         std::fs::write(&bogus, b"not a shared library").unwrap();
         for _ in 0..2 {
-            let err = OnnxruntimeBackend::load(&bogus, b"", Path::new("model.onnx"), &outputs(), 1).unwrap_err();
+            let err =
+                OnnxruntimeBackend::load(&bogus, b"", Path::new("model.onnx"), &ModelInput::default(), &outputs(), 1)
+                    .unwrap_err();
             assert!(matches!(&err, ModelError::OnnxruntimeLibrary { library, .. } if *library == bogus), "{err:?}");
             assert!(err.to_string().contains(&bogus.display().to_string()), "{err}");
         }
         let other = dir.path().join("libonnxruntime.so.2");
         std::fs::write(&other, b"another").unwrap();
-        let err = OnnxruntimeBackend::load(&other, b"", Path::new("model.onnx"), &outputs(), 1).unwrap_err();
+        let err = OnnxruntimeBackend::load(&other, b"", Path::new("model.onnx"), &ModelInput::default(), &outputs(), 1)
+            .unwrap_err();
         assert!(err.to_string().contains("loads one library only"), "{err}");
     }
 }

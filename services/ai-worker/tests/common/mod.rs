@@ -41,6 +41,33 @@ pub fn model_dir() -> Option<PathBuf> {
     None
 }
 
+/// The environment variable naming the Python of the model preparation's venv (numpy, onnx,
+/// onnxruntime), which runs `scripts/prepare_custom_model.py`.
+pub const PREPARE_PYTHON_ENV: &str = "IMAGEPIPE_TEST_PREPARE_PYTHON";
+
+/// The Python of the model preparation: `IMAGEPIPE_TEST_PREPARE_PYTHON`, else the venv
+/// `scripts/prepare-model.sh` sets up (`${IMAGEPIPE_CACHE_DIR:-$HOME/.cache/imagepipe}/venv-prepare`).
+/// Without either, the test fails, or gets `None` (and skips) when `IMAGEPIPE_TEST_ALLOW_SKIP=1`.
+pub fn prepare_python() -> Option<PathBuf> {
+    if let Some(python) = std::env::var_os(PREPARE_PYTHON_ENV) {
+        return Some(python.into());
+    }
+    let cache = std::env::var_os("IMAGEPIPE_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache/imagepipe")));
+    let python = cache.map(|cache| cache.join("venv-prepare/bin/python"));
+    match python {
+        Some(python) if python.exists() => Some(python),
+        _ => {
+            imagepipe_contracts::testing::environment_missing(&format!(
+                "the model preparation's Python is not there (run scripts/prepare-model.sh, which sets up its venv, \
+                 or set {PREPARE_PYTHON_ENV})"
+            ));
+            None
+        }
+    }
+}
+
 /// The model, loaded once per test binary with the default runtime choice (`auto`: onnxruntime,
 /// which the prepared directory ships).
 pub fn model() -> Option<Arc<Model>> {

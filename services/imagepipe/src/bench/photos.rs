@@ -132,8 +132,7 @@ fn probe_ai(
     for round in 0..=ROUNDS {
         for (name, bytes) in previews {
             let started = process_cpu();
-            let input = imagepipe_ai_worker::preprocess::preprocess(bytes, options.max_pixels)
-                .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+            let input = model.preprocess(bytes, options.max_pixels).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             let before_model = process_cpu();
             let probabilities = model.probabilities(input).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             let model_time = process_cpu().saturating_sub(before_model);

@@ -44,7 +44,8 @@ impl std::fmt::Display for AiRuntime {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct AiConfig {
-    /// Where the prepared model files are (written by `scripts/prepare-model.sh`).
+    /// Where the model files are: written by `scripts/prepare-model.sh`, or any ONNX image
+    /// classifier of your own that its `manifest.json` describes (docs/model.md).
     pub model_dir: PathBuf,
     /// How many of the best classes an analysis reports.
     pub top_k: usize,
