@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use imagepipe_bus::{BusError, Consumer, Delivery};
 use imagepipe_contracts::names::headers;
 use imagepipe_contracts::{StepResult, SubmitTask, decode};
+use imagepipe_runtime::backoff::ExponentialBackoff;
 use imagepipe_runtime::worker::{BatchHandler, Handler, Outcome};
 use metrics::counter;
 use tracing::Span;
@@ -26,6 +27,13 @@ use crate::task::TaskState;
 /// How long an input waits before it is delivered again after this replica lost its
 /// shard while handling it (the shard's new owner reads it then).
 const NOT_OWNER_RETRY: Duration = Duration::from_secs(1);
+
+/// The outcome of `delivery` when the store failed its handling: redelivered after the
+/// store-outage backoff for its delivery count ([`ExponentialBackoff::store_outage`]), so that
+/// its deliveries last out a store failing over instead of being spent in seconds.
+fn store_failed(delivery: &Delivery, error: impl std::fmt::Display) -> Outcome {
+    Outcome::retry_after(ExponentialBackoff::store_outage().delay(delivery.delivery_count.saturating_sub(1)), error)
+}
 
 /// Namespace of task ids derived from bus submissions without a `taskId`.
 const SUBMIT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x3c1e_9b2a_5f04_4d7e_b8a1_6e2f_0d9c_7a51);
@@ -99,7 +107,7 @@ impl BatchHandler for SubmitHandler {
                     }
                     Err(SubmitFailure::Invalid(e)) => Outcome::reject(format!("invalid submit command: {e}")),
                     Err(e @ SubmitFailure::Conflict { .. }) => Outcome::reject(e),
-                    Err(SubmitFailure::Store(e)) => Outcome::retry(e),
+                    Err(SubmitFailure::Store(e)) => store_failed(&deliveries[i], e),
                 },
             );
         }
@@ -173,7 +181,8 @@ impl BatchHandler for ResultHandler {
                     Ok(Handled::Ignored(_)) => Outcome::Ack,
                     Err(EngineError::UnknownTask(id)) => Outcome::reject(format!("step result for unknown task {id}")),
                     Err(EngineError::Illegal(illegal)) => Outcome::reject(illegal),
-                    Err(e @ (EngineError::Store(_) | EngineError::Contention(_))) => Outcome::retry(e),
+                    Err(e @ EngineError::Store(_)) => store_failed(&deliveries[i], e),
+                    Err(e @ EngineError::Contention(_)) => Outcome::retry(e),
                     // Handed over meanwhile: the partition's next owner gets it.
                     Err(e @ EngineError::NotOwner { .. }) => Outcome::retry_after(NOT_OWNER_RETRY, e),
                 },
@@ -300,7 +309,7 @@ impl Handler for DeadLetterArchiver {
                 }
                 Outcome::Ack
             }
-            Err(e) => Outcome::retry(e),
+            Err(e) => store_failed(delivery, e),
         }
     }
 }

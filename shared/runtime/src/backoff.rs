@@ -72,6 +72,14 @@ impl ExponentialBackoff {
         Self { min: Duration::from_millis(100), max: Duration::from_secs(10), jitter: Jitter::Proportional(0.5) }
     }
 
+    /// Redeliveries of an input whose handling the state store failed (unreachable, failing
+    /// over): 2 s doubling, capped at 30 s, plus up to 50 %, so that the four waits between
+    /// five deliveries add up to at least 30 s, longer than a Redis failover takes, and an
+    /// input is not dead-lettered for an outage that is not its fault.
+    pub fn store_outage() -> Self {
+        Self { min: Duration::from_secs(2), max: Duration::from_secs(30), jitter: Jitter::Proportional(0.5) }
+    }
+
     /// The smallest un-jittered delay.
     pub fn min(&self) -> Duration {
         self.min
@@ -178,6 +186,17 @@ mod tests {
             let d = backoff.delay_with(1, &mut rng);
             assert!((secs(2)..=secs(3)).contains(&d), "{d:?}");
             assert!(backoff.delay_with(20, &mut rng) <= secs(10));
+        }
+    }
+
+    #[test]
+    fn five_deliveries_under_the_store_outage_backoff_span_at_least_30_seconds() {
+        let backoff = ExponentialBackoff::store_outage();
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..100 {
+            let waits: Duration = (0..4).map(|attempt| backoff.delay_with(attempt, &mut rng)).sum();
+            assert!(waits >= secs(30), "{waits:?}");
+            assert!(waits <= secs(45), "{waits:?}");
         }
     }
 

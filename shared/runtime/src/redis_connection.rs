@@ -139,9 +139,14 @@ impl ClusterLink {
             Ok(Ok(conn)) => {
                 let mut current = self.0.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
                 *current = (generation + 1, conn);
-                tracing::warn!(generation = generation + 1, "Redis Cluster connection rebuilt after a request timed out");
+                tracing::warn!(
+                    generation = generation + 1,
+                    "Redis Cluster connection rebuilt after a request timed out"
+                );
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "Redis Cluster connection not rebuilt; trying again at the next timeout"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "Redis Cluster connection not rebuilt; trying again at the next timeout")
+            }
             Err(_) => tracing::warn!("Redis Cluster connection not rebuilt in time; trying again at the next timeout"),
         }
     }
