@@ -23,8 +23,6 @@ async fn over_nats_shards_are_balanced_a_joining_replica_takes_its_share_and_a_p
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open defect (issue 33): after the primary is killed, one coordinator can stay stuck without its shards; \
-            passed 1 of 3 runs on 2026-11-27 (then 1,967 of 2,000 and 1,999 of 2,000 finished)"]
 async fn over_nats_on_a_redis_cluster_every_task_completes_once_and_nothing_relayed_is_lost_when_a_primary_is_killed() {
     scenarios::redis_failover(Backend::nats(), 2_000).await;
 }

@@ -10,6 +10,7 @@ use imagepipe_bus::{BusError, Consumer, Delivery};
 use imagepipe_contracts::names::headers;
 use imagepipe_contracts::{StepResult, SubmitTask, decode};
 use imagepipe_runtime::backoff::ExponentialBackoff;
+use imagepipe_runtime::error_text::error_chain;
 use imagepipe_runtime::worker::{BatchHandler, Handler, Outcome};
 use metrics::counter;
 use tracing::Span;
@@ -31,8 +32,9 @@ const NOT_OWNER_RETRY: Duration = Duration::from_secs(1);
 /// The outcome of `delivery` when the store failed its handling: redelivered after the
 /// store-outage backoff for its delivery count ([`ExponentialBackoff::store_outage`]), so that
 /// its deliveries last out a store failing over instead of being spent in seconds.
-fn store_failed(delivery: &Delivery, error: impl std::fmt::Display) -> Outcome {
-    Outcome::retry_after(ExponentialBackoff::store_outage().delay(delivery.delivery_count.saturating_sub(1)), error)
+fn store_failed(delivery: &Delivery, error: &(dyn std::error::Error + 'static)) -> Outcome {
+    let delay = ExponentialBackoff::store_outage().delay(delivery.delivery_count.saturating_sub(1));
+    Outcome::retry_after(delay, error_chain(error))
 }
 
 /// Namespace of task ids derived from bus submissions without a `taskId`.
@@ -107,7 +109,7 @@ impl BatchHandler for SubmitHandler {
                     }
                     Err(SubmitFailure::Invalid(e)) => Outcome::reject(format!("invalid submit command: {e}")),
                     Err(e @ SubmitFailure::Conflict { .. }) => Outcome::reject(e),
-                    Err(SubmitFailure::Store(e)) => store_failed(&deliveries[i], e),
+                    Err(SubmitFailure::Store(e)) => store_failed(&deliveries[i], &e),
                 },
             );
         }
@@ -181,7 +183,7 @@ impl BatchHandler for ResultHandler {
                     Ok(Handled::Ignored(_)) => Outcome::Ack,
                     Err(EngineError::UnknownTask(id)) => Outcome::reject(format!("step result for unknown task {id}")),
                     Err(EngineError::Illegal(illegal)) => Outcome::reject(illegal),
-                    Err(e @ EngineError::Store(_)) => store_failed(&deliveries[i], e),
+                    Err(e @ EngineError::Store(_)) => store_failed(&deliveries[i], &e),
                     Err(e @ EngineError::Contention(_)) => Outcome::retry(e),
                     // Handed over meanwhile: the partition's next owner gets it.
                     Err(e @ EngineError::NotOwner { .. }) => Outcome::retry_after(NOT_OWNER_RETRY, e),
@@ -309,7 +311,7 @@ impl Handler for DeadLetterArchiver {
                 }
                 Outcome::Ack
             }
-            Err(e) => store_failed(delivery, e),
+            Err(e) => store_failed(delivery, &e),
         }
     }
 }

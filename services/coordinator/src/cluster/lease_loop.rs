@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use imagepipe_runtime::clock::Clock;
+use imagepipe_runtime::error_text::error_chain;
 use imagepipe_runtime::shutdown::Shutdown;
 use metrics::counter;
 
@@ -51,7 +52,7 @@ impl LeaseLoop {
         loop {
             if let Err(e) = self.tick(announced_only).await {
                 counter!(m::LEASE_ERRORS).increment(1);
-                tracing::warn!(error = %e, "shard leases not renewed this period");
+                tracing::warn!(error = %error_chain(&e), "shard leases not renewed this period");
             }
             announced_only = false;
             if !shutdown.sleep(self.config.renew_every()).await {
@@ -155,10 +156,10 @@ impl LeaseLoop {
     pub async fn hand_over(&self) {
         let giving: Vec<Lease> = self.ownership.leases().into_values().collect();
         if let Err(e) = self.give_up(&giving, BTreeMap::new(), reasons::SHUTDOWN).await {
-            tracing::warn!(error = %e, "shards not released; the others take them when the leases run out");
+            tracing::warn!(error = %error_chain(&e), "shards not released; the others take them when the leases run out");
         }
         if let Err(e) = self.store.leave(self.ownership.replica()).await {
-            tracing::warn!(error = %e, "replica not withdrawn; it is forgotten when its announcement runs out");
+            tracing::warn!(error = %error_chain(&e), "replica not withdrawn; it is forgotten when its announcement runs out");
         }
     }
 }

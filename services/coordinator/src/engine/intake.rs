@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use imagepipe_contracts::{ImageSource, Priority, SubmitError, SubmitTask, TraceId};
+use imagepipe_runtime::error_text::error_chain;
 use imagepipe_runtime::telemetry::current_trace_id;
 use metrics::{counter, gauge};
 use tracing::{Instrument, Span};
@@ -159,7 +160,7 @@ impl Engine {
         let lookup: Vec<&str> = fresh.iter().map(|(_, id, _)| id.as_str()).collect();
         match self.store.get_many(&lookup).await {
             Err(e) => {
-                tracing::warn!(error = %e, "submissions not looked up as a batch; one by one instead");
+                tracing::warn!(error = %error_chain(&e), "submissions not looked up as a batch; one by one instead");
                 one_by_one.extend(fresh.iter().map(|(i, _, _)| *i));
                 fresh.clear();
             }
@@ -189,7 +190,7 @@ impl Engine {
             .collect();
         match self.store.apply_many(&decisions).await {
             Err(e) => {
-                tracing::warn!(error = %e, "submissions not written as a batch; one by one instead");
+                tracing::warn!(error = %error_chain(&e), "submissions not written as a batch; one by one instead");
                 one_by_one.extend(fresh.iter().map(|(i, _, _)| *i));
             }
             Ok(applied) => {
