@@ -1,7 +1,9 @@
 //! The lease loop: each period it announces this replica, works out the share-out of shards
 //! ([`balance::plan`]), gives up what the plan gives others (after the intake stopped reading
-//! it), renews what it keeps and takes what the plan gives it once free; on shutdown it hands
-//! every shard over (release, not expiry) and withdraws the replica.
+//! it), renews what it keeps and takes what the plan gives it once free; leases that ran out
+//! before they were renewed (the store failed or hung) are let go at once, so the intake stops
+//! reading their shards; on shutdown it hands every shard over (release, not expiry) and
+//! withdraws the replica.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -50,10 +52,20 @@ impl LeaseLoop {
         // any of them takes shards, instead of one taking all and handing most back.
         let mut announced_only = true;
         loop {
-            if let Err(e) = self.tick(announced_only).await {
-                counter!(m::LEASE_ERRORS).increment(1);
-                tracing::warn!(error = %error_chain(&e), "shard leases not renewed this period");
+            // A period that outlasts a lease (a store that does not answer) gives up waiting:
+            // the leases it was to renew ran out meanwhile, and the others may hold them now.
+            match tokio::time::timeout(self.config.lease, self.tick(announced_only)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    counter!(m::LEASE_ERRORS).increment(1);
+                    tracing::warn!(error = %error_chain(&e), "shard leases not renewed this period");
+                }
+                Err(_) => {
+                    counter!(m::LEASE_ERRORS).increment(1);
+                    tracing::warn!(lease = ?self.config.lease, "the store did not answer within a lease");
+                }
             }
+            self.let_lapse();
             announced_only = false;
             if !shutdown.sleep(self.config.renew_every()).await {
                 break;
@@ -150,6 +162,23 @@ impl LeaseLoop {
         counter!(m::HANDOVERS, "reason" => reason.to_owned()).increment(giving.len() as u64);
         tracing::info!(released = giving.len(), reason, "shards handed over");
         self.store.record_handovers(&handovers).await
+    }
+
+    /// Stops reading the shards whose leases ran out by this replica's clock (they were not
+    /// renewed in time: the store failed or did not answer), so that the intake does not pull
+    /// inputs of shards another replica may own by now; the next period that reaches the store
+    /// takes its share again. Returns how many were let go.
+    pub fn let_lapse(&self) -> usize {
+        let now = self.clock.unix_ms();
+        let mut leases = self.ownership.leases();
+        let before = leases.len();
+        leases.retain(|_, lease| lease.expires_at > now);
+        let lapsed = before - leases.len();
+        if lapsed > 0 {
+            tracing::warn!(lapsed, "leases ran out before they were renewed; their shards are no longer read here");
+            self.ownership.hold(leases);
+        }
+        lapsed
     }
 
     /// Releases every lease held (the intake stopped first) and withdraws the replica.

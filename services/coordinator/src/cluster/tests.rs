@@ -179,3 +179,25 @@ async fn a_late_replica_writes_nothing_once_another_took_its_shard() {
     a.intake.abort();
     b.intake.abort();
 }
+
+#[tokio::test]
+async fn leases_not_renewed_in_time_are_let_go_and_taken_again_when_the_store_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn TaskStore> =
+        Arc::new(EmbeddedStore::open(dir.path(), Duration::from_secs(10)).unwrap().with_shards(SHARDS));
+    let clock = ManualClock::at_unix_ms(1_700_000_000_000);
+    let member = join(&store, &clock, "a".into());
+    member.lease_loop.tick(false).await.unwrap();
+    assert_eq!(member.ownership.shards().len(), usize::from(SHARDS));
+    assert_eq!(member.lease_loop.let_lapse(), 0, "leases within their time are kept");
+
+    // No renewal for a whole lease (the store hung): every shard is let go here.
+    clock.advance(LEASE + Duration::from_millis(1));
+    assert_eq!(member.lease_loop.let_lapse(), usize::from(SHARDS));
+    assert!(member.ownership.shards().is_empty(), "no shard is read after its lease ran out");
+
+    // The store answers again: the next period takes them back.
+    member.lease_loop.tick(false).await.unwrap();
+    assert_eq!(member.ownership.shards().len(), usize::from(SHARDS));
+    member.intake.abort();
+}
