@@ -31,15 +31,17 @@ equals the coarse sums of the bundled head's softmax at the same size within 1e-
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+# The preparation's own helpers (this script sits beside it).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prepare_model import sha256_bytes, write_atomic  # noqa: E402
 
 # The coarse classes, in output order: an ImageNet class belongs to the first of these that is
 # its name or one of its WordNet ancestors; `OTHER` takes the classes none covers.
@@ -76,18 +78,6 @@ class PrepareError(Exception):
 
 def log(message: str) -> None:
     print(f"prepare-custom-model: {message}", file=sys.stderr, flush=True)
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        os.fchmod(f.fileno(), 0o644)
-    os.replace(tmp, path)
 
 
 def read_bundled(source: Path) -> tuple[dict, bytes, list[str], list[list[str]]]:
