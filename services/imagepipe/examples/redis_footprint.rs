@@ -38,7 +38,11 @@ async fn main() -> Result<(), Failure> {
     let tasks: usize = args.next().map_or(Ok(10_000), |n| n.parse())?;
     let url = args.next().unwrap_or_else(|| "redis://127.0.0.1:6379".into());
     let mut settings = Settings::default();
-    settings.bus.prefix = format!("footprint-{}", uuid::Uuid::new_v4().simple());
+    // A prefix of the default's length (`imagepipe`): every key holds it, most twice (once in
+    // the hash tag), so a longer one would inflate every figure. `IMAGEPIPE_FOOTPRINT_PREFIX`
+    // sets another (e.g. the 42 characters of `footprint-<uuid>` earlier figures used).
+    settings.bus.prefix = std::env::var("IMAGEPIPE_FOOTPRINT_PREFIX")
+        .unwrap_or_else(|_| format!("fp{}", &uuid::Uuid::new_v4().simple().to_string()[..7]));
     settings.store.kind = StoreKind::Redis;
     settings.store.redis.url = imagepipe_runtime::config::SecretUrl::new(url.clone());
     let prefix = settings.bus.prefix.clone();
@@ -115,9 +119,11 @@ async fn run_pipeline(settings: &Settings, tasks: usize, redis: &mut Multiplexed
     wait_for(redis, "finished tasks", tasks, started, |r| zcard(r, finished.clone())).await?;
     let indexed = format!("{p}:{{{p}:tags}}:indexed");
     wait_for(redis, "tag-indexed tasks", tasks, started, |r| zcard(r, indexed.clone())).await?;
-    let counters = format!("{p}:analytics:counters");
+    let analytics = imagepipe_runtime::dedup::redis_group_tag(p, imagepipe_analytics_worker::GROUP);
+    let counters = format!("{p}:{analytics}:counters");
     wait_for(redis, "tasks counted by analytics", tasks, started, |r| completed_count(r, counters.clone())).await?;
-    let notified = format!("{p}:dedup:{}:*", imagepipe_notification_worker::GROUP);
+    let notified =
+        format!("{p}:dedup:{}:*", imagepipe_runtime::dedup::redis_group_tag(p, imagepipe_notification_worker::GROUP));
     wait_for(redis, "events handled by notification", tasks, started, |r| count_keys(r, notified.clone())).await?;
     println!("ran {tasks} tasks in {:.1} s", started.elapsed().as_secs_f64());
 
@@ -200,6 +206,17 @@ fn kind_of(prefix: &str, key: &str) -> String {
     if rest.starts_with(&format!("{{{prefix}:similarity}}")) {
         return "similarity index".into();
     }
+    if rest.starts_with(&format!("{{{prefix}:cluster}}")) {
+        return coordinator("cluster records (replicas, handovers)");
+    }
+    if rest.starts_with(&format!("{{{prefix}:{}}}", imagepipe_analytics_worker::GROUP)) {
+        return "analytics".into();
+    }
+    // A shard's keys sit in its slot: `{P:s<shard>}:task:<id>`, `…:hist:<id>`, `…:lease`.
+    let rest = match rest.strip_prefix(&format!("{{{prefix}:s")) {
+        Some(shard) => shard.split_once("}:").map_or(rest, |(_, key)| key),
+        None => rest,
+    };
     match rest.split(':').next().unwrap_or_default() {
         "task" => coordinator("task record (hash)"),
         "hist" => coordinator("history (list)"),
@@ -207,7 +224,8 @@ fn kind_of(prefix: &str, key: &str) -> String {
         "outbox" => coordinator("outbox (hash)"),
         "idem" => coordinator("idempotency key"),
         "analytics" => "analytics".into(),
-        "dedup" => format!("dedup: {}", rest.split(':').nth(1).unwrap_or_default()),
+        "lease" => coordinator("shard leases"),
+        "dedup" => format!("dedup: {}", rest.split(':').nth(2).unwrap_or_default().trim_end_matches('}')),
         other => format!("other ({other})"),
     }
 }
