@@ -44,6 +44,11 @@ fn join(store: &Arc<dyn TaskStore>, clock: &ManualClock, id: String) -> Member {
     Member { ownership, lease_loop, intake }
 }
 
+/// An embedded store of [`SHARDS`] shards in `dir`.
+fn store_in(dir: &tempfile::TempDir) -> Arc<dyn TaskStore> {
+    Arc::new(EmbeddedStore::open(dir.path(), Duration::from_secs(10)).unwrap().with_shards(SHARDS))
+}
+
 /// No shard is held, by the holders' own views, by two replicas at `now`.
 fn assert_no_two_owners(members: &BTreeMap<String, Member>, now: u64) {
     let mut holders: BTreeMap<u16, Vec<&str>> = BTreeMap::new();
@@ -70,8 +75,7 @@ async fn period(members: &BTreeMap<String, Member>, clock: &ManualClock) {
 
 async fn run(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn TaskStore> =
-        Arc::new(EmbeddedStore::open(dir.path(), Duration::from_secs(10)).unwrap().with_shards(SHARDS));
+    let store = store_in(&dir);
     let clock = ManualClock::at_unix_ms(1_700_000_000_000);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut members: BTreeMap<String, Member> = BTreeMap::new();
@@ -141,8 +145,7 @@ async fn a_late_replica_writes_nothing_once_another_took_its_shard() {
     use imagepipe_contracts::{ImageSource, SubmitTask, TraceId};
 
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn TaskStore> =
-        Arc::new(EmbeddedStore::open(dir.path(), Duration::from_secs(10)).unwrap().with_shards(SHARDS));
+    let store = store_in(&dir);
     let clock = ManualClock::at_unix_ms(1_700_000_000_000);
     let a = join(&store, &clock, "a".into());
     a.lease_loop.tick(false).await.unwrap();
@@ -183,8 +186,7 @@ async fn a_late_replica_writes_nothing_once_another_took_its_shard() {
 #[tokio::test]
 async fn leases_not_renewed_in_time_are_let_go_and_taken_again_when_the_store_answers() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn TaskStore> =
-        Arc::new(EmbeddedStore::open(dir.path(), Duration::from_secs(10)).unwrap().with_shards(SHARDS));
+    let store = store_in(&dir);
     let clock = ManualClock::at_unix_ms(1_700_000_000_000);
     let member = join(&store, &clock, "a".into());
     member.lease_loop.tick(false).await.unwrap();
