@@ -152,10 +152,16 @@ fn model_input(entry: Option<&serde_json::Value>) -> Result<ModelInput, (&'stati
     Ok(ModelInput { name: entry.name, size, mean, scale })
 }
 
+/// How many values a tensor of `shape` holds, when every dimension is known (none negative,
+/// as a graph marks a free one) and the product fits.
+pub(crate) fn known_len(shape: &[i64]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |len, &dim| len.checked_mul(usize::try_from(dim).ok()?))
+}
+
 /// Checks the manifest's `output.shape`, when given, against the number of classes.
 fn check_output_shape(output: Option<&OutputEntry>, classes: usize) -> Result<(), (&'static str, String)> {
     let Some(shape) = output.and_then(|output| output.shape.as_ref()) else { return Ok(()) };
-    let len = shape.iter().try_fold(1usize, |len, &dim| usize::try_from(dim).ok().map(|dim| len * dim));
+    let len = known_len(shape);
     match (shape.first(), len) {
         (Some(1), Some(len)) if len == classes => Ok(()),
         _ => Err((

@@ -128,10 +128,10 @@ impl ClusterLink {
     }
 
     /// Replaces generation `generation` of the connection with a new one from the seed nodes,
-    /// unless another rebuild already did; a rebuild that fails leaves the connection as it is
-    /// (the next timeout tries again).
+    /// unless a rebuild is running or another one already did; a rebuild that fails leaves the
+    /// connection as it is (the next timeout tries again).
     async fn rebuild(&self, generation: u64) {
-        let _one = self.0.rebuilding.lock().await;
+        let Ok(_one) = self.0.rebuilding.try_lock() else { return };
         if self.generation() != generation {
             return;
         }
@@ -514,7 +514,7 @@ mod tests {
     async fn a_request_that_times_out_has_the_connection_rebuilt_once_and_the_next_ones_run_on_it() {
         let Some(mut conn) = cluster().await else { return };
         let RedisConnection::Cluster(link) = conn.clone() else { unreachable!("a cluster connection") };
-        let timed_out = || io_error(std::io::ErrorKind::TimedOut);
+        let timed_out = || RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
         let refused: RedisError = (ErrorKind::Server(redis::ServerErrorKind::ReadOnly), "refused").into();
         assert!(link.run(async |_| Err::<(), _>(refused)).await.is_err());
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -535,10 +535,6 @@ mod tests {
         let () = redis::cmd("SET").arg(&key).arg(7).arg("PX").arg(60_000).query_async(&mut conn).await.unwrap();
         let read: u32 = redis::cmd("GET").arg(&key).query_async(&mut conn).await.unwrap();
         assert_eq!(read, 7, "clones of the connection run on the rebuilt one");
-    }
-
-    fn io_error(kind: std::io::ErrorKind) -> RedisError {
-        std::io::Error::from(kind).into()
     }
 
     #[test]

@@ -23,6 +23,7 @@ use tract_onnx::prelude::tract_ndarray::Array4;
 
 use super::{OutputNames, RawOutputs};
 use crate::error::{AnalyzeError, ModelError};
+use crate::model::known_len;
 use crate::preprocess::ModelInput;
 
 /// The library this process loaded, or failed to load, and the outcome (`ort` loads one library
@@ -216,9 +217,7 @@ fn check_signature(session: &Session, expected: &ModelInput, outputs: &OutputNam
         match session.outputs.iter().find(|output| output.name == *name) {
             Some(output) if output.output_type.tensor_type() == Some(ort::tensor::TensorElementType::Float32) => {
                 if *name == outputs.logits {
-                    logits_len = output.output_type.tensor_shape().and_then(|shape| {
-                        shape.iter().try_fold(1usize, |len, &dim| usize::try_from(dim).ok().map(|dim| len * dim))
-                    });
+                    logits_len = output.output_type.tensor_shape().and_then(|shape| known_len(shape));
                 }
             }
             Some(output) => return Err(format!("its output {name} is {:?}, expected f32", output.output_type)),

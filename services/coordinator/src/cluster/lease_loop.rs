@@ -54,18 +54,16 @@ impl LeaseLoop {
         loop {
             // A period that outlasts a lease (a store that does not answer) gives up waiting:
             // the leases it was to renew ran out meanwhile, and the others may hold them now.
-            match tokio::time::timeout(self.config.lease, self.tick(announced_only)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    counter!(m::LEASE_ERRORS).increment(1);
-                    tracing::warn!(error = %error_chain(&e), "shard leases not renewed this period");
-                }
-                Err(_) => {
-                    counter!(m::LEASE_ERRORS).increment(1);
-                    tracing::warn!(lease = ?self.config.lease, "the store did not answer within a lease");
-                }
+            let failed = match tokio::time::timeout(self.config.lease, self.tick(announced_only)).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(error_chain(&e)),
+                Err(_) => Some(format!("the store did not answer within a lease ({:?})", self.config.lease)),
+            };
+            if let Some(error) = failed {
+                counter!(m::LEASE_ERRORS).increment(1);
+                tracing::warn!(%error, "shard leases not renewed this period");
             }
-            self.let_lapse();
+            self.ownership.lapse(self.clock.unix_ms());
             announced_only = false;
             if !shutdown.sleep(self.config.renew_every()).await {
                 break;
@@ -162,23 +160,6 @@ impl LeaseLoop {
         counter!(m::HANDOVERS, "reason" => reason.to_owned()).increment(giving.len() as u64);
         tracing::info!(released = giving.len(), reason, "shards handed over");
         self.store.record_handovers(&handovers).await
-    }
-
-    /// Stops reading the shards whose leases ran out by this replica's clock (they were not
-    /// renewed in time: the store failed or did not answer), so that the intake does not pull
-    /// inputs of shards another replica may own by now; the next period that reaches the store
-    /// takes its share again. Returns how many were let go.
-    pub fn let_lapse(&self) -> usize {
-        let now = self.clock.unix_ms();
-        let mut leases = self.ownership.leases();
-        let before = leases.len();
-        leases.retain(|_, lease| lease.expires_at > now);
-        let lapsed = before - leases.len();
-        if lapsed > 0 {
-            tracing::warn!(lapsed, "leases ran out before they were renewed; their shards are no longer read here");
-            self.ownership.hold(leases);
-        }
-        lapsed
     }
 
     /// Releases every lease held (the intake stopped first) and withdraws the replica.

@@ -127,6 +127,22 @@ impl Ownership {
         }
     }
 
+    /// Lets go of the leases that ran out by `now` (this replica's clock) before they were
+    /// renewed (the store failed or did not answer), so that the intake stops pulling the inputs
+    /// of shards another replica may own by now; the lease loop's next period that reaches the
+    /// store takes its share again. Returns how many were let go.
+    pub fn lapse(&self, now: u64) -> usize {
+        let mut leases = self.leases();
+        let before = leases.len();
+        leases.retain(|_, lease| lease.expires_at > now);
+        let lapsed = before - leases.len();
+        if lapsed > 0 {
+            tracing::warn!(lapsed, "leases ran out before they were renewed; their shards are no longer read here");
+            self.hold(leases);
+        }
+        lapsed
+    }
+
     /// The intake reads by generation `generation` now.
     pub fn drained(&self, generation: u64) {
         self.0.drained.send_if_modified(|at| {
