@@ -61,11 +61,11 @@ pub(super) fn routes() -> Vec<Route<ApiState>> {
 
 /// The `{queue}` of a route.
 fn stage_param() -> Value {
-    let names = ["download", "metadata", "ai", "tasks.download", "tasks.metadata", "tasks.ai"];
     path_param(
         "queue",
-        "The stage queue: download, metadata or ai (or its full name, tasks.download)",
-        json!({ "type": "string", "enum": names }),
+        "The stage queue: download, metadata or ai (or its full name, tasks.download), or a stage of users' own \
+         in pipeline.stages (faces, tasks.faces)",
+        json!({ "type": "string", "examples": ["download", "tasks.metadata", "ai"] }),
     )
 }
 
@@ -100,7 +100,7 @@ pub struct LaneView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueView {
-    /// The short name operators use: `download`, `metadata`, `ai`.
+    /// The short name operators use: `download`, `metadata`, `ai`, or a stage's name.
     pub name: String,
     /// The queue (`tasks.download`).
     pub queue: String,
@@ -133,7 +133,7 @@ pub struct QueueView {
 /// Body of `GET /v1/queues`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct QueuesView {
-    /// The stage queues in pipeline order.
+    /// The stage queues in pipeline order, the queues of stages of users' own among them.
     pub queues: Vec<QueueView>,
 }
 
@@ -147,11 +147,15 @@ pub struct ConcurrencyRequest {
     pub per_replica: Option<u32>,
 }
 
-/// The stage queue an operator names (`download`, `tasks.download`, ...).
-fn stage(path: Result<Path<String>, PathRejection>) -> Result<&'static str, ApiError> {
+/// The stage queue an operator names (`download`, `tasks.download`, a stage of users' own of
+/// `pipeline.stages` by its name or queue, ...).
+fn stage(state: &ApiState, path: Result<Path<String>, PathRejection>) -> Result<&'static str, ApiError> {
     let Path(name) = path?;
-    queues::stage(&name).ok_or_else(|| {
-        ApiError::not_found(format!("no stage queue {name:?}; the stage queues are download, metadata and ai"))
+    let stages = &state.engine.config().policy.stages;
+    let custom = || stages.iter().map(|s| s.step).find(|s| s.is_custom() && (s.as_str() == name || s.queue() == name));
+    queues::stage(&name).or_else(|| custom().map(|s| s.queue())).ok_or_else(|| {
+        let names: Vec<&str> = stages.iter().map(|s| s.step.queue().trim_start_matches("tasks.")).collect();
+        ApiError::not_found(format!("no stage queue {name:?}; the stage queues are {}", names.join(", ")))
     })
 }
 
@@ -193,10 +197,9 @@ pub async fn view(engine: &Engine, queue: &'static str) -> Result<QueueView, Api
 }
 
 async fn list(State(state): State<ApiState>) -> Result<Json<QueuesView>, ApiError> {
-    let views = futures::future::try_join_all(
-        [queues::DOWNLOAD, queues::METADATA, queues::AI].map(|queue| view(&state.engine, queue)),
-    )
-    .await?;
+    let stages = state.engine.config().policy.stages.clone();
+    let views =
+        futures::future::try_join_all(stages.iter().map(|stage| view(&state.engine, stage.step.queue()))).await?;
     Ok(Json(QueuesView { queues: views }))
 }
 
@@ -225,7 +228,8 @@ async fn pause(
     path: Result<Path<String>, PathRejection>,
     WholeBody(body): WholeBody,
 ) -> Result<Json<QueueView>, ApiError> {
-    set_paused(state, stage(path)?, &body, true).await
+    let queue = stage(&state, path)?;
+    set_paused(state, queue, &body, true).await
 }
 
 async fn resume(
@@ -233,7 +237,8 @@ async fn resume(
     path: Result<Path<String>, PathRejection>,
     WholeBody(body): WholeBody,
 ) -> Result<Json<QueueView>, ApiError> {
-    set_paused(state, stage(path)?, &body, false).await
+    let queue = stage(&state, path)?;
+    set_paused(state, queue, &body, false).await
 }
 
 async fn concurrency(
@@ -241,7 +246,7 @@ async fn concurrency(
     path: Result<Path<String>, PathRejection>,
     WholeBody(body): WholeBody,
 ) -> Result<Json<QueueView>, ApiError> {
-    let queue = stage(path)?;
+    let queue = stage(&state, path)?;
     let request: ConcurrencyRequest = decode_object(&body)?;
     if request.per_replica.is_some_and(|n| !(1..=MAX_PER_REPLICA).contains(&n)) {
         return Err(ApiError::invalid(format!("`perReplica` must be 1 to {MAX_PER_REPLICA}, or null")));
