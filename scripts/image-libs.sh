@@ -81,14 +81,13 @@ image_heif_install() {
     image_pkg_installed "$pkg" "$IMAGE_HEIF_VERSION" || wanted+=("$pkg")
   done < <(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' 'libheif*' 2>/dev/null | awk '$1 == "ii" { print $2 }')
   release="$(image_heif_release)"
-  local target=()
-  if [[ -n "$release" ]]; then
-    image_backports_source
-    target=(-t "$release")
-  fi
+  [[ -z "$release" ]] || image_backports_source
   echo "==> installing ${wanted[*]} (Debian${release:+, $release})"
+  # Each package as PACKAGE/RELEASE: apt takes these (and the libheif packages they pin) from
+  # backports, and every other dependency from the release itself (`-t` would take those from
+  # backports too, e.g. a libwebp7 that libwebp-dev of Debian 12 cannot go with).
   source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
-  apt_install --no-install-recommends "${target[@]}" "${wanted[@]}"
+  apt_install --no-install-recommends "${wanted[@]/%/${release:+/$release}}"
 }
 
 ensure_image_libs() {

@@ -22,8 +22,8 @@ RUN printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' 'Suites: boo
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
       libturbojpeg0 \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -t bookworm-backports \
-      libheif1 libheif-plugin-ffmpegdec libheif-plugin-dav1d \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libheif1/bookworm-backports \
+      libheif-plugin-ffmpegdec/bookworm-backports libheif-plugin-dav1d/bookworm-backports \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 imagepipe \
  && useradd --system --uid 10001 --gid imagepipe --home-dir /var/lib/imagepipe --shell /usr/sbin/nologin imagepipe \
