@@ -10,8 +10,8 @@
 //! Every function here exists in libheif 1.15 (`heif_init` since 1.13) and keeps its C ABI in
 //! later 1.x releases; `build.rs` checks for ≥ 1.15. The decoders are libheif's plugins (its
 //! built-in ones in 1.15, shared objects loaded by `heif_init` from 1.17 on): [`decoders`] lists
-//! them, and [`HeifHandle::decode_interleaved`] can ask for one by its id (`decoder_id`, which
-//! libheif honours from 1.18 on), e.g. the FFmpeg HEVC decoder of Debian's
+//! them, and [`HeifHandle::decode_interleaved`] can ask for one by its id (`decoder_id` of the
+//! decoding options; a profile shows libavcodec decoding with libheif 1.19), e.g. the FFmpeg HEVC decoder of Debian's
 //! `libheif-plugin-ffmpegdec`, which libheif otherwise ranks below libde265.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
