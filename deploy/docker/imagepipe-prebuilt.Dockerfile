@@ -10,12 +10,20 @@
 #
 # The result is the runtime stage of ./Dockerfile (same packages, user, paths, environment and
 # health check; keep the two in step): the binaries must come from a Debian 12 host (glibc 2.36,
-# the same libturbojpeg0 and libheif1), as the rust:*-bookworm build stage of ./Dockerfile is.
+# the same libturbojpeg0, and libheif1 from bookworm-backports), as the rust:*-bookworm build
+# stage of ./Dockerfile is.
+# libheif 1.19 and its FFmpeg (HEVC) and dav1d (AV1) decoder plugins come from bookworm-backports,
+# as on the host (scripts/image-libs.sh).
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
-RUN apt-get update \
+RUN printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' 'Suites: bookworm-backports' \
+      'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' \
+      > /etc/apt/sources.list.d/debian-backports.sources \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
-      libturbojpeg0 libheif1 \
+      libturbojpeg0 \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libheif1/bookworm-backports \
+      libheif-plugin-ffmpegdec/bookworm-backports libheif-plugin-dav1d/bookworm-backports \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 imagepipe \
  && useradd --system --uid 10001 --gid imagepipe --home-dir /var/lib/imagepipe --shell /usr/sbin/nologin imagepipe \

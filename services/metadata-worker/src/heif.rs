@@ -18,14 +18,25 @@
 //! no metadata item more than [`MAX_METADATA_BLOCK`], all of them together no more than
 //! [`MAX_METADATA_BYTES`]; what they claim counts in [`HeifHeader::scratch_bytes`].
 //!
+//! **Decoders.** HEVC is decoded by FFmpeg's libavcodec when libheif has its `ffmpeg` decoder
+//! plugin (Debian's `libheif-plugin-ffmpegdec`, libheif 1.19 from bookworm-backports, which
+//! `scripts/image-libs.sh` installs): about a third of libde265's CPU time, libheif's own first
+//! choice. Without the plugin libheif's first decoder is used; [`log_decoders`] says at start
+//! which one decodes. A HEIC the FFmpeg decoder fails on is decoded again by libheif's first
+//! decoder, so a file either of them reads is read. AV1 is left to libheif's first (dav1d).
+//! Grid tiles are decoded on the calling thread, one after the other ([`DECODING_THREADS`]).
+//!
 //! **Failures.** Every libheif error maps onto [`ExtractError`] with libheif's message: a security
 //! limit is [`ExtractError::DecoderLimit`] (`pixel_limit`), anything else about the file is
 //! [`ExtractError::Decode`] (`decode_failed`) with format `heic` or `avif`.
 
+use std::ffi::CStr;
+use std::sync::OnceLock;
+
 use fast_image_resize::PixelType;
 use fast_image_resize::images::ImageRef;
 use image::{ColorType, DynamicImage, ImageBuffer};
-use imagepipe_codec::heif::{HeifContext, HeifError, HeifHandle, ProfileType};
+use imagepipe_codec::heif::{self as libheif, Compression, HeifContext, HeifError, HeifHandle, ProfileType};
 use imagepipe_runtime::config::MetadataConfig;
 
 use crate::bmff;
@@ -39,6 +50,16 @@ pub const MAX_METADATA_BLOCK: u64 = 1 << 20;
 
 /// Most bytes all metadata items of one HEIF file may claim together.
 pub const MAX_METADATA_BYTES: u64 = 4 * MAX_METADATA_BLOCK;
+
+/// The id of the FFmpeg (libavcodec) HEVC decoder among libheif's decoder plugins.
+pub const FFMPEG_DECODER: &CStr = c"ffmpeg";
+
+/// Threads of its own libheif decodes a grid's tiles on: none, the calling thread decodes them
+/// one after the other. The worker decodes several images at once already (one per blocking
+/// thread, `worker.concurrency`), so threads per image add no throughput, only their own cost
+/// and a grid's worth of tiles in memory at once: on a 12 MP grid of 48 tiles of 512×512,
+/// libheif's default of 4 threads measured no less CPU time per image (docs/performance.md).
+pub const DECODING_THREADS: u32 = 0;
 
 /// Item types libheif decodes as images (it reads their data when decoding, not when parsing);
 /// every other item is metadata to it.
@@ -156,7 +177,7 @@ pub fn decode(bytes: &[u8], settings: &MetadataConfig, need: u32) -> Result<(Dyn
     let (context, metadata) = read(bytes, kind, settings)?;
     let primary = context.primary().map_err(|e| failed(kind, e))?;
     let header = header_of(kind, &context, &primary, metadata, settings)?;
-    let decoded = primary.decode_interleaved(header.has_alpha).map_err(|e| failed(kind, e))?;
+    let decoded = decode_primary(kind, &primary, header.has_alpha)?;
     let decode_error = |reason: String| ExtractError::Decode { format: kind.name(), reason };
 
     let (width, height) = decoded.size();
@@ -200,6 +221,73 @@ pub fn decode(bytes: &[u8], settings: &MetadataConfig, need: u32) -> Result<(Dyn
     Ok((image, header))
 }
 
+/// Which decoder HEVC images are decoded with, as [`log_decoders`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HevcDecoder {
+    /// libheif's version.
+    pub libheif: String,
+    /// The decoder asked for by id ([`FFMPEG_DECODER`]), when libheif has it.
+    pub chosen: Option<&'static CStr>,
+    /// The name of the decoder in use (the chosen one, or libheif's first for HEVC); `None` when
+    /// libheif has no HEVC decoder at all.
+    pub name: Option<String>,
+}
+
+/// The HEVC decoder of this process, looked up in libheif's plugins once.
+pub fn hevc_decoder() -> &'static HevcDecoder {
+    static DECODER: OnceLock<HevcDecoder> = OnceLock::new();
+    DECODER.get_or_init(|| {
+        let decoders = libheif::decoders(Compression::Hevc).unwrap_or_else(|error| {
+            tracing::warn!(error = %error.message, "libheif did not list its HEVC decoders");
+            Vec::new()
+        });
+        let ffmpeg = FFMPEG_DECODER.to_str().unwrap_or_default();
+        let chosen = decoders.iter().find(|d| d.id == ffmpeg);
+        HevcDecoder {
+            libheif: libheif::version(),
+            chosen: chosen.map(|_| FFMPEG_DECODER),
+            name: chosen.or(decoders.first()).map(|d| d.name.clone()),
+        }
+    })
+}
+
+/// Logs which decoders HEIC and AVIF are decoded with (at start): FFmpeg's for HEVC when
+/// libheif has the plugin; otherwise a warning that HEIC costs several times the CPU.
+pub fn log_decoders() {
+    let hevc = hevc_decoder();
+    let av1 = libheif::decoders(Compression::Av1).ok().and_then(|d| d.into_iter().next()).map(|d| d.name);
+    let av1 = av1.as_deref().unwrap_or("none");
+    match (&hevc.chosen, &hevc.name) {
+        (Some(_), Some(name)) => {
+            tracing::info!(libheif = %hevc.libheif, hevc = %name, av1, "HEIC decodes with FFmpeg's HEVC decoder")
+        }
+        (_, name) => tracing::warn!(
+            libheif = %hevc.libheif,
+            hevc = name.as_deref().unwrap_or("none"),
+            av1,
+            "libheif has no FFmpeg HEVC decoder (libheif-plugin-ffmpegdec, libheif 1.19: scripts/image-libs.sh): \
+             HEIC decodes with the decoder named here, at about three times the CPU time"
+        ),
+    }
+}
+
+/// Decodes `primary` to 8-bit interleaved RGB(A): a HEIC by the FFmpeg decoder when libheif has
+/// it, again by libheif's first decoder when that fails; anything else by libheif's first.
+fn decode_primary(kind: HeifKind, primary: &HeifHandle<'_>, alpha: bool) -> Result<libheif::HeifImage, ExtractError> {
+    let chosen = if kind == HeifKind::Heic { hevc_decoder().chosen } else { None };
+    if let Some(decoder) = chosen {
+        match primary.decode_interleaved(alpha, Some(decoder)) {
+            Ok(image) => return Ok(image),
+            Err(error) if error.is_security_limit() => return Err(failed(kind, error)),
+            Err(error) => tracing::debug!(
+                error = %error.message,
+                "the FFmpeg HEVC decoder failed; decoding again with libheif's first decoder"
+            ),
+        }
+    }
+    primary.decode_interleaved(alpha, None).map_err(|e| failed(kind, e))
+}
+
 /// Bytes libheif holds beside the decoded 8-bit image while it decodes `pixels` of `bit_depth`
 /// (with an alpha plane when `alpha`), in multiples of the coded planes counted as 4:4:4 (the
 /// chroma subsampling is not known before decoding): the codec's picture, libheif's copy of it,
@@ -226,7 +314,8 @@ fn read<'a>(
     let metadata = metadata_claim(bytes, kind)?;
     // libheif refuses an edge at or above its limit.
     let max_edge = settings.max_width.max(settings.max_height).saturating_add(1);
-    let context = HeifContext::read(bytes, max_edge).map_err(|e| failed(kind, e))?;
+    let mut context = HeifContext::read(bytes, max_edge).map_err(|e| failed(kind, e))?;
+    context.set_decoding_threads(DECODING_THREADS);
     Ok((context, metadata))
 }
 
@@ -287,21 +376,38 @@ fn header_of(
     if width == 0 || height == 0 {
         return Err(ExtractError::Empty { format, width, height });
     }
-    if width > settings.max_width || height > settings.max_height {
+    let (stored_width, stored_height) = primary.stored_size();
+    let (stored_width, stored_height) = (dimension(stored_width), dimension(stored_height));
+    // A cropped image (`clap`) is decoded at its stored size and cropped afterwards: the limits
+    // hold for whichever of the two sizes is larger (heif-enc 1.19 stores an image under 64 px
+    // padded to 64 px, x265's smallest, and crops it back).
+    let area = |w: u32, h: u32| u64::from(w) * u64::from(h);
+    let (check_width, check_height) = if area(stored_width, stored_height) > area(width, height) {
+        (stored_width, stored_height)
+    } else {
+        (width, height)
+    };
+    if check_width.max(width) > settings.max_width || check_height.max(height) > settings.max_height {
         return Err(ExtractError::DecoderLimit {
             format,
-            limit: format!("{width}×{height} is over the maximum of {}×{}", settings.max_width, settings.max_height),
+            limit: format!(
+                "{check_width}×{check_height} is over the maximum of {}×{}",
+                settings.max_width, settings.max_height
+            ),
         });
     }
-    let pixels = u64::from(width) * u64::from(height);
+    let pixels = area(check_width, check_height);
     if pixels > settings.max_pixels {
-        return Err(ExtractError::TooManyPixels { width, height, max_pixels: settings.max_pixels });
+        return Err(ExtractError::TooManyPixels {
+            width: check_width,
+            height: check_height,
+            max_pixels: settings.max_pixels,
+        });
     }
-    let (stored_width, stored_height) = primary.stored_size();
     let has_alpha = primary.has_alpha();
     let (luma, chroma) = primary.bits_per_pixel();
     let bit_depth = u8::try_from(luma.max(chroma)).ok().filter(|&b| b > 0).unwrap_or(8);
-    let pixel_bytes = pixels * if has_alpha { 4 } else { 3 };
+    let pixel_bytes = area(width, height) * if has_alpha { 4 } else { 3 };
     let scratch_bytes = decoder_scratch(kind, pixels, bit_depth, has_alpha).saturating_add(2 * metadata);
     let peak = pixel_bytes.saturating_add(scratch_bytes);
     if peak > settings.max_alloc_bytes {
@@ -321,8 +427,8 @@ fn header_of(
         kind,
         width,
         height,
-        stored_width: dimension(stored_width),
-        stored_height: dimension(stored_height),
+        stored_width,
+        stored_height,
         has_alpha,
         bit_depth,
         color_profile: primary.profile().map(|p| match p {

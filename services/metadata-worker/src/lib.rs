@@ -82,6 +82,7 @@ pub async fn serve(service: &Service) -> Result<(), RunError> {
 /// `shutdown` fires and in-flight images are finished.
 pub async fn run(bus: Bus, settings: &Settings, shutdown: Shutdown) -> Result<(), RunError> {
     metrics::describe();
+    heif::log_decoders();
     let blobs = settings.blob.open().map_err(RunError::BlobStore)?;
     let step = MetadataHandler::new(blobs, settings.metadata.clone(), settings.worker.concurrency);
     Ok(run_step(bus, settings, queues::METADATA, SERVICE, step, shutdown).await?)

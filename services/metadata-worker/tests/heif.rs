@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use image::{DynamicImage, GenericImageView, RgbImage, imageops};
+use imagepipe_codec::heif::HeifContext;
 use imagepipe_metadata_worker::error::codes;
 use imagepipe_metadata_worker::heif::{self, ColorProfile, HeifKind};
 use imagepipe_metadata_worker::{ExtractError, exif as exif_fields};
@@ -18,7 +19,12 @@ use support::*;
 fn encode(tool: &str, input_name: &str, input: &[u8], args: &[&str], output_name: &str) -> Vec<u8> {
     let dir = tempfile::tempdir().expect("a temporary directory");
     std::fs::write(dir.path().join(input_name), input).expect("writing the encoder's input");
-    let output = match Command::new(tool).current_dir(dir.path()).args(args).output() {
+    run_in(dir.path(), tool, args, output_name)
+}
+
+/// Runs `tool` with `args` in `dir`, and returns the bytes it wrote to `output_name` there.
+fn run_in(dir: &Path, tool: &str, args: &[&str], output_name: &str) -> Vec<u8> {
+    let output = match Command::new(tool).current_dir(dir).args(args).output() {
         Ok(output) => output,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
             "`{tool}` is not installed: run `source scripts/image-libs.sh && ensure_image_tools` \
@@ -32,7 +38,7 @@ fn encode(tool: &str, input_name: &str, input: &[u8], args: &[&str], output_name
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    read(&dir.path().join(output_name))
+    read(&dir.join(output_name))
 }
 
 fn read(path: &Path) -> Vec<u8> {
@@ -52,6 +58,61 @@ fn avif_of(ext: &str, input: &[u8], extra: &[&str]) -> Vec<u8> {
     args.extend_from_slice(extra);
     args.extend_from_slice(&[&name, "out.avif"]);
     encode("avifenc", &name, input, &args, "out.avif")
+}
+
+/// The edge of a grid tile, as phones write them.
+const TILE: u32 = 512;
+
+/// A HEIC of `source` shaped as phones write photos: a grid of [`TILE`]-pixel HEVC tiles (8×6 for
+/// 4032×3024), the last column and row cropped to the image's size, by heif-enc's tiled input
+/// (libheif 1.19) from PNG tiles, x265 at its fastest preset.
+fn grid_heic_of(source: &RgbImage) -> Vec<u8> {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (width, height) = source.dimensions();
+    for row in 0..height.div_ceil(TILE) {
+        for column in 0..width.div_ceil(TILE) {
+            // Tiles past the edge repeat its last pixels (the grid crops them away).
+            let tile = RgbImage::from_fn(TILE, TILE, |x, y| {
+                *source.get_pixel((column * TILE + x).min(width - 1), (row * TILE + y).min(height - 1))
+            });
+            tile.save(dir.path().join(format!("tile-{row:02}-{column:02}.png"))).expect("writing a tile");
+        }
+    }
+    let (width, height) = (width.to_string(), height.to_string());
+    let args = [
+        "-q",
+        "80",
+        "-p",
+        "preset=ultrafast",
+        "-T",
+        "--tiled-image-width",
+        &width,
+        "--tiled-image-height",
+        &height,
+        "-o",
+        "out.heic",
+        "tile-00-00.png",
+    ];
+    run_in(dir.path(), "heif-enc", &args, "out.heic")
+}
+
+/// The primary image of `heif` decoded by the libheif decoder `decoder` (by id), as 8-bit RGB.
+fn decoded_by(heif: &[u8], decoder: &'static std::ffi::CStr) -> RgbImage {
+    let context = HeifContext::read(heif, 65_536).expect("libheif reads the file");
+    let primary = context.primary().expect("a primary image");
+    let image = primary.decode_interleaved(false, Some(decoder)).expect("the decoder decodes it");
+    let (width, height) = primary.size();
+    let (width, height) = (u32::try_from(width).unwrap(), u32::try_from(height).unwrap());
+    let row = width as usize * 3;
+    let (plane, stride) = image.plane(row, height as usize).expect("an interleaved plane");
+    let pixels = (0..height as usize).flat_map(|y| plane[y * stride..y * stride + row].iter().copied()).collect();
+    RgbImage::from_raw(width, height, pixels).expect("a whole image")
+}
+
+/// The largest difference of a sample of two RGB images of the same size.
+fn max_difference(a: &RgbImage, b: &RgbImage) -> u8 {
+    assert_eq!(a.dimensions(), b.dimensions());
+    a.as_raw().iter().zip(b.as_raw()).map(|(&x, &y)| x.abs_diff(y)).max().unwrap_or(0)
 }
 
 fn settings() -> MetadataConfig {
@@ -148,12 +209,13 @@ fn a_ten_bit_avif_decodes_to_eight_bits() {
     assert!(difference < 6.0, "mean difference {difference}");
 }
 
-/// heif-enc 1.15 copies the JPEG's EXIF block verbatim (its 4-byte offset prefix is 0) and keeps
-/// the stored pixels as they are: it writes no `irot`/`imir` for an EXIF orientation, so such a
-/// HEIC shows as stored, and its EXIF still says 6.
+/// heif-enc (1.19) copies the JPEG's EXIF block verbatim (its 4-byte offset prefix is 0) and, like
+/// avifenc, turns its orientation into `irot`/`imir`, the EXIF still saying 6: the decoded pixels
+/// are upright, and applying the EXIF orientation again would turn them twice. (At least 64 px
+/// each way: x265 pads a smaller image to 64 px, and heif-enc crops it back with `clap`.)
 #[test]
 fn a_heic_carries_the_exif_of_its_jpeg() {
-    let source = scene(64, 32);
+    let source = scene(128, 64);
     let heic = heic_of_jpeg(&jpeg(&source, Some(camera_exif(6)), None));
     let (image, header) = decode(&heic);
     let exif = exif_of(&header);
@@ -161,8 +223,11 @@ fn a_heic_carries_the_exif_of_its_jpeg() {
     assert_eq!(exif.model.as_deref(), Some("IP-1 Mark II"));
     assert_eq!(exif.orientation, Some(6));
     assert!(exif.gps_latitude.is_some());
-    assert_eq!((image.width(), image.height()), (64, 32), "heif-enc 1.15 writes no irot");
+    assert_eq!((header.width, header.height, header.stored_width, header.stored_height), (64, 128, 128, 64));
+    assert_eq!((image.width(), image.height()), (64, 128), "turned by irot");
     assert!(header.upright, "the EXIF orientation is not to be applied to HEIF pixels");
+    let difference = mean_difference(&image.to_rgb8(), &imageops::rotate90(&source));
+    assert!(difference < 8.0, "turned 90° clockwise as orientation 6 says: mean difference {difference}");
 }
 
 /// avifenc turns the JPEG's EXIF orientation into `irot`/`imir` and keeps the EXIF block as it
@@ -196,14 +261,15 @@ fn irot_and_imir_of_avifenc_are_applied() {
     assert!(difference < 8.0, "mean difference {difference}");
 }
 
-/// heif-enc 1.15 cannot write `irot`, so the HEIC case is its output with an `irot` property
-/// added to the primary image (see [`with_irot`]): the same transform path as AVIF, on HEVC.
+/// heif-enc writes `irot` only for an EXIF orientation (and heif-enc 1.15 never), so this HEIC
+/// case is its output with an `irot` property added to the primary image (see [`with_irot`]):
+/// the same transform path as AVIF, on HEVC.
 #[test]
 fn a_heic_with_irot_comes_out_upright() {
-    let source = scene(64, 32);
+    let source = scene(128, 64);
     let heic = with_irot(&heic_of_jpeg(&jpeg(&source, None, None)), 3);
     let (image, header) = decode(&heic);
-    assert_eq!((header.width, header.height, header.stored_width, header.stored_height), (32, 64, 64, 32));
+    assert_eq!((header.width, header.height, header.stored_width, header.stored_height), (64, 128, 128, 64));
     // irot 3: 270° anticlockwise, i.e. 90° clockwise.
     let difference = mean_difference(&image.to_rgb8(), &imageops::rotate90(&source));
     assert!(difference < 8.0, "mean difference {difference}");
@@ -253,12 +319,72 @@ fn a_corrupt_heic_is_decode_failed() {
     }
 }
 
+/// libheif decodes HEVC by FFmpeg's decoder where it has the plugin (`scripts/image-libs.sh`
+/// installs it), and the pixels are libde265's (both decoders are conformant, so they agree
+/// sample for sample).
+#[test]
+fn a_heic_decodes_by_ffmpeg_to_libde265s_pixels() {
+    let decoder = heif::hevc_decoder();
+    assert_eq!(
+        decoder.chosen,
+        Some(heif::FFMPEG_DECODER),
+        "libheif {} has no FFmpeg HEVC decoder (only {:?}): run scripts/image-libs.sh \
+         (libheif-plugin-ffmpegdec, libheif 1.19)",
+        decoder.libheif,
+        decoder.name
+    );
+    let heic = heic_of_jpeg(&jpeg(&scene(640, 480), None, None));
+    let (image, _) = decode(&heic);
+    let reference = decoded_by(&heic, c"libde265");
+    let (mean, max) = (mean_difference(&image.to_rgb8(), &reference), max_difference(&image.to_rgb8(), &reference));
+    assert!(mean < 0.5 && max <= 4, "FFmpeg against libde265: mean difference {mean}, largest {max}");
+}
+
+/// A phone-shaped HEIC, 4032×3024 as a grid of 48 tiles of 512×512 (the last column and row
+/// cropped): the whole picture, each tile in its place, upright under `irot`, at full size and
+/// at the derivative's size.
+#[test]
+fn a_phone_shaped_grid_heic_decodes_whole() {
+    let source = scene(4032, 3024);
+    let grid = grid_heic_of(&source);
+    assert_eq!(heif::sniff(&grid), Some(HeifKind::Heic));
+    let items = imagepipe_metadata_worker::bmff::items(&grid).expect("the file has items");
+    let count = |kind: &[u8; 4]| items.types.iter().filter(|(_, k)| k == kind).count();
+    assert_eq!((count(b"grid"), count(b"hvc1")), (1, 48), "one grid of 8×6 HEVC tiles");
+    let primary = items.primary.and_then(|id| items.type_of(id));
+    assert_eq!(primary, Some(*b"grid"), "the grid is the primary image");
+
+    let (image, header) = decode(&grid);
+    assert_eq!((header.width, header.height, header.stored_width, header.stored_height), (4032, 3024, 4032, 3024));
+    assert_eq!((header.bit_depth, header.image_count, header.has_alpha), (8, 1, false));
+    assert_eq!((image.width(), image.height()), (4032, 3024));
+    let image = image.to_rgb8();
+    let difference = mean_difference(&image, &source);
+    assert!(difference < 6.0, "every tile in its place: mean difference {difference}");
+    let reference = decoded_by(&grid, c"libde265");
+    let (mean, max) = (mean_difference(&image, &reference), max_difference(&image, &reference));
+    assert!(mean < 0.5 && max <= 4, "FFmpeg against libde265: mean difference {mean}, largest {max}");
+
+    // At the preview's size, as the metadata stage asks for it, and turned by `irot` 3 (90°
+    // clockwise), as a phone held upright writes it.
+    let (small, _) = heif::decode(&grid, &settings(), 1440).expect("a downscaled decode");
+    assert_eq!((small.width(), small.height()), (1440, 1080));
+    let expected = imageops::resize(&source, 1440, 1080, imageops::FilterType::Triangle);
+    let difference = mean_difference(&small.to_rgb8(), &expected);
+    assert!(difference < 6.0, "downscaled: mean difference {difference}");
+    let (turned, header) = heif::decode(&with_irot(&grid, 3), &settings(), 1440).expect("a turned grid decodes");
+    assert_eq!((header.width, header.height, header.stored_width, header.stored_height), (3024, 4032, 4032, 3024));
+    assert_eq!((turned.width(), turned.height()), (1080, 1440));
+    let difference = mean_difference(&turned.to_rgb8(), &imageops::rotate90(&expected));
+    assert!(difference < 6.0, "turned 90° clockwise: mean difference {difference}");
+}
+
 #[test]
 fn a_heic_over_the_pixel_limit_fails_before_decoding() {
-    let heic = heic_of_jpeg(&jpeg(&scene(64, 32), None, None));
-    let tight = MetadataConfig { max_pixels: 2_000, ..settings() };
+    let heic = heic_of_jpeg(&jpeg(&scene(128, 64), None, None));
+    let tight = MetadataConfig { max_pixels: 8_000, ..settings() };
     let error = failure(&heic, &tight);
-    assert!(matches!(error, ExtractError::TooManyPixels { width: 64, height: 32, .. }), "{error:?}");
+    assert!(matches!(error, ExtractError::TooManyPixels { width: 128, height: 64, .. }), "{error:?}");
     assert_eq!(error.code(), codes::PIXEL_LIMIT);
 
     // The coded image zeroed: still `pixel_limit`, so nothing was decoded.

@@ -8,7 +8,11 @@
 //! older ones (libheif-rs 1.0, libheif-sys 2) run bindgen (libclang) at build time by default and
 //! do not expose the image size limit.
 //! Every function here exists in libheif 1.15 (`heif_init` since 1.13) and keeps its C ABI in
-//! later 1.x releases; `build.rs` checks for ≥ 1.15.
+//! later 1.x releases; `build.rs` checks for ≥ 1.15. The decoders are libheif's plugins (its
+//! built-in ones in 1.15, shared objects loaded by `heif_init` from 1.17 on): [`decoders`] lists
+//! them, and [`HeifHandle::decode_interleaved`] can ask for one by its id (`decoder_id` of the
+//! decoding options; a profile shows libavcodec decoding with libheif 1.19), e.g. the FFmpeg HEVC decoder of Debian's
+//! `libheif-plugin-ffmpegdec`, which libheif otherwise ranks below libde265.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::marker::PhantomData;
@@ -32,7 +36,8 @@ struct RawError {
     message: *const c_char,
 }
 
-/// `struct heif_decoding_options` up to version 4 (libheif 1.15). Only ever allocated by
+/// `struct heif_decoding_options` up to version 4 (libheif 1.15; 1.19 has version 6, whose
+/// fields follow these). Only ever allocated by
 /// `heif_decoding_options_alloc`, which fills the fields of the version the library has; the
 /// fields written here exist from version 2 and 3, and are written only when `version` says
 /// they do.
@@ -61,6 +66,10 @@ struct Handle {
 struct Image {
     _private: [u8; 0],
 }
+#[repr(C)]
+struct DecoderDescriptor {
+    _private: [u8; 0],
+}
 
 const HEIF_ERROR_OK: heif_error_code = 0;
 /// `heif_error_Memory_allocation_error`.
@@ -71,6 +80,10 @@ const COLORSPACE_RGB: c_int = 1;
 const CHROMA_INTERLEAVED_RGB: c_int = 10;
 const CHROMA_INTERLEAVED_RGBA: c_int = 11;
 const CHANNEL_INTERLEAVED: c_int = 10;
+/// `heif_compression_HEVC`.
+const COMPRESSION_HEVC: c_int = 1;
+/// `heif_compression_AV1`.
+const COMPRESSION_AV1: c_int = 4;
 const fn fourcc(code: &[u8; 4]) -> u32 {
     u32::from_be_bytes(*code)
 }
@@ -78,6 +91,15 @@ const fn fourcc(code: &[u8; 4]) -> u32 {
 // Linked by `build.rs` (pkg-config `libheif`, at least 1.15).
 unsafe extern "C" {
     fn heif_init(params: *mut c_void) -> RawError;
+    fn heif_get_version() -> *const c_char;
+    fn heif_get_decoder_descriptors(
+        format_filter: c_int,
+        out_decoders: *mut *const DecoderDescriptor,
+        count: c_int,
+    ) -> c_int;
+    fn heif_decoder_descriptor_get_name(descriptor: *const DecoderDescriptor) -> *const c_char;
+    fn heif_decoder_descriptor_get_id_name(descriptor: *const DecoderDescriptor) -> *const c_char;
+    fn heif_context_set_max_decoding_threads(ctx: *mut Context, max_threads: c_int);
     fn heif_context_alloc() -> *mut Context;
     fn heif_context_free(ctx: *mut Context);
     fn heif_context_set_maximum_image_size_limit(ctx: *mut Context, maximum_width: c_int);
@@ -168,6 +190,68 @@ fn init() -> Result<(), HeifError> {
     INIT.get_or_init(|| check(unsafe { heif_init(ptr::null_mut()) })).clone()
 }
 
+/// libheif's version, e.g. `1.19.7`.
+pub fn version() -> String {
+    // SAFETY: no preconditions; a static NUL-terminated string.
+    let version = unsafe { heif_get_version() };
+    if version.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, static and NUL-terminated (see above).
+    unsafe { CStr::from_ptr(version) }.to_string_lossy().into_owned()
+}
+
+/// A coding libheif decodes through one of its decoder plugins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// HEVC (HEIC).
+    Hevc,
+    /// AV1 (AVIF).
+    Av1,
+}
+
+/// A decoder libheif has for a [`Compression`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoder {
+    /// Its short, stable id, what [`HeifHandle::decode_interleaved`] takes (`ffmpeg`,
+    /// `libde265`, `dav1d`, ...); empty for a plugin too old to have one.
+    pub id: String,
+    /// Its descriptive name, with the codec library's version.
+    pub name: String,
+}
+
+/// The decoders libheif has for `compression`, highest priority first (the one it uses unless
+/// told otherwise). Calls `heif_init` first, which loads the plugins.
+pub fn decoders(compression: Compression) -> Result<Vec<Decoder>, HeifError> {
+    init()?;
+    let format = match compression {
+        Compression::Hevc => COMPRESSION_HEVC,
+        Compression::Av1 => COMPRESSION_AV1,
+    };
+    // SAFETY: a null list asks for the count alone.
+    let count = unsafe { heif_get_decoder_descriptors(format, ptr::null_mut(), 0) };
+    let mut descriptors = vec![ptr::null::<DecoderDescriptor>(); usize::try_from(count).unwrap_or(0)];
+    let capacity = c_int::try_from(descriptors.len()).unwrap_or(0);
+    // SAFETY: `descriptors` has room for `capacity` pointers; libheif writes at most that many.
+    let written = unsafe { heif_get_decoder_descriptors(format, descriptors.as_mut_ptr(), capacity) };
+    descriptors.truncate(usize::try_from(written).unwrap_or(0));
+    let text = |s: *const c_char| {
+        // SAFETY: null or a NUL-terminated string of the plugin, which stays loaded for the
+        // process's life (we never deinit).
+        if s.is_null() { String::new() } else { unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned() }
+    };
+    Ok(descriptors
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .map(|d| Decoder {
+            // SAFETY: a descriptor libheif listed, static for the process's life.
+            id: text(unsafe { heif_decoder_descriptor_get_id_name(d) }),
+            // SAFETY: as above.
+            name: text(unsafe { heif_decoder_descriptor_get_name(d) }),
+        })
+        .collect())
+}
+
 /// A libheif context reading `bytes` in place (no copy), freed on drop. Borrowing `bytes` keeps
 /// them alive as long as the context, as `heif_context_read_from_memory_without_copy` requires.
 pub struct HeifContext<'a> {
@@ -202,6 +286,15 @@ impl<'a> HeifContext<'a> {
             )
         })?;
         Ok(context)
+    }
+
+    /// How many threads of its own libheif decodes the tiles of a grid image on: 0 decodes them
+    /// one after the other on the calling thread (libheif's default is 4 threads). The codec
+    /// may still use threads of its own.
+    pub fn set_decoding_threads(&mut self, threads: u32) {
+        let threads = c_int::try_from(threads).unwrap_or(c_int::MAX);
+        // SAFETY: live context, not decoding (decoding borrows it).
+        unsafe { heif_context_set_max_decoding_threads(self.ctx.as_ptr(), threads) }
     }
 
     /// The number of top-level images (thumbnails, alpha and depth images are not counted).
@@ -324,10 +417,11 @@ impl HeifHandle<'_> {
     }
 
     /// Decodes the image to 8-bit interleaved RGB (or RGBA when `alpha`), with the file's
-    /// transformations applied, strictly (a decoder warning is an error).
-    pub fn decode_interleaved(&self, alpha: bool) -> Result<HeifImage, HeifError> {
+    /// transformations applied, strictly (a decoder warning is an error), by the decoder whose
+    /// id is `decoder` (one [`decoders`] lists for the image's coding), or libheif's first.
+    pub fn decode_interleaved(&self, alpha: bool, decoder: Option<&'static CStr>) -> Result<HeifImage, HeifError> {
         let chroma = if alpha { CHROMA_INTERLEAVED_RGBA } else { CHROMA_INTERLEAVED_RGB };
-        let options = DecodingOptionsBox::new()?;
+        let options = DecodingOptionsBox::new(decoder)?;
         let mut image = ptr::null_mut();
         // SAFETY: live handle and options; `image` is written on success and owned by us.
         check(unsafe { heif_decode_image(self.raw(), &mut image, COLORSPACE_RGB, chroma, options.0.as_ptr()) })?;
@@ -347,7 +441,9 @@ impl Drop for HeifHandle<'_> {
 struct DecodingOptionsBox(NonNull<DecodingOptions>);
 
 impl DecodingOptionsBox {
-    fn new() -> Result<Self, HeifError> {
+    /// libheif's defaults, transformations applied, HDR converted to 8 bits, strict, and the
+    /// decoder `decoder` (a static string: libheif keeps the pointer while it decodes).
+    fn new(decoder: Option<&'static CStr>) -> Result<Self, HeifError> {
         // SAFETY: no preconditions; null means out of memory.
         let options = NonNull::new(unsafe { heif_decoding_options_alloc() })
             .ok_or_else(|| HeifError::usage("libheif could not allocate decoding options"))?;
@@ -361,6 +457,11 @@ impl DecodingOptionsBox {
         }
         if fields.version >= 3 {
             fields.strict_decoding = 1;
+        }
+        if let Some(decoder) = decoder
+            && fields.version >= 4
+        {
+            fields.decoder_id = decoder.as_ptr();
         }
         Ok(options)
     }

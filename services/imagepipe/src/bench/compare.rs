@@ -1,7 +1,8 @@
 //! `imagepipe bench --mode real --photos DIR --compare`: the same photos through Pillow's draft
-//! decode (JPEG DCT scaling) and the same model through onnxruntime, from the Python
-//! environment `scripts/prepare-model.sh` set up, in the same run; their CPU time per image is
-//! set beside the stages' own ([`super::photos`]).
+//! decode (JPEG DCT scaling), the HEIC and AVIF photos through libheif's own `heif-convert` (to
+//! JPEG; the reference for the phone formats, which Pillow does not read), and the same model
+//! through onnxruntime, from the Python environment `scripts/prepare-model.sh` set up, in the
+//! same run; their CPU time per image is set beside the stages' own ([`super::photos`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,6 +31,15 @@ pub struct Comparison {
     pub pillow_draft_derivatives_ms: Option<Percentiles>,
     /// Pillow: draft decode to the smallest derivative and the thumbnail alone.
     pub pillow_draft_thumbnail_ms: Option<Percentiles>,
+    /// libheif's version as `heif-convert` reports it; `None` when no photo is HEIC or AVIF, or
+    /// `heif-convert` (Debian: libheif-examples) is not installed.
+    #[serde(default)]
+    pub libheif: Option<String>,
+    /// `heif-convert -q 85` of each HEIC and AVIF photo to a JPEG, its decoders as it chooses
+    /// them: the CPU time of the child process (decode at full size, colour conversion, JPEG
+    /// encoding).
+    #[serde(default)]
+    pub heif_convert_ms: Option<Percentiles>,
     /// onnxruntime: the model, one intra-op thread.
     pub onnxruntime_inference_ms: Percentiles,
 }
@@ -44,8 +54,9 @@ pub fn python() -> PathBuf {
 }
 
 /// Runs the comparison on the JPEG, PNG and WebP files of `photos` (Pillow reads no HEIC or
-/// AVIF by itself) and on `model_dir/model.onnx`, with the derivative sizes of the metadata
-/// stage: `preview` (the largest) and `thumbnail` (the smallest).
+/// AVIF by itself), on their HEIC and AVIF files (`heif-convert`, when installed) and on
+/// `model_dir/model.onnx`, with the derivative sizes of the metadata stage: `preview` (the
+/// largest) and `thumbnail` (the smallest).
 pub async fn run(photos: &Path, model_dir: &Path, preview: u32, thumbnail: u32) -> anyhow::Result<Comparison> {
     let python = python();
     anyhow::ensure!(
@@ -53,13 +64,15 @@ pub async fn run(photos: &Path, model_dir: &Path, preview: u32, thumbnail: u32) 
         "{} is missing: run scripts/prepare-model.sh once (it sets up Pillow and onnxruntime there)",
         python.display()
     );
-    let files: Vec<String> = super::photos::load(photos)?
-        .into_iter()
-        .filter(|(_, bytes)| {
-            matches!(sniff(bytes), Sniffed::Image(ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Webp))
-        })
-        .map(|(name, _)| name)
-        .collect();
+    let (mut pillow, mut heif) = (Vec::new(), Vec::new());
+    for (name, bytes) in super::photos::load(photos)? {
+        match sniff(&bytes) {
+            Sniffed::Image(ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Webp) => pillow.push(name),
+            Sniffed::Image(ImageFormat::Heic | ImageFormat::Avif) => heif.push(name),
+            _ => {}
+        }
+    }
+    let files = serde_json::json!({ "pillow": pillow, "heif": heif });
     let mut child = tokio::process::Command::new(&python)
         .arg("-c")
         .arg(SCRIPT)

@@ -418,6 +418,17 @@ impl Report {
                     stage.cpu_ms.p50_ms / theirs.p50_ms
                 );
             }
+            if let (Stage::Metadata, Some(c)) = (stage.stage, compare)
+                && let Some(theirs) = c.heif_convert_ms
+            {
+                let _ = writeln!(
+                    out,
+                    "    heif-convert (libheif {}) of the HEIC/AVIF photos to JPEG: p50 {:.1} ms; ratio {:.2}×",
+                    c.libheif.as_deref().unwrap_or("?"),
+                    theirs.p50_ms,
+                    stage.cpu_ms.p50_ms / theirs.p50_ms
+                );
+            }
             if let (Some(inference), Some(c)) = (stage.inference_ms, compare) {
                 let theirs = c.onnxruntime_inference_ms.p50_ms;
                 let _ = writeln!(
