@@ -20,6 +20,7 @@ impl RedisStore {
         format!("{}:task:{id}", self.shard_slot(self.shard(id)))
     }
 
+    /// The history list of a store written before the task hash's `hist` field kept it.
     pub(super) fn history_key(&self, id: &str) -> String {
         format!("{}:hist:{id}", self.shard_slot(self.shard(id)))
     }
@@ -62,6 +63,8 @@ impl RedisStore {
         self.index_key(&format!("blob:{key}"))
     }
 
+    /// The set of the blobs task `id` referenced, as a store written before the `gone` field
+    /// kept it (the expiry reads and deletes it).
     pub(super) fn task_blobs_key(&self, id: &str) -> String {
         self.index_key(&format!("task_blobs:{id}"))
     }
