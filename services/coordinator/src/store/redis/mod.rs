@@ -2,14 +2,14 @@
 //! a task's keys and the lease of its shard share the shard's slot, so every transition script
 //! touches one slot and a cluster can spread the shards over its nodes.
 //!
-//! # Keys (`P` is the configured prefix, `N` a task's shard: `shard_of(id, shards)`)
+//! # Keys (`P` is the configured prefix, `N` a task's shard: `shard_of(id, shards)`, `T` the shortest hash tag of the slot of `{P:sN}`, two or three characters)
 //!
 //! | key | type | slot |
 //! |---|---|---|
-//! | `P:{P:sN}:task:<id>` | hash: `task` (the version, a space, the JSON; a hash written before has a `version` field and the JSON alone), `hist` (the history, a line per entry, see below), `gone` (blob keys the task no longer holds, see "Blob references") | shard N's |
-//! | `P:{P:sN}:hist:<id>` | list of the history entries (JSON) a store written before the `hist` field kept (read after the stream, before the field) | shard N's |
-//! | `P:{P:sN}:history:<id>` | stream of the history a store written before the list kept (read first) | shard N's |
-//! | `P:{P:sN}:outbox:<id>` | hash: entry id → JSON | shard N's |
+//! | `P:{T}:task:<id>` | hash: `task` (the version, a space, the JSON; a hash written before has a `version` field and the JSON alone), `hist` (the history, a line per entry, see below), `gone` (blob keys the task no longer holds, see "Blob references") | shard N's |
+//! | `P:{T}:hist:<id>` | list of the history entries (JSON) a store written before the `hist` field kept (read after the stream, before the field) | shard N's |
+//! | `P:{T}:history:<id>` | stream of the history a store written before the list kept (read first) | shard N's |
+//! | `P:{T}:outbox:<id>` | hash: entry id → JSON | shard N's |
 //! | `P:{P:sN}:lease` | hash: `owner` (empty once released), `token`, `expires_at` (Unix ms) | shard N's |
 //! | `P:idem:{key}` | string: task id | its own |
 //! | `P:{P:idx}:state:<state>`, `P:{P:idx}:all` | sorted sets, score = creation time | the index slot |
@@ -19,7 +19,7 @@
 //! | `P:{P:idx}:queued:sN` | sorted set: shard N's queued tasks, scored as `state:queued` | the index slot |
 //! | `P:{P:idx}:finished` | sorted set: finished tasks, score = time of the last transition | the index slot |
 //! | `P:{P:idx}:shards` | string: the shard count the store is pinned to | the index slot |
-//! | `P:{P:idx}:layout` | string: the key layout version (2: per shard) | the index slot |
+//! | `P:{P:idx}:layout` | string: the key layout version (3: per shard, short tags) | the index slot |
 //! | `P:{P:dlq}:entries`, `P:{P:dlq}:order` | dead-letter archive | the DLQ slot |
 //! | `P:{P:idx}:blob:<key>` | set: the tasks referencing a blob | the index slot |
 //! | `P:{P:idx}:task_blobs:<id>` | set: the blobs a task referenced, as a store written before `gone` kept them (read and deleted by the expiry) | the index slot |

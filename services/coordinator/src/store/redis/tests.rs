@@ -55,20 +55,21 @@ async fn survives_a_reconnect() {
 #[tokio::test]
 async fn every_key_of_a_task_shares_its_hash_slot() {
     let (store, _cleanup) = make("slots").await;
-    let slot = |key: &str| {
-        let tag = key.split_once('{').and_then(|(_, rest)| rest.split_once('}')).map(|(t, _)| t.to_owned());
-        tag.unwrap_or_else(|| key.to_owned())
-    };
+    let slot = |key: &str| imagepipe_runtime::dedup::slot::hash_slot(key.as_bytes());
     let id = "tsk_01J";
     let shard = imagepipe_contracts::shard::shard_of(id, imagepipe_contracts::shard::DEFAULT_SHARDS);
-    let tag = format!("{}:s{shard}", store.prefix);
-    assert_eq!(slot(&store.task_key(id)), tag, "tagged with the task's shard");
+    let tag = slot(&format!("{{{}:s{shard}}}", store.prefix));
+    assert_eq!(slot(&store.task_key(id)), tag, "in the slot of the task's shard");
+    let short = store.task_key(id).split_once('{').and_then(|(_, rest)| rest.split_once('}')).unwrap().0.to_owned();
+    assert!(short.len() <= 3 && !short.contains(&store.prefix), "a short tag: {}", store.task_key(id));
     assert_eq!(slot(&store.history_key(id)), tag);
     assert_eq!(slot(&store.legacy_history_key(id)), tag);
     assert_eq!(slot(&store.outbox_key(id)), tag);
     assert_eq!(slot(&store.lease_key(shard)), tag, "the transition script checks the lease in the same slot");
+    assert_eq!(slot(&store.layout_2_key("task", id)), tag, "layout 2's keys move within the slot");
     let other = store.clone().with_shards(7);
-    assert_eq!(slot(&other.task_key(id)), format!("{}:s{}", store.prefix, imagepipe_contracts::shard::shard_of(id, 7)));
+    let tag_7 = slot(&format!("{{{}:s{}}}", store.prefix, imagepipe_contracts::shard::shard_of(id, 7)));
+    assert_eq!(slot(&other.task_key(id)), tag_7);
     assert_eq!(slot(&store.index_key("due")), slot(&store.index_key("claimed")));
     assert_eq!(slot(&store.state_key(TaskState::Queued)), slot(&store.index_key("all")));
     for name in ["due", "claimed", "queued"] {
@@ -315,6 +316,40 @@ pub(crate) async fn blob_keys_of_old_records_and_refused_writes_go_with_their_ta
     assert!(!conn.exists::<_, bool>(store.task_blobs_key(id)).await.unwrap(), "the old set goes too");
 }
 
+/// A store of layout 2 (a task's keys tagged `{P:s<shard>}`) has them moved to the short tags
+/// of their slots when opened, on one server and on a cluster (each move within one slot).
+pub(crate) async fn a_store_of_layout_2_is_moved_when_opened(store: &RedisStore, url: &str) {
+    let started = suite::write_a_started_task(store).await;
+    let history = store.history(&started).await.unwrap();
+    let outbox = store.outbox(&started).await.unwrap();
+    assert!(!outbox.is_empty());
+    let mut conn = store.conn.clone();
+    for kind in ["task", "outbox"] {
+        let new = match kind {
+            "task" => store.task_key(&started),
+            _ => store.outbox_key(&started),
+        };
+        let () = conn.rename(&new, store.layout_2_key(kind, &started)).await.unwrap();
+    }
+    let () = conn.set(store.index_key("layout"), 2).await.unwrap();
+
+    let again = RedisStore::connect(url, &store.prefix, suite::RELAY_GRACE).await.unwrap();
+    suite::check_a_started_task(&again, &started).await;
+    assert_eq!(again.history(&started).await.unwrap(), history);
+    assert_eq!(again.outbox(&started).await.unwrap(), outbox);
+    let left: u32 =
+        conn.exists(&[store.layout_2_key("task", &started), store.layout_2_key("outbox", &started)]).await.unwrap();
+    assert_eq!(left, 0, "nothing left under layout 2's names");
+    let layout: u32 = conn.get(store.index_key("layout")).await.unwrap();
+    assert_eq!(layout, 3);
+}
+
+#[tokio::test]
+async fn a_store_of_layout_2_is_moved_when_opened_on_one_server() {
+    let (store, _cleanup) = make("layout-2").await;
+    a_store_of_layout_2_is_moved_when_opened(&store, URL).await;
+}
+
 #[tokio::test]
 async fn history_names_a_replica_where_it_changes_on_one_server() {
     let (store, _cleanup) = make("hist-replicas").await;
@@ -405,7 +440,7 @@ async fn a_store_of_the_layout_before_shards_is_moved_when_opened() {
     let due = T0 + suite::RELAY_GRACE.as_millis() as u64;
     assert_eq!(a.claim_due_in(&[shard], due, Duration::from_secs(1), 10).await.unwrap(), ["tsk_layout_queued"]);
     let layout: u32 = conn.get(a.index_key("layout")).await.unwrap();
-    assert_eq!(layout, 2);
+    assert_eq!(layout, 3);
 
     // The move fixed the shard count: a store opened with another refuses to work.
     let other = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap().with_shards(16);
@@ -474,6 +509,12 @@ mod cluster {
     }
 
     crate::store_suite!(optional make);
+
+    #[tokio::test]
+    async fn a_store_of_layout_2_is_moved_when_opened_on_a_cluster() {
+        let (Some(url), Some((store, _cleanup))) = (url(), make("layout-2").await) else { return };
+        super::a_store_of_layout_2_is_moved_when_opened(&store, &url).await;
+    }
 
     #[tokio::test]
     async fn history_names_a_replica_where_it_changes_on_a_cluster() {
