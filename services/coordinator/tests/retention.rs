@@ -215,6 +215,25 @@ async fn blobs_follow_their_tasks_in_redis_and_an_object_store() {
     blobs_follow_their_tasks_on(store, Arc::new(ObjectBlobStore::new(objects, "blobs"))).await;
 }
 
+/// The same on the Redis Cluster of the tests (`IMAGEPIPE_TEST_REDIS_CLUSTER_URL`): a task's
+/// blob references are found again when it expires though its keys and the reference index
+/// are in different slots.
+#[tokio::test]
+async fn blobs_follow_their_tasks_in_a_redis_cluster_and_a_directory() {
+    let Some(url) = imagepipe_contracts::testing::redis_urls().into_iter().find(|(n, _)| *n == "cluster").map(|u| u.1)
+    else {
+        return;
+    };
+    let prefix = unique_prefix("blob-sweep-cluster");
+    let store = Arc::new(RedisStore::connect(&url, &prefix, GRACE).await.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    blobs_follow_their_tasks_on(store, Arc::new(LocalBlobStore::new(dir.path().join("blobs")))).await;
+    let mut conn = imagepipe_runtime::redis_connection::RedisConnection::open(&url).await.unwrap();
+    for key in conn.scan_match(&format!("{prefix}:*"), 1_000).await.unwrap() {
+        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(key).query_async(&mut conn).await;
+    }
+}
+
 /// The coordinator's `/v1/events` group on NATS 2.9 exists while a client watches (not before),
 /// and the server deletes it once the coordinator has stopped (here after a 1 s idle threshold).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -122,8 +122,7 @@ async fn run_pipeline(settings: &Settings, tasks: usize, redis: &mut Multiplexed
     let analytics = imagepipe_runtime::dedup::redis_group_tag(p, imagepipe_analytics_worker::GROUP);
     let counters = format!("{p}:{analytics}:counters");
     wait_for(redis, "tasks counted by analytics", tasks, started, |r| completed_count(r, counters.clone())).await?;
-    let notified =
-        format!("{p}:dedup:{}:*", imagepipe_runtime::dedup::redis_group_tag(p, imagepipe_notification_worker::GROUP));
+    let notified = format!("{}:*", imagepipe_runtime::dedup::redis_prefix(p, imagepipe_notification_worker::GROUP));
     wait_for(redis, "events handled by notification", tasks, started, |r| count_keys(r, notified.clone())).await?;
     println!("ran {tasks} tasks in {:.1} s", started.elapsed().as_secs_f64());
 
@@ -194,8 +193,12 @@ async fn keys(redis: &mut MultiplexedConnection, pattern: &str) -> redis::RedisR
 fn kind_of(prefix: &str, key: &str) -> String {
     let rest = key.strip_prefix(prefix).and_then(|r| r.strip_prefix(':')).unwrap_or(key);
     let coordinator = |what: &str| format!("coordinator: {what}");
-    if rest.starts_with(&format!("{{{prefix}:idx}}")) {
-        return coordinator("indexes (sorted sets)");
+    if let Some(index) = rest.strip_prefix(&format!("{{{prefix}:idx}}:")) {
+        return match index.split(':').next().unwrap_or_default() {
+            "blob" => coordinator("blob references (a set per blob)"),
+            "task_blobs" => coordinator("blob references (a set per task, before)"),
+            _ => coordinator("indexes (sorted sets)"),
+        };
     }
     if rest.starts_with(&format!("{{{prefix}:dlq}}")) {
         return coordinator("dead-letter archive");
@@ -212,20 +215,26 @@ fn kind_of(prefix: &str, key: &str) -> String {
     if rest.starts_with(&format!("{{{prefix}:{}}}", imagepipe_analytics_worker::GROUP)) {
         return "analytics".into();
     }
-    // A shard's keys sit in its slot: `{P:s<shard>}:task:<id>`, `…:hist:<id>`, `…:lease`.
-    let rest = match rest.strip_prefix(&format!("{{{prefix}:s")) {
-        Some(shard) => shard.split_once("}:").map_or(rest, |(_, key)| key),
+    // A shard's keys sit in its slot: `{<short tag>}:task:<id>`, and `{P:s<shard>}:lease`.
+    let rest = match rest.strip_prefix('{') {
+        Some(tagged) => tagged.split_once("}:").map_or(rest, |(_, key)| key),
         None => rest,
     };
     match rest.split(':').next().unwrap_or_default() {
-        "task" => coordinator("task record (hash)"),
-        "hist" => coordinator("history (list)"),
+        "task" => coordinator("task record (hash: the task, its history)"),
+        "hist" => coordinator("history (list, before the hash kept it)"),
         "history" => coordinator("history (stream, before lists)"),
         "outbox" => coordinator("outbox (hash)"),
         "idem" => coordinator("idempotency key"),
         "analytics" => "analytics".into(),
         "lease" => coordinator("shard leases"),
-        "dedup" => format!("dedup: {}", rest.split(':').nth(2).unwrap_or_default().trim_end_matches('}')),
+        // `dedup:<group>:{<tag>}:<id>`, or `dedup:{<prefix>:<group>}:<id>` before the short tags
+        "dedup" => match rest.split(':').nth(1).unwrap_or_default() {
+            tagged if tagged.starts_with('{') => {
+                format!("dedup: {}", rest.split(':').nth(2).unwrap_or_default().trim_end_matches('}'))
+            }
+            group => format!("dedup: {group}"),
+        },
         other => format!("other ({other})"),
     }
 }

@@ -53,6 +53,7 @@ macro_rules! store_suite {
             expiry_takes_batches_and_spares_unfinished_tasks,
             dead_letters_are_capped_by_age_count_and_body_size,
             blob_references_follow_their_tasks,
+            blobs_a_task_replaced_are_released_when_it_expires,
             leases_are_taken_renewed_released_and_run_out,
             owners_racing_for_a_shard_get_it_once,
             a_write_under_a_lost_lease_is_fenced_and_writes_nothing,
@@ -802,12 +803,25 @@ fn blob(digit: char) -> String {
 /// Runs task `id`, uploaded as blob `source`, to completion at `done`: its metadata step wrote
 /// `thumbnail` and `preview`.
 async fn complete_upload(store: &impl TaskStore, id: &str, source: &str, thumbnail: &str, preview: &str, done: u64) {
-    use imagepipe_contracts::step::{StepOutput, Thumbnail};
     let submit = SubmitTask { blob: Some(source.to_owned()), ..SubmitTask::default() };
     let d = machine::create(id.into(), &submit, submit.validate().unwrap(), TraceId::random(), T0);
     assert_eq!(store.create(&d).await.unwrap(), Created::New);
-    let mut task = start(store, &d.task, T0).await;
-    for step in imagepipe_contracts::Step::ALL {
+    let task = start(store, &d.task, T0).await;
+    let task = run_steps(store, task, &imagepipe_contracts::Step::ALL, [source, thumbnail, preview], done).await;
+    assert_eq!(task.state, TaskState::Completed);
+}
+
+/// Applies the results of `steps` to `task`, in order, at `at`: the download stored blob
+/// `source`, the metadata step `thumbnail` and `preview`. The task after the last.
+async fn run_steps(
+    store: &impl TaskStore,
+    mut task: Task,
+    steps: &[imagepipe_contracts::Step],
+    [source, thumbnail, preview]: [&str; 3],
+    at: u64,
+) -> Task {
+    use imagepipe_contracts::step::{StepOutput, Thumbnail};
+    for step in steps.iter().copied() {
         let output = match crate::machine::tests::output(step) {
             StepOutput::Download(mut download) => {
                 download.blob_key = source.to_owned();
@@ -830,16 +844,39 @@ async fn complete_upload(store: &impl TaskStore, id: &str, source: &str, thumbna
             other => other,
         };
         let result = StepResult {
-            task_id: id.into(),
+            task_id: task.id.clone(),
             step,
             attempt: task.current_attempt(),
             outcome: StepOutcome::Ok { output },
         };
-        let d = next(&task, Input::Result(Box::new(result)), done);
+        let d = next(&task, Input::Result(Box::new(result)), at);
         assert_eq!(store.apply(&d).await.unwrap(), Applied::Yes);
         task = d.task;
     }
+    task
+}
+
+/// A task reprocessed from its metadata step drops its derivatives for new ones: the old stay
+/// referenced while it lives, and every one of its blobs is released when it expires.
+pub async fn blobs_a_task_replaced_are_released_when_it_expires(store: &impl TaskStore) {
+    use imagepipe_contracts::Step;
+    let (upload, thumb_1, preview_1, thumb_2, preview_2) = (blob('1'), blob('2'), blob('3'), blob('4'), blob('5'));
+    complete_upload(store, "tsk_redone", &upload, &thumb_1, &preview_1, T0 + 10).await;
+    let done = store.get("tsk_redone").await.unwrap().unwrap();
+    let again = next(&done, Input::Reprocess { from: Step::Metadata, priority: None }, T0 + 20);
+    assert_eq!(store.apply(&again).await.unwrap(), Applied::Yes);
+    assert!(!crate::store::encode(&again.task).contains(&thumb_1), "the reprocessing dropped the derivatives");
+    let task =
+        run_steps(store, again.task, &[Step::Metadata, Step::Analyze], [&upload, &thumb_2, &preview_2], T0 + 30).await;
     assert_eq!(task.state, TaskState::Completed);
+    let all = [&upload, &thumb_1, &preview_1, &thumb_2, &preview_2].map(String::as_str);
+    assert_eq!(store.referenced_blobs(&all).await.unwrap(), [true; 5], "every blob the task had, while it lives");
+
+    assert_eq!(store.expire_finished(T0 + 30, 10).await.unwrap(), 1);
+    let mut released = store.take_released_blobs(10).await.unwrap();
+    released.sort();
+    assert_eq!(released, all, "all of them, the replaced derivatives too");
+    assert_eq!(store.referenced_blobs(&all).await.unwrap(), [false; 5]);
 }
 
 pub async fn blob_references_follow_their_tasks(store: &impl TaskStore) {

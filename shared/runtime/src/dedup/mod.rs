@@ -13,6 +13,7 @@
 mod embedded;
 mod layer;
 mod serve;
+pub mod slot;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -66,16 +67,17 @@ pub trait Dedup: Send + Sync + 'static {
 }
 
 /// The dedup store `settings` call for, namespaced by subscriber `group`: Redis keys
-/// `<bus.prefix>:dedup:{<bus.prefix>:<group>}:<key>` ([`redis_prefix`]) when
-/// `store.kind = redis`, the group's embedded file ([`open_embedded`]) otherwise.
+/// `<bus.prefix>:dedup:<group>:{<tag>}:<key>` ([`redis_prefix`]) when `store.kind = redis`, the
+/// group's embedded file ([`open_embedded`]) otherwise. A key marked under an earlier layout
+/// ([`legacy_redis_prefixes`]) counts as done until it expires.
 pub async fn connect(settings: &Settings, group: &str) -> Result<Box<dyn Dedup>, DedupError> {
     match settings.store.kind {
         StoreKind::Redis => {
             let connection =
                 RedisConnection::open(settings.store.redis.url.expose()).await.map_err(DedupError::Connect)?;
             let prefix = redis_prefix(&settings.bus.prefix, group);
-            let legacy = (!connection.is_cluster()).then(|| legacy_redis_prefix(&settings.bus.prefix, group));
-            Ok(Box::new(RedisDedup::new(connection, prefix, settings.dedup.ttl).with_legacy_prefix(legacy)))
+            let legacy = legacy_redis_prefixes(&settings.bus.prefix, group, connection.is_cluster());
+            Ok(Box::new(RedisDedup::new(connection, prefix, settings.dedup.ttl).with_legacy_prefixes(legacy)))
         }
         StoreKind::Embedded => Ok(Box::new(open_embedded(settings, group).await?)),
     }
@@ -109,13 +111,17 @@ pub async fn connect_with_retry(
     }
 }
 
-/// The prefix of subscriber `group`'s dedup keys in Redis:
-/// `<bus_prefix>:dedup:{<bus_prefix>:<group>}`; a key is this, `:`, and the event id. A store
+/// The prefix of subscriber `group`'s dedup keys in Redis: `<bus_prefix>:dedup:<group>:{<tag>}`,
+/// where `<tag>` is the shortest hash tag of the slot of the group's hash tag
+/// ([`redis_group_tag`], [`slot::tag_of_slot`]); a key is this, `:`, and the event id. A store
 /// that marks an event done inside its own atomic write (so a retry after a lost reply cannot
-/// apply it twice) writes the same key, and keeps the keys that write touches under the
-/// group's hash tag ([`redis_group_tag`]) so that on a Redis Cluster they share the slot.
+/// apply it twice) writes the same key, and keeps the keys that write touches under the group's
+/// hash tag, so that on a Redis Cluster they share the slot. The short tag keeps the bus prefix
+/// out of the tag (it was there twice in every key, [`legacy_redis_prefixes`]); the group's name
+/// before it keeps the keys of groups whose tags are the same apart.
 pub fn redis_prefix(bus_prefix: &str, group: &str) -> String {
-    format!("{bus_prefix}:dedup:{}", redis_group_tag(bus_prefix, group))
+    let tag = slot::tag_of_slot(slot::hash_slot(redis_group_tag(bus_prefix, group).as_bytes()));
+    format!("{bus_prefix}:dedup:{group}:{{{tag}}}")
 }
 
 /// The Redis Cluster hash tag of subscriber `group`: `{<bus_prefix>:<group>}`. Its dedup keys
@@ -132,26 +138,45 @@ pub fn legacy_redis_prefix(bus_prefix: &str, group: &str) -> String {
     format!("{bus_prefix}:dedup:{group}")
 }
 
+/// The prefix of the dedup keys written with the group's whole hash tag, before
+/// [`redis_prefix`] shortened it: `<bus_prefix>:dedup:{<bus_prefix>:<group>}`. Its keys are in the
+/// slot of [`redis_prefix`]'s, so they are looked up with them on a cluster too.
+pub fn tagged_redis_prefix(bus_prefix: &str, group: &str) -> String {
+    format!("{bus_prefix}:dedup:{}", redis_group_tag(bus_prefix, group))
+}
+
+/// The prefixes under which earlier versions marked subscriber `group`'s keys, each looked up
+/// until its marks expire: [`tagged_redis_prefix`]'s, and on a single server also
+/// [`legacy_redis_prefix`]'s (a cluster never had those, and they are in other slots).
+pub fn legacy_redis_prefixes(bus_prefix: &str, group: &str, cluster: bool) -> Vec<String> {
+    let mut prefixes = vec![tagged_redis_prefix(bus_prefix, group)];
+    if !cluster {
+        prefixes.push(legacy_redis_prefix(bus_prefix, group));
+    }
+    prefixes
+}
+
 /// Keys in Redis, `<prefix>:<key>`, each set with `SET NX PX <ttl>`.
 #[derive(Clone)]
 pub struct RedisDedup {
     connection: RedisConnection,
     prefix: String,
-    legacy_prefix: Option<String>,
+    legacy_prefixes: Vec<String>,
     ttl: Duration,
 }
 
 impl RedisDedup {
     /// Keys under `prefix`, each forgotten `ttl` after it was marked.
     pub fn new(connection: RedisConnection, prefix: impl Into<String>, ttl: Duration) -> Self {
-        Self { connection, prefix: prefix.into(), legacy_prefix: None, ttl }
+        Self { connection, prefix: prefix.into(), legacy_prefixes: Vec::new(), ttl }
     }
 
-    /// The same, also taking a key marked under `legacy` ([`legacy_redis_prefix`]) as done.
-    /// Only for a single server: in a cluster the two keys are in different slots.
+    /// The same, also taking a key marked under any of `legacy` ([`legacy_redis_prefixes`])
+    /// as done. On a cluster, only prefixes whose keys share the slot of the key under `prefix`
+    /// (one `EXISTS` looks them up together).
     #[must_use]
-    pub fn with_legacy_prefix(self, legacy: Option<String>) -> Self {
-        Self { legacy_prefix: legacy, ..self }
+    pub fn with_legacy_prefixes(self, legacy: Vec<String>) -> Self {
+        Self { legacy_prefixes: legacy, ..self }
     }
 
     fn key(&self, key: &str) -> String {
@@ -162,7 +187,7 @@ impl RedisDedup {
 #[async_trait]
 impl Dedup for RedisDedup {
     async fn is_done(&self, key: &str) -> Result<bool, DedupError> {
-        let legacy = self.legacy_prefix.as_ref().map(|prefix| format!("{prefix}:{key}"));
+        let legacy: Vec<String> = self.legacy_prefixes.iter().map(|prefix| format!("{prefix}:{key}")).collect();
         let key = self.key(key);
         let exists: u64 = redis::cmd("EXISTS")
             .arg(&key)
@@ -355,6 +380,43 @@ mod tests {
             let ttl: i64 = redis::cmd("PTTL").arg(format!("{prefix}:evt")).query_async(&mut connection).await.unwrap();
             assert!((1..=30_000).contains(&ttl), "{name}: ttl {ttl}");
             let _: () = redis::cmd("DEL").arg(format!("{prefix}:evt")).query_async(&mut connection).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn redis_keys_share_the_groups_slot_and_earlier_marks_count() {
+        for (name, url) in imagepipe_contracts::testing::redis_urls() {
+            let mut connection = RedisConnection::open(&url).await.unwrap_or_else(|e| panic!("Redis at {url}: {e}"));
+            let bus = format!("imagepipe-test-{}", uuid_like());
+            let prefix = redis_prefix(&bus, "group");
+            assert!(prefix.starts_with(&format!("{bus}:dedup:group:{{")), "{prefix}");
+            assert!(prefix.len() <= format!("{bus}:dedup:group:{{abc}}").len(), "{prefix}");
+            let group_slot = slot::hash_slot(redis_group_tag(&bus, "group").as_bytes());
+            assert_eq!(slot::hash_slot(format!("{prefix}:evt").as_bytes()), group_slot);
+            if connection.is_cluster() {
+                let key = format!("{prefix}:evt");
+                let slot: u16 =
+                    redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query_async(&mut connection).await.unwrap();
+                assert_eq!(slot, group_slot, "{name}: the cluster agrees");
+            }
+            let legacy = legacy_redis_prefixes(&bus, "group", connection.is_cluster());
+            let dedup = RedisDedup::new(connection.clone(), prefix.clone(), Duration::from_secs(30))
+                .with_legacy_prefixes(legacy.clone());
+            // Marked by an earlier version, under each earlier layout this deployment had.
+            let mut marked = Vec::new();
+            for (i, old) in legacy.iter().enumerate() {
+                let key = format!("{old}:old{i}");
+                let _: () = redis::cmd("SET").arg(&key).arg(1).query_async(&mut connection).await.unwrap();
+                assert!(dedup.is_done(&format!("old{i}")).await.unwrap(), "{name}: {key} counts");
+                marked.push(key);
+            }
+            assert!(!dedup.is_done("new").await.unwrap(), "{name}");
+            assert!(dedup.mark_done("new").await.unwrap(), "{name}");
+            assert!(dedup.is_done("new").await.unwrap(), "{name}");
+            marked.push(format!("{prefix}:new"));
+            for key in marked {
+                let _: () = redis::cmd("DEL").arg(key).query_async(&mut connection).await.unwrap();
+            }
         }
     }
 

@@ -1,21 +1,45 @@
 //! The blob reference index: which tasks reference which blobs, and the released blobs.
+//!
+//! `P:{P:idx}:blob:<key>` is the set of the tasks that reference blob `key`. Which blobs a task
+//! references is not kept beside it: it is every blob key in its JSON ([`keys_in`]), and those a
+//! write of it dropped or a refused write added, kept in its hash's `gone` field (the transition
+//! script, [`TRANSITION`](super::scripts::TRANSITION)). A store written before kept them in a set
+//! per task, `P:{P:idx}:task_blobs:<id>`, which the expiry still reads.
+
+use std::collections::BTreeSet;
+
+use imagepipe_contracts::command::is_blob_key;
 
 use super::{RedisStore, redis_err};
 use crate::store::{StoreError, blob_keys};
 use crate::task::Task;
 
 impl RedisStore {
-    /// Adds to `pipe` the records that `task` references its [`blob_keys`].
+    /// Adds to `pipe` the records that `task` references its [`blob_keys`] (those of a blob
+    /// key's form: no other names a blob, and the expiry finds only those, [`keys_in`]).
     pub(super) fn queue_blob_references(&self, pipe: &mut redis::Pipeline, task: &Task) {
-        let keys = blob_keys(task);
-        if keys.is_empty() {
-            return;
-        }
-        pipe.sadd(self.task_blobs_key(&task.id), &keys).ignore();
-        for key in keys {
+        for key in blob_keys(task).into_iter().filter(|k| is_blob_key(k)) {
             pipe.sadd(self.blob_key(key), &task.id).ignore();
         }
     }
+}
+
+/// Every blob key in `text`: each `sha256:` followed by exactly 64 lowercase hex digits (not
+/// more), as the transition script's `blob_keys` finds them. Of a task's JSON, a superset of its
+/// [`blob_keys`] of a blob key's form.
+pub(super) fn keys_in(text: &str) -> BTreeSet<&str> {
+    const TAG: &str = "sha256:";
+    let mut keys = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(TAG) {
+        let after = &rest[at + TAG.len()..];
+        let hex = after.bytes().take_while(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)).count();
+        if hex == 64 {
+            keys.insert(&rest[at..at + TAG.len() + hex]);
+        }
+        rest = &after[hex..];
+    }
+    keys
 }
 
 /// The store's [`TaskStore::referenced_blobs`](crate::store::TaskStore::referenced_blobs).

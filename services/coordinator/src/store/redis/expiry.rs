@@ -1,9 +1,9 @@
 //! Expiring finished tasks, in the order "Expiry" in the Redis store's docs gives.
 
-use redis::AsyncCommands;
+use std::collections::BTreeSet;
 
-use super::{RedisStore, redis_err};
-use crate::store::{StoreError, TaskStore};
+use super::{RedisStore, blobs, redis_err};
+use crate::store::{StoreError, TaskStore, encode};
 use crate::task::{Task, TaskState};
 
 /// The store's [`TaskStore::expire_finished`](crate::store::TaskStore::expire_finished).
@@ -92,10 +92,21 @@ impl RedisStore {
                 .await
                 .map_err(redis_err("expiring"))?;
         }
-        let blobs: Vec<String> = conn.smembers(self.task_blobs_key(&task.id)).await.map_err(redis_err("expiring"))?;
+        // Its blob keys: those in its JSON, those it dropped or a refused write added (`gone`),
+        // and those a store written before kept in a set per task.
+        let (gone, legacy): (Option<String>, Vec<String>) = redis::pipe()
+            .hget(self.task_key(&task.id), "gone")
+            .smembers(self.task_blobs_key(&task.id))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_err("expiring"))?;
+        let json = encode(task);
+        let mut blobs: BTreeSet<&str> = blobs::keys_in(&json);
+        blobs.extend(gone.as_deref().unwrap_or_default().split_whitespace());
+        blobs.extend(legacy.iter().map(String::as_str));
         let mut unreference = self.unreference.key(self.task_blobs_key(&task.id));
         unreference.key(self.index_key("released_blobs")).arg(&task.id);
-        for key in &blobs {
+        for key in blobs {
             unreference.key(self.blob_key(key)).arg(key);
         }
         unreference.invoke_async::<()>(&mut conn).await.map_err(redis_err("expiring"))?;

@@ -1,6 +1,7 @@
 //! The Redis key of each record and index (the table in the module's docs).
 
 use imagepipe_contracts::shard::shard_of;
+use imagepipe_runtime::dedup::slot::{hash_slot, tag_of_slot};
 
 use super::RedisStore;
 use crate::task::TaskState;
@@ -11,15 +12,23 @@ impl RedisStore {
         shard_of(id, self.shards)
     }
 
-    /// The start of every key in shard `shard`'s hash slot: `P:{P:s<shard>}`.
+    /// The hash tag of shard `shard`'s lease, `{P:s<shard>}`: its slot is the shard's.
+    fn shard_tag(&self, shard: u16) -> String {
+        format!("{{{p}:s{shard}}}", p = self.prefix)
+    }
+
+    /// The start of the keys of shard `shard`'s tasks: `P:{<tag>}`, `<tag>` the shortest hash tag
+    /// of the shard's slot ([`tag_of_slot`]), so that the prefix is in a task's keys once. Tags
+    /// of two shards in one slot are the same: a task's keys are told apart by its id.
     fn shard_slot(&self, shard: u16) -> String {
-        format!("{p}:{{{p}:s{shard}}}", p = self.prefix)
+        format!("{}:{{{}}}", self.prefix, tag_of_slot(hash_slot(self.shard_tag(shard).as_bytes())))
     }
 
     pub(super) fn task_key(&self, id: &str) -> String {
         format!("{}:task:{id}", self.shard_slot(self.shard(id)))
     }
 
+    /// The history list of a store written before the task hash's `hist` field kept it.
     pub(super) fn history_key(&self, id: &str) -> String {
         format!("{}:hist:{id}", self.shard_slot(self.shard(id)))
     }
@@ -33,10 +42,16 @@ impl RedisStore {
         format!("{}:outbox:{id}", self.shard_slot(self.shard(id)))
     }
 
-    /// The lease on shard `shard`, in the slot of the shard's tasks (the transition script
-    /// checks it as it writes).
+    /// The lease on shard `shard`, `P:{P:s<shard>}:lease`, in the slot of the shard's tasks (the
+    /// transition script checks it as it writes).
     pub(super) fn lease_key(&self, shard: u16) -> String {
-        format!("{}:lease", self.shard_slot(shard))
+        format!("{}:{}:lease", self.prefix, self.shard_tag(shard))
+    }
+
+    /// The key `kind` (`task`, `hist`, `history`, `outbox`) of task `id` in layout 2, tagged with
+    /// its shard's lease tag: `P:{P:s<shard>}:<kind>:<id>`.
+    pub(super) fn layout_2_key(&self, kind: &str, id: &str) -> String {
+        format!("{}:{}:{kind}:{id}", self.prefix, self.shard_tag(self.shard(id)))
     }
 
     /// The keys of task `id` in the layout before shards (layout 1): `P:<kind>:{<id>}`, with
@@ -62,6 +77,8 @@ impl RedisStore {
         self.index_key(&format!("blob:{key}"))
     }
 
+    /// The set of the blobs task `id` referenced, as a store written before the `gone` field
+    /// kept it (the expiry reads and deletes it).
     pub(super) fn task_blobs_key(&self, id: &str) -> String {
         self.index_key(&format!("task_blobs:{id}"))
     }

@@ -42,7 +42,7 @@ pub(super) async fn tasks(store: &RedisStore, query: &ListQuery) -> Result<TaskP
         for ((id, at), json) in rows.iter().zip(json) {
             // Decoded only when it may match: a label filter skips most tasks unread.
             let task = match json {
-                Some(json) if listing.may_match(&json) => Some(decode("task", id, &json)?),
+                Some(json) if listing.may_match(&json) => Some(decode("task", id, super::scripts::task_json(&json))?),
                 _ => None,
             };
             if !listing.offer(*at, id, task) {

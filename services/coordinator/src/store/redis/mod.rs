@@ -2,14 +2,14 @@
 //! a task's keys and the lease of its shard share the shard's slot, so every transition script
 //! touches one slot and a cluster can spread the shards over its nodes.
 //!
-//! # Keys (`P` is the configured prefix, `N` a task's shard: `shard_of(id, shards)`)
+//! # Keys (`P` is the configured prefix, `N` a task's shard: `shard_of(id, shards)`, `T` the shortest hash tag of the slot of `{P:sN}`, two or three characters)
 //!
 //! | key | type | slot |
 //! |---|---|---|
-//! | `P:{P:sN}:task:<id>` | hash: `version`, `state`, `task` (JSON) | shard N's |
-//! | `P:{P:sN}:hist:<id>` | list of history entries (JSON), oldest first | shard N's |
-//! | `P:{P:sN}:history:<id>` | stream of the history a store written before `hist` kept (read first) | shard N's |
-//! | `P:{P:sN}:outbox:<id>` | hash: entry id → JSON | shard N's |
+//! | `P:{T}:task:<id>` | hash: `task` (the version, a space, the JSON; a hash written before has a `version` field and the JSON alone), `hist` (the history, a line per entry, see below), `gone` (blob keys the task no longer holds, see "Blob references") | shard N's |
+//! | `P:{T}:hist:<id>` | list of the history entries (JSON) a store written before the `hist` field kept (read after the stream, before the field) | shard N's |
+//! | `P:{T}:history:<id>` | stream of the history a store written before the list kept (read first) | shard N's |
+//! | `P:{T}:outbox:<id>` | hash: entry id → JSON | shard N's |
 //! | `P:{P:sN}:lease` | hash: `owner` (empty once released), `token`, `expires_at` (Unix ms) | shard N's |
 //! | `P:idem:{key}` | string: task id | its own |
 //! | `P:{P:idx}:state:<state>`, `P:{P:idx}:all` | sorted sets, score = creation time | the index slot |
@@ -19,9 +19,10 @@
 //! | `P:{P:idx}:queued:sN` | sorted set: shard N's queued tasks, scored as `state:queued` | the index slot |
 //! | `P:{P:idx}:finished` | sorted set: finished tasks, score = time of the last transition | the index slot |
 //! | `P:{P:idx}:shards` | string: the shard count the store is pinned to | the index slot |
-//! | `P:{P:idx}:layout` | string: the key layout version (2: per shard) | the index slot |
+//! | `P:{P:idx}:layout` | string: the key layout version (3: per shard, short tags) | the index slot |
 //! | `P:{P:dlq}:entries`, `P:{P:dlq}:order` | dead-letter archive | the DLQ slot |
-//! | `P:{P:idx}:blob:<key>`, `P:{P:idx}:task_blobs:<id>` | sets: the tasks referencing a blob, the blobs a task references | the index slot |
+//! | `P:{P:idx}:blob:<key>` | set: the tasks referencing a blob | the index slot |
+//! | `P:{P:idx}:task_blobs:<id>` | set: the blobs a task referenced, as a store written before `gone` kept them (read and deleted by the expiry) | the index slot |
 //! | `P:{P:idx}:released_blobs` | set: blobs whose last referencing task expired | the index slot |
 //! | `P:{P:idx}:blob_refs_built` | string: the blob references of the tasks written before they were kept are in | the index slot |
 //! | `P:{P:cluster}:replicas`, `P:{P:cluster}:alive` | hash: replica id → announcement (JSON); sorted set: id → when it runs out | the cluster slot |
@@ -31,6 +32,27 @@
 //! scores: every command that changes a global set changes the shard's in the same MULTI block
 //! or script, so the claims of [`TaskStore::claim_due_in`] and [`TaskStore::claim_due`] are
 //! disjoint.
+//!
+//! # History
+//!
+//! A transition appends its history entry to the `hist` field of the task hash, as a line of
+//! JSON; an entry that names the same replica as the entry before it is kept without it, as `=`
+//! followed by the JSON (the replica is the same for most of a task's entries: a line is about
+//! 45 bytes shorter). Reading the history fills the replica back in. The entries a store written
+//! before kept in a stream or a list per task are read first.
+//!
+//! # Blob references
+//!
+//! Before a write, the index commands add the task to the reference set `blob:<key>` of each of
+//! its blob keys. The blobs a task references are found again from the task itself: every blob
+//! key in its JSON, and those kept in its `gone` field, which the transition script keeps: the
+//! keys a write drops from the task's JSON (a reprocessing that replaced a derivative), and those
+//! of a refused write (a lost compare-and-set, a fenced write) that the stored task does not hold.
+//! So a finished task costs no record of its own for its blobs, and its expiry drops every
+//! reference it ever had (with those of the per-task set `task_blobs:<id>` a store written before
+//! kept). A write whose index commands ran but whose transition script did not (the connection
+//! lost between them) can leave a reference the task does not record: its blob is then kept
+//! until an operator removes the reference.
 //!
 //! # Shards, leases and fencing
 //!
@@ -82,6 +104,7 @@
 mod blobs;
 mod dead_letters;
 mod expiry;
+mod history;
 mod keys;
 mod list;
 mod scripts;
@@ -101,8 +124,8 @@ use redis::{AsyncCommands, Script};
 use tokio::sync::OnceCell;
 
 use scripts::{
-    ACQUIRE, CLAIM_IN, CLAIM_LISTED, FORGET, LIVE_REPLICAS, RELEASE_KEY, RELEASE_LEASE, TRANSITION, TRIM_DEAD_LETTERS,
-    UNFINISH, UNINDEX, UNREFERENCE,
+    ACQUIRE, CLAIM_IN, CLAIM_LISTED, FORGET, LIVE_REPLICAS, RELEASE_KEY, RELEASE_LEASE, TRIM_DEAD_LETTERS, UNFINISH,
+    UNINDEX, UNREFERENCE,
 };
 
 use super::{
@@ -165,7 +188,7 @@ impl RedisStore {
             shards: DEFAULT_SHARDS,
             min_replicas: 0,
             ready: Arc::new(OnceCell::new()),
-            transition: Script::new(TRANSITION),
+            transition: Script::new(&scripts::transition_script()),
             claim_in: Script::new(CLAIM_IN),
             claim_listed: Script::new(CLAIM_LISTED),
             acquire: Script::new(ACQUIRE),
@@ -309,20 +332,7 @@ impl TaskStore for RedisStore {
 
     async fn history(&self, id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
         self.ready().await?;
-        let (legacy, listed): (redis::streams::StreamRangeReply, Vec<Vec<u8>>) = redis::pipe()
-            .xrange_all(self.legacy_history_key(id))
-            .lrange(self.history_key(id), 0, -1)
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(redis_err("reading history"))?;
-        let legacy = legacy.ids.iter().map(|entry| {
-            entry.get::<Vec<u8>>("entry").ok_or_else(|| StoreError::Corrupt {
-                what: "history entry",
-                id: format!("{id}/{}", entry.id),
-                message: "has no `entry` field".into(),
-            })
-        });
-        legacy.chain(listed.into_iter().map(Ok)).map(|json| decode("history entry", id, &json?)).collect()
+        history::read(self, id).await
     }
 
     async fn list(&self, query: &ListQuery) -> Result<TaskPage, StoreError> {
@@ -495,7 +505,7 @@ impl RedisStore {
         }
         let json: Vec<Option<Vec<u8>>> =
             pipe.query_async(&mut self.conn.clone()).await.map_err(redis_err("reading a task"))?;
-        ids.iter().zip(json).map(|(id, j)| j.map(|j| decode("task", id, &j)).transpose()).collect()
+        ids.iter().zip(json).map(|(id, j)| j.map(|j| decode("task", id, scripts::task_json(&j))).transpose()).collect()
     }
 
     /// Prunes the index entries that refused writes (`lost`: lost compare-and-sets, fenced

@@ -1,27 +1,124 @@
 //! The Lua scripts of the Redis store: each one atomic in one hash slot.
 
 /// Checks the fence and the version, writes the task, appends history, writes the outbox: one
-/// transition. KEYS: task, history (a list: a stream per task would take 4 KiB even when small),
-/// outbox, the lease of the task's shard (all in the shard's slot). ARGV: expected version (0:
-/// must not exist), new version, state, task JSON, history JSON, fencing token (empty: no
-/// fence), the writer's time, then outbox entry id / JSON pairs. Returns 1 when written, 0 when
-/// the version moved on, 2 when fenced (the lease has another token or ran out by the writer's
-/// time); nothing is written unless it returns 1.
+/// transition. KEYS: task (a hash), outbox, the lease of the task's shard (all in the shard's
+/// slot). ARGV: expected version (0: must not exist), new version, task JSON, history entry
+/// JSON, the replica the entry names (empty: none), fencing token (empty: no fence), the
+/// writer's time, then outbox entry id / JSON pairs. Returns 1 when written, 0 when the version
+/// moved on, 2 when fenced (the lease has another token or ran out by the writer's time).
+///
+/// The task hash holds `task`, the version, a space and the task's JSON ([`task_json`] reads
+/// it), and `hist`: the history, one entry per line, oldest first (read by `history::read`); an
+/// entry that names the same replica as the entry before it is kept without it, as `=` and its
+/// JSON. A hash an earlier version wrote has the version in a field of its own, `version`, and a
+/// `state` field nothing read: both go at its next write.
+///
+/// Blob references ([`BLOB_KEYS`]): the index commands before the script added the task to the
+/// reference set of every blob key in its JSON. A key the task's JSON drops (a reprocessing
+/// replaced a derivative) is kept in the hash's `gone` field (space-separated), so that its
+/// expiry drops every reference it ever had. A refused write (0 or 2) records there the keys of
+/// its JSON the stored task does not hold, and writes nothing else.
 pub(super) const TRANSITION: &str = r#"
-if ARGV[6] ~= '' then
-  local lease = redis.call('HMGET', KEYS[4], 'token', 'expires_at')
-  if lease[1] ~= ARGV[6] or tonumber(lease[2] or '0') <= tonumber(ARGV[7]) then return 2 end
+local function keep_gone(keys)
+  local gone = redis.call('HGET', KEYS[1], 'gone')
+  local known = blob_keys('', gone or '')
+  local added = {}
+  for key in pairs(keys) do
+    if not known[key] then added[#added + 1] = key end
+  end
+  if #added == 0 then return end
+  table.sort(added)
+  local listed = table.concat(added, ' ')
+  if gone then listed = gone .. ' ' .. listed end
+  redis.call('HSET', KEYS[1], 'gone', listed)
 end
-local current = redis.call('HGET', KEYS[1], 'version')
-if current == false then current = '0' end
-if current ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'task', ARGV[4])
-redis.call('RPUSH', KEYS[2], ARGV[5])
+local function refused(code, stored)
+  if stored then
+    local have = blob_keys(stored, redis.call('HGET', KEYS[1], 'gone') or '')
+    local missing = {}
+    for key in pairs(blob_keys(ARGV[3], '')) do
+      if not have[key] then missing[key] = true end
+    end
+    keep_gone(missing)
+  end
+  return code
+end
+if ARGV[6] ~= '' then
+  local lease = redis.call('HMGET', KEYS[3], 'token', 'expires_at')
+  if lease[1] ~= ARGV[6] or tonumber(lease[2] or '0') <= tonumber(ARGV[7]) then
+    return refused(2, redis.call('HGET', KEYS[1], 'task'))
+  end
+end
+local stored = redis.call('HMGET', KEYS[1], 'version', 'task', 'hist')
+if stored[2] then
+  local version = string.match(stored[2], '^(%d+) ')
+  if version then stored[1], stored[2] = version, string.sub(stored[2], #version + 2) end
+end
+if (stored[1] or '0') ~= ARGV[1] then return refused(0, stored[2]) end
+if stored[2] then
+  local fresh = blob_keys(ARGV[3], '')
+  local dropped = {}
+  for key in pairs(blob_keys(stored[2], '')) do
+    if not fresh[key] then dropped[key] = true end
+  end
+  keep_gone(dropped)
+end
+local entry = ARGV[4]
+if ARGV[5] ~= '' and stored[3] and last_replica(stored[3]) == ARGV[5] then
+  local suffix = ',"replica":"' .. ARGV[5] .. '"}'
+  if string.sub(entry, -#suffix) == suffix then entry = '=' .. string.sub(entry, 1, -#suffix - 1) .. '}' end
+end
+local hist = entry
+if stored[3] then hist = stored[3] .. '\n' .. entry end
+redis.call('HSET', KEYS[1], 'task', ARGV[2] .. ' ' .. ARGV[3], 'hist', hist)
+redis.call('HDEL', KEYS[1], 'version', 'state')
 for i = 8, #ARGV, 2 do
-  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end
 return 1
 "#;
+
+/// The Lua functions the transition script uses, put before it by [`transition_script`]:
+/// `blob_keys(json, listed)`, the set (a table: key -> true) of the blob keys in `json` and in
+/// the space-separated `listed`: every `sha256:` followed by exactly 64 lowercase hex digits
+/// (the only form a blob key takes, [`imagepipe_contracts::command::is_blob_key`]), so a
+/// superset of [`blob_keys`](crate::store::blob_keys); and `last_replica(hist)`, the replica the
+/// last entry of a `hist` field names (empty: none).
+pub(super) const BLOB_KEYS: &str = r#"
+local function blob_keys(json, listed)
+  local keys, at = {}, 1
+  while true do
+    local s = string.find(json, 'sha256:', at, true)
+    if not s then break end
+    local key = string.match(json, '^sha256:[0-9a-f]*', s)
+    if #key == 71 then keys[key] = true end
+    at = s + #key
+  end
+  for key in string.gmatch(listed, '%S+') do keys[key] = true end
+  return keys
+end
+local function last_replica(hist)
+  local replica = ''
+  for line in string.gmatch(hist, '[^\n]+') do
+    if string.sub(line, 1, 1) ~= '=' then replica = string.match(line, ',"replica":"([^"]*)"}$') or '' end
+  end
+  return replica
+end
+"#;
+
+/// The transition script: [`BLOB_KEYS`] and [`TRANSITION`].
+pub(super) fn transition_script() -> String {
+    format!("{BLOB_KEYS}{TRANSITION}")
+}
+
+/// The task's JSON in the `task` field of a task hash: after the version and a space, or the
+/// whole field (a hash an earlier version wrote, with the version in a field of its own).
+pub(super) fn task_json(field: &[u8]) -> &[u8] {
+    match field.iter().position(|b| *b == b' ') {
+        Some(space) if space > 0 && field[..space].iter().all(u8::is_ascii_digit) => &field[space + 1..],
+        _ => field,
+    }
+}
 
 /// Claims due tasks of some shards. KEYS: the global due and claimed sets, then per shard its
 /// due and claimed sets. ARGV: now, lease end, max. Per shard, leases run out by `now` return
@@ -191,10 +288,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 "#;
 
-/// Deletes a task's keys (KEYS: task, history, legacy history stream, outbox) if it is still
-/// at version ARGV[1].
+/// Deletes a task's keys (KEYS: task, history list, legacy history stream, outbox) if it is
+/// still at version ARGV[1] (in the `task` field, or the `version` field of an older hash).
 pub(super) const FORGET: &str = r#"
-if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
+local task = redis.call('HGET', KEYS[1], 'task')
+local version = task and string.match(task, '^(%d+) ') or redis.call('HGET', KEYS[1], 'version')
+if version ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 return 1
 "#;

@@ -55,20 +55,21 @@ async fn survives_a_reconnect() {
 #[tokio::test]
 async fn every_key_of_a_task_shares_its_hash_slot() {
     let (store, _cleanup) = make("slots").await;
-    let slot = |key: &str| {
-        let tag = key.split_once('{').and_then(|(_, rest)| rest.split_once('}')).map(|(t, _)| t.to_owned());
-        tag.unwrap_or_else(|| key.to_owned())
-    };
+    let slot = |key: &str| imagepipe_runtime::dedup::slot::hash_slot(key.as_bytes());
     let id = "tsk_01J";
     let shard = imagepipe_contracts::shard::shard_of(id, imagepipe_contracts::shard::DEFAULT_SHARDS);
-    let tag = format!("{}:s{shard}", store.prefix);
-    assert_eq!(slot(&store.task_key(id)), tag, "tagged with the task's shard");
+    let tag = slot(&format!("{{{}:s{shard}}}", store.prefix));
+    assert_eq!(slot(&store.task_key(id)), tag, "in the slot of the task's shard");
+    let short = store.task_key(id).split_once('{').and_then(|(_, rest)| rest.split_once('}')).unwrap().0.to_owned();
+    assert!(short.len() <= 3 && !short.contains(&store.prefix), "a short tag: {}", store.task_key(id));
     assert_eq!(slot(&store.history_key(id)), tag);
     assert_eq!(slot(&store.legacy_history_key(id)), tag);
     assert_eq!(slot(&store.outbox_key(id)), tag);
     assert_eq!(slot(&store.lease_key(shard)), tag, "the transition script checks the lease in the same slot");
+    assert_eq!(slot(&store.layout_2_key("task", id)), tag, "layout 2's keys move within the slot");
     let other = store.clone().with_shards(7);
-    assert_eq!(slot(&other.task_key(id)), format!("{}:s{}", store.prefix, imagepipe_contracts::shard::shard_of(id, 7)));
+    let tag_7 = slot(&format!("{{{}:s{}}}", store.prefix, imagepipe_contracts::shard::shard_of(id, 7)));
+    assert_eq!(slot(&other.task_key(id)), tag_7);
     assert_eq!(slot(&store.index_key("due")), slot(&store.index_key("claimed")));
     assert_eq!(slot(&store.state_key(TaskState::Queued)), slot(&store.index_key("all")));
     for name in ["due", "claimed", "queued"] {
@@ -160,7 +161,8 @@ async fn history_an_older_store_wrote_as_a_stream_is_read_first_and_expires_too(
     );
     store.create(&created).await.unwrap();
     let mut conn = store.conn.clone();
-    let first: Vec<u8> = conn.lpop(store.history_key("tsk_stream"), None).await.unwrap();
+    let first: Vec<u8> = conn.hget(store.task_key("tsk_stream"), "hist").await.unwrap();
+    let () = conn.hdel(store.task_key("tsk_stream"), "hist").await.unwrap();
     let () = redis::cmd("XADD")
         .arg(store.legacy_history_key("tsk_stream"))
         .arg("1-0")
@@ -184,6 +186,180 @@ async fn history_an_older_store_wrote_as_a_stream_is_read_first_and_expires_too(
     let keys: Vec<String> =
         redis::cmd("KEYS").arg(format!("{}:*tsk_stream*", store.prefix)).query_async(&mut conn).await.unwrap();
     assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
+/// The decision `input` makes of `task` at `now`, written by `replica`.
+fn decided(task: &Task, input: machine::Input, now: u64, replica: Option<&str>) -> Decision {
+    let ctx = machine::Context { now, seed: 0, ..machine::Context::default() };
+    let machine::Verdict::Apply(mut d) = machine::decide(task, &input, &ctx, &machine::Policy::default()).unwrap()
+    else {
+        panic!("{input:?} applies")
+    };
+    d.history.replica = replica.map(str::to_owned);
+    *d
+}
+
+/// A task hash's `hist` field, line by line.
+async fn hist_lines(store: &RedisStore, id: &str) -> Vec<String> {
+    let field: Option<String> = store.conn.clone().hget(store.task_key(id), "hist").await.unwrap();
+    field.unwrap_or_default().lines().map(str::to_owned).collect()
+}
+
+/// Entries keep their replica in the task hash only where it changes, and read back whole; the
+/// entries a store written before kept in a list are read first, and its `state` field goes.
+pub(crate) async fn history_names_a_replica_where_it_changes(store: &RedisStore) {
+    let url = SubmitTask::url("https://example.com/a.jpg");
+    let created = machine::create("tsk_replicas".into(), &url, url.validate().unwrap(), TraceId::random(), T0);
+    assert_eq!(store.create(&created).await.unwrap(), Created::New);
+    // As a store written before the `hist` field left it: the entry in a list, the version and
+    // the state in fields of their own, the JSON alone.
+    let mut conn = store.conn.clone();
+    let key = store.task_key("tsk_replicas");
+    let first: String = conn.hget(&key, "hist").await.unwrap();
+    let () = conn.hdel(&key, "hist").await.unwrap();
+    let () = conn.rpush(store.history_key("tsk_replicas"), &first).await.unwrap();
+    let field: String = conn.hget(&key, "task").await.unwrap();
+    let (version, json) = field.split_once(' ').unwrap();
+    assert_eq!(version, "1");
+    let () = conn.hset_multiple(&key, &[("task", json), ("version", "1"), ("state", "queued")]).await.unwrap();
+    assert_eq!(store.get("tsk_replicas").await.unwrap().as_ref(), Some(&created.task), "read as before");
+
+    use imagepipe_contracts::Step;
+    let result = |task: &Task, step: Step| {
+        let output = crate::machine::tests::output(step);
+        let outcome = imagepipe_contracts::StepOutcome::Ok { output };
+        machine::Input::Result(Box::new(imagepipe_contracts::StepResult {
+            task_id: task.id.clone(),
+            step,
+            attempt: task.current_attempt(),
+            outcome,
+        }))
+    };
+    let mut task = created.task.clone();
+    let mut written = vec![created.history.clone()];
+    let steps: [(Option<Step>, Option<&str>); 7] = [
+        (None, Some("replica-a")),
+        (Some(Step::Download), Some("replica-a")),
+        (Some(Step::Metadata), None),
+        (Some(Step::Analyze), Some("replica-b")),
+        (None, Some("replica-b")),
+        (Some(Step::Analyze), Some("replica-b")),
+        (None, Some("replica-a")),
+    ];
+    for (i, (step, replica)) in steps.into_iter().enumerate() {
+        let input = match (step, i) {
+            (Some(step), _) => result(&task, step),
+            (None, 0) => machine::Input::Start,
+            (None, 4) => machine::Input::Reprocess { from: Step::Analyze, priority: None },
+            (None, _) => machine::Input::Reprocess { from: Step::Metadata, priority: None },
+        };
+        let d = decided(&task, input, T0 + 1 + i as u64, replica);
+        assert_eq!(store.apply(&d).await.unwrap(), Applied::Yes, "transition {i}");
+        written.push(d.history.clone());
+        task = d.task;
+    }
+    // finish the last generation, so that the task expires
+    for step in [Step::Metadata, Step::Analyze] {
+        let d = decided(&task, result(&task, step), T0 + 20, Some("replica-a"));
+        assert_eq!(store.apply(&d).await.unwrap(), Applied::Yes);
+        written.push(d.history.clone());
+        task = d.task;
+    }
+    assert_eq!(store.history("tsk_replicas").await.unwrap(), written, "read back as written, the list's first");
+    let lines = hist_lines(store, "tsk_replicas").await;
+    let compact: Vec<bool> = lines.iter().map(|l| l.starts_with('=')).collect();
+    assert_eq!(compact, [false, true, false, false, true, true, false, true, true], "{lines:#?}");
+    assert!(lines.iter().filter(|l| l.starts_with('=')).all(|l| !l.contains("replica")), "{lines:#?}");
+    let old: (Option<String>, Option<String>) =
+        redis::cmd("HMGET").arg(&key).arg("version").arg("state").query_async(&mut conn).await.unwrap();
+    assert_eq!(old, (None, None), "the version is in the task field now, and the state went");
+    assert_eq!(store.get("tsk_replicas").await.unwrap(), Some(task.clone()));
+
+    assert_eq!(task.state, TaskState::Completed);
+    assert_eq!(store.expire_finished(T0 + 20, 10).await.unwrap(), 1);
+    let keys = conn.exists::<_, u32>(&[store.task_key("tsk_replicas"), store.history_key("tsk_replicas")]).await;
+    assert_eq!(keys.unwrap(), 0, "the hash and the list go");
+}
+
+/// The blob keys a task's hash does not show are released with it all the same: those a store
+/// written before kept in its per-task set, and those a refused write indexed.
+pub(crate) async fn blob_keys_of_old_records_and_refused_writes_go_with_their_task(store: &RedisStore) {
+    let keys = suite::write_a_blob_task(store).await;
+    let id = "tsk_blob_legacy";
+    let (kept, refused) = (format!("sha256:{}", "7".repeat(64)), format!("sha256:{}", "8".repeat(64)));
+    // An older version kept the blobs of an earlier generation in the task's set.
+    let mut conn = store.conn.clone();
+    let () = conn.sadd(store.task_blobs_key(id), &kept).await.unwrap();
+    let () = conn.sadd(store.blob_key(&kept), id).await.unwrap();
+    // A write refused (an old version) after its index commands referenced a blob.
+    let done = store.get(id).await.unwrap().unwrap();
+    let mut stale = decided(
+        &done,
+        machine::Input::Reprocess { from: imagepipe_contracts::Step::Download, priority: None },
+        T0 + 20,
+        None,
+    );
+    stale.task.version -= 1;
+    stale.task.source = ImageSource::Blob(refused.clone());
+    assert_eq!(store.apply(&stale).await.unwrap(), Applied::Conflict);
+    let all: Vec<&str> = keys.iter().chain([&kept, &refused]).map(String::as_str).collect();
+    assert_eq!(store.referenced_blobs(&all).await.unwrap(), [true; 5]);
+    let gone: Option<String> = conn.hget(store.task_key(id), "gone").await.unwrap();
+    assert_eq!(gone.as_deref(), Some(refused.as_str()), "the refused write's key is kept");
+
+    assert_eq!(store.expire_finished(T0 + 10, 10).await.unwrap(), 1);
+    let mut released = store.take_released_blobs(10).await.unwrap();
+    released.sort();
+    let mut expected: Vec<String> = all.iter().map(|k| (*k).to_owned()).collect();
+    expected.sort();
+    assert_eq!(released, expected);
+    assert!(!conn.exists::<_, bool>(store.task_blobs_key(id)).await.unwrap(), "the old set goes too");
+}
+
+/// A store of layout 2 (a task's keys tagged `{P:s<shard>}`) has them moved to the short tags
+/// of their slots when opened, on one server and on a cluster (each move within one slot).
+pub(crate) async fn a_store_of_layout_2_is_moved_when_opened(store: &RedisStore, url: &str) {
+    let started = suite::write_a_started_task(store).await;
+    let history = store.history(&started).await.unwrap();
+    let outbox = store.outbox(&started).await.unwrap();
+    assert!(!outbox.is_empty());
+    let mut conn = store.conn.clone();
+    for kind in ["task", "outbox"] {
+        let new = match kind {
+            "task" => store.task_key(&started),
+            _ => store.outbox_key(&started),
+        };
+        let () = conn.rename(&new, store.layout_2_key(kind, &started)).await.unwrap();
+    }
+    let () = conn.set(store.index_key("layout"), 2).await.unwrap();
+
+    let again = RedisStore::connect(url, &store.prefix, suite::RELAY_GRACE).await.unwrap();
+    suite::check_a_started_task(&again, &started).await;
+    assert_eq!(again.history(&started).await.unwrap(), history);
+    assert_eq!(again.outbox(&started).await.unwrap(), outbox);
+    let left: u32 =
+        conn.exists(&[store.layout_2_key("task", &started), store.layout_2_key("outbox", &started)]).await.unwrap();
+    assert_eq!(left, 0, "nothing left under layout 2's names");
+    let layout: u32 = conn.get(store.index_key("layout")).await.unwrap();
+    assert_eq!(layout, 3);
+}
+
+#[tokio::test]
+async fn a_store_of_layout_2_is_moved_when_opened_on_one_server() {
+    let (store, _cleanup) = make("layout-2").await;
+    a_store_of_layout_2_is_moved_when_opened(&store, URL).await;
+}
+
+#[tokio::test]
+async fn history_names_a_replica_where_it_changes_on_one_server() {
+    let (store, _cleanup) = make("hist-replicas").await;
+    history_names_a_replica_where_it_changes(&store).await;
+}
+
+#[tokio::test]
+async fn blob_keys_of_old_records_and_refused_writes_go_with_their_task_on_one_server() {
+    let (store, _cleanup) = make("blob-refs").await;
+    blob_keys_of_old_records_and_refused_writes_go_with_their_task(&store).await;
 }
 
 #[tokio::test]
@@ -240,7 +416,7 @@ async fn a_store_of_the_layout_before_shards_is_moved_when_opened() {
         .unwrap();
     let old_keys = format!("{prefix}:*:{{tsk_*}}");
     let before: Vec<String> = redis::cmd("KEYS").arg(&old_keys).query_async(&mut conn).await.unwrap();
-    assert_eq!(before.len(), 7, "layout 1: {before:?}");
+    assert_eq!(before.len(), 5, "layout 1 (the history in the task hash, the stream aside): {before:?}");
 
     // Two replicas start at once: both move, each key once.
     let (a, b) = (
@@ -264,7 +440,7 @@ async fn a_store_of_the_layout_before_shards_is_moved_when_opened() {
     let due = T0 + suite::RELAY_GRACE.as_millis() as u64;
     assert_eq!(a.claim_due_in(&[shard], due, Duration::from_secs(1), 10).await.unwrap(), ["tsk_layout_queued"]);
     let layout: u32 = conn.get(a.index_key("layout")).await.unwrap();
-    assert_eq!(layout, 2);
+    assert_eq!(layout, 3);
 
     // The move fixed the shard count: a store opened with another refuses to work.
     let other = RedisStore::connect(URL, &prefix, suite::RELAY_GRACE).await.unwrap().with_shards(16);
@@ -333,6 +509,24 @@ mod cluster {
     }
 
     crate::store_suite!(optional make);
+
+    #[tokio::test]
+    async fn a_store_of_layout_2_is_moved_when_opened_on_a_cluster() {
+        let (Some(url), Some((store, _cleanup))) = (url(), make("layout-2").await) else { return };
+        super::a_store_of_layout_2_is_moved_when_opened(&store, &url).await;
+    }
+
+    #[tokio::test]
+    async fn history_names_a_replica_where_it_changes_on_a_cluster() {
+        let Some((store, _cleanup)) = make("hist-replicas").await else { return };
+        super::history_names_a_replica_where_it_changes(&store).await;
+    }
+
+    #[tokio::test]
+    async fn blob_keys_of_old_records_and_refused_writes_go_with_their_task_on_a_cluster() {
+        let Some((store, _cleanup)) = make("blob-refs").await else { return };
+        super::blob_keys_of_old_records_and_refused_writes_go_with_their_task(&store).await;
+    }
 
     /// A batch of transitions over many shards (so over every primary) with
     /// `min_replicas` of `replicas`.

@@ -1,11 +1,20 @@
 //! What a store written by an older version lacks, brought in before the first operation on
-//! tasks ([`RedisStore::ready`]): the key layout per shard (layout 2) and the indexes.
+//! tasks ([`RedisStore::ready`]): the key layout per shard with short tags (layout 3) and the
+//! indexes.
+//!
+//! # Layout 3: short tags
+//!
+//! Layout 2 tagged a task's keys with its shard's lease tag (`P:{P:sN}:task:<id>`, the prefix
+//! twice in every key); layout 3 with the shortest tag of the same slot (`P:{T}:task:<id>`), so
+//! each rename stays within one slot and runs on a cluster too. The move is layout 2's below,
+//! from layout 2's names (or layout 1's, for a store that never had the marker), without the
+//! copy of the per-shard sets when they are there already. The leases keep their names.
 //!
 //! # Layout 2: keys per shard
 //!
 //! Layout 1 tagged a task's keys with its id (`P:task:{<id>}`, `P:hist:{<id>}`,
 //! `P:history:{<id>}`, `P:outbox:{<id>}`); layout 2 tags them with its shard
-//! (`P:{P:sN}:task:<id>`, ...). The move runs when the marker `P:{P:idx}:layout` is not `2`:
+//! (`P:{P:sN}:task:<id>`, ...). The move runs when the marker `P:{P:idx}:layout` is below `2`:
 //! it pins the shard count (the new names depend on it), renames each task's keys (the tasks of
 //! the creation and finished indexes; a key already moved, or whose new name is taken, is left
 //! alone, so replicas that start together may move at the same time), copies the due, claimed
@@ -22,7 +31,7 @@ use crate::store::StoreError;
 use crate::task::TaskState;
 
 /// The key layout this version writes.
-const LAYOUT: u32 = 2;
+const LAYOUT: u32 = 3;
 
 /// Tasks moved or indexed per round trip.
 const PAGE: usize = 500;
@@ -82,6 +91,7 @@ impl RedisStore {
         if layout.is_some_and(|l| l >= LAYOUT) {
             return Ok(());
         }
+        let from = layout.unwrap_or(1);
         let (all, finished): (u64, u64) = redis::pipe()
             .zcard(self.index_key("all"))
             .zcard(self.index_key("finished"))
@@ -90,22 +100,24 @@ impl RedisStore {
             .map_err(redis_err("reading the key layout"))?;
         if all + finished > 0 {
             self.pin(self.shards).await?;
-            let (moved, taken) = self.move_task_keys().await?;
-            tracing::info!(moved, shards = self.shards, "moved the store's task keys into the layout per shard");
+            let (moved, taken) = self.move_task_keys(from).await?;
+            tracing::info!(moved, shards = self.shards, from, "moved the store's task keys into layout {LAYOUT}");
             if taken > 0 {
                 tracing::warn!(taken, "task keys left under their old names: their new names were taken");
             }
-            for name in ["due", "claimed"] {
-                self.copy_to_shards(&self.index_key(name), name).await?;
+            if from < 2 {
+                for name in ["due", "claimed"] {
+                    self.copy_to_shards(&self.index_key(name), name).await?;
+                }
+                self.copy_to_shards(&self.state_key(TaskState::Queued), "queued").await?;
             }
-            self.copy_to_shards(&self.state_key(TaskState::Queued), "queued").await?;
         }
         conn.set::<_, _, ()>(&marker, LAYOUT).await.map_err(redis_err("moving to the key layout per shard"))
     }
 
-    /// Renames the layout-1 keys of every task of the creation and finished indexes; how many
-    /// keys moved and how many were left because their new name was taken.
-    async fn move_task_keys(&self) -> Result<(u64, u64), StoreError> {
+    /// Renames the keys of layout `from` (1 or 2) of every task of the creation and finished
+    /// indexes; how many keys moved and how many were left because their new name was taken.
+    async fn move_task_keys(&self, from: u32) -> Result<(u64, u64), StoreError> {
         let script = Script::new(MOVE_KEYS);
         let mut conn = self.conn.clone();
         script.prepare_invoke().load_async(&mut conn).await.map_err(redis_err("moving task keys"))?;
@@ -126,7 +138,10 @@ impl RedisStore {
                         ("history", self.legacy_history_key(id)),
                         ("outbox", self.outbox_key(id)),
                     ] {
-                        invocation.key(self.unsharded_key(old, id)).key(new);
+                        // layout 1 (one server only) had the id as tag; layout 2 the shard's
+                        // lease tag, in the slot of layout 3's short one
+                        let old = if from < 2 { self.unsharded_key(old, id) } else { self.layout_2_key(old, id) };
+                        invocation.key(old).key(new);
                     }
                     pipe.invoke_script(&invocation);
                 }

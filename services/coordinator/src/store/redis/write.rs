@@ -61,14 +61,13 @@ impl RedisStore {
             let (token, now) = decision.fence.map_or((String::new(), 0), |f| (f.token.to_string(), f.now));
             let mut invocation = self.transition.key(self.task_key(&task.id));
             invocation
-                .key(self.history_key(&task.id))
                 .key(self.outbox_key(&task.id))
                 .key(self.lease_key(self.shard(&task.id)))
                 .arg(task.version - 1)
                 .arg(task.version)
-                .arg(task.state.as_str())
                 .arg(encode(task))
                 .arg(encode(&decision.history))
+                .arg(decision.history.replica.as_deref().unwrap_or_default())
                 .arg(token)
                 .arg(now);
             for entry in &decision.outbox {
