@@ -143,8 +143,8 @@ pub trait StatsStore: Send + Sync + 'static {
 }
 
 /// The statistics in Redis, under `<prefix>:{<prefix>:analytics}:` (the hash tag of the
-/// subscriber group, [`imagepipe_runtime::dedup::redis_group_tag`], which its dedup keys carry
-/// too, so the script's keys share one Redis Cluster slot): a hash of counters, a hash of
+/// subscriber group, [`imagepipe_runtime::dedup::redis_group_tag`]; its dedup keys carry the
+/// shortest tag of the same slot, so the script's keys share one Redis Cluster slot): a hash of counters, a hash of
 /// histogram fields (`latencies:v2`: `<span>:count`, `:sum`, `:min`, `:max`, `:<bucket>`), a
 /// hash of stage times per task (`task:<id>`, with a TTL), and a hash per minute of the last
 /// hour (`minute:<start, Unix ms>`, the fields of [`Minute::fields`], expiring
