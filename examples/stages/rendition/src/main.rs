@@ -21,6 +21,10 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A name that cannot be a stage's fails before the broker is waited for.
+    if let Err(e) = imagepipe_contracts::StageName::check(&cli.rendition.stage) {
+        return exit_code(SERVICE, Err(format!("--stage: {e}")));
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => return exit_code(SERVICE, Err(e)),
