@@ -336,6 +336,14 @@ impl Cluster {
         &self.config.prefix
     }
 
+    /// The environment this cluster's services run with (the broker, the prefix, Redis, the
+    /// shared blob directory, [`ClusterConfig::env`]) and HTTP on 127.0.0.1:`port`, for a process
+    /// a test starts beside them, such as the worker of a stage of users' own.
+    pub fn service_env(&self, port: u16) -> Vec<(String, String)> {
+        // Only the coordinator's environment has more (its front door and advertised URL).
+        self.environment(Member::new(ServiceKind::Download, 0), port)
+    }
+
     /// The directory of the shared local blob store.
     pub fn blob_dir(&self) -> PathBuf {
         self.dir.path().join("blobs")

@@ -16,6 +16,9 @@ pub struct Member {
     pub name: String,
     /// Its binaries: `[[bin]]` names, or the package name for an implicit `src/main.rs`.
     pub bins: Vec<String>,
+    /// Whether it is an example under `examples/` (a stage of users' own, with an image of its
+    /// own), not a part of the imagepipe image.
+    pub example: bool,
     manifest: Table,
 }
 
@@ -38,7 +41,8 @@ impl Workspace {
             .map(|member| {
                 let dir = member.as_str().expect("a member is a path");
                 assert!(!dir.contains('*'), "workspace member {dir:?}: globs are not supported by this test");
-                let member = Member::load(&root.join(dir));
+                let mut member = Member::load(&root.join(dir));
+                member.example = dir.starts_with("examples/");
                 (member.name.clone(), member)
             })
             .collect();
@@ -47,9 +51,13 @@ impl Workspace {
         Workspace { members, inherited }
     }
 
-    /// Every binary of the workspace, with the package that owns it.
+    /// Every binary of the workspace but the examples', with the package that owns it.
     pub fn bins(&self) -> BTreeMap<String, String> {
-        self.members.values().flat_map(|m| m.bins.iter().map(|bin| (bin.clone(), m.name.clone()))).collect()
+        self.members
+            .values()
+            .filter(|m| !m.example)
+            .flat_map(|m| m.bins.iter().map(|bin| (bin.clone(), m.name.clone())))
+            .collect()
     }
 
     /// The `imagepipe-bus` features enabled when the packages owning `bins` are built together
@@ -121,7 +129,7 @@ impl Member {
         if bins.is_empty() && dir.join("src/main.rs").is_file() {
             bins.push(name.clone());
         }
-        Member { name, bins, manifest }
+        Member { name, bins, example: false, manifest }
     }
 
     /// `[dependencies]` (not dev or build dependencies: they do not reach the binaries); a
