@@ -116,12 +116,9 @@ impl FacesWorker {
             Backend::Nats { url } => command.args(["--bus", "nats", "--nats-url", url]),
             Backend::Kafka { brokers } => command.args(["--bus", "kafka", "--kafka-brokers", brokers]),
         };
-        command
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file)
-            .kill_on_drop(true);
-        let child = command.spawn().unwrap_or_else(|e| panic!("starting {} {}: {e}", python.display(), script.display()));
+        command.stdin(Stdio::null()).stdout(file.try_clone().expect("log file")).stderr(file).kill_on_drop(true);
+        let child =
+            command.spawn().unwrap_or_else(|e| panic!("starting {} {}: {e}", python.display(), script.display()));
         let mut worker = Self { child, log };
         let until = tokio::time::Instant::now() + Duration::from_secs(90);
         loop {
