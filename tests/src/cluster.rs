@@ -622,9 +622,10 @@ async fn fetch_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Val
     response.json().await.map_err(|e| e.to_string())
 }
 
-/// A port nothing listens on right now (the OS picks it; the service binds it again).
+/// A port nothing listens on right now, below the ephemeral range, for a service to bind
+/// ([`imagepipe_contracts::testing::spare_port`]).
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    imagepipe_contracts::testing::spare_port()
 }
 
 /// The prepared AI model directory: `IMAGEPIPE_TEST_MODEL_DIR`, else `.imagepipe/models` of

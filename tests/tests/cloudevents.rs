@@ -51,7 +51,7 @@ async fn report(bus: Bus, task_id: &str) {
     let attempt =
         Attempt { task_id: task_id.into(), step: Step::Download, attempt: 2, priority: Priority::Normal, shard: None };
     let payload = ImageDownloaded { image: output(), labels: [("album".into(), "summer".into())].into() };
-    reporter.succeeded(&attempt, payload, StepOutput::Download(output())).await.expect("report the step");
+    reporter.succeeded(&attempt, Some(payload), StepOutput::Download(output())).await.expect("report the step");
 }
 
 /// The check's cases: the event and the result of `task_id`, as read on `binding`.

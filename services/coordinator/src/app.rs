@@ -9,7 +9,7 @@ use imagepipe_blob::BlobStore;
 use imagepipe_bus::Bus;
 use imagepipe_contracts::Step;
 use imagepipe_runtime::clock::{Clock, SystemClock};
-use imagepipe_runtime::config::{CoordinatorConfig, StoreKind};
+use imagepipe_runtime::config::{CoordinatorConfig, PipelineConfig, StoreKind};
 use imagepipe_runtime::connect::redis_unreachable;
 use imagepipe_runtime::control::ControlStore;
 use imagepipe_runtime::http::UploadSlots;
@@ -25,7 +25,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::events::EventHub;
 use crate::gauges;
 use crate::loops::{self, LoopsConfig, RunError};
-use crate::machine::{Policy, StepPolicy};
+use crate::machine::{Policy, Stage, StepPolicy};
 use crate::retention::Retention;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
@@ -62,26 +62,41 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn TaskStore>, Store
     Ok(store)
 }
 
-/// The retry and deadline rules of the `coordinator` section.
+/// The retry and deadline rules of the `coordinator` section and the stages of `pipeline`.
 ///
 /// # Panics
 ///
-/// When `retry_min_backoff` is zero or longer than `retry_max_backoff`, which
-/// [`Settings::validate`] refuses.
-pub fn policy(settings: &CoordinatorConfig) -> Policy {
+/// When `retry_min_backoff` is zero or longer than `retry_max_backoff`, or `pipeline.stages`
+/// is not a valid pipeline, which [`Settings::validate`] refuses.
+pub fn policy(settings: &CoordinatorConfig, pipeline: &PipelineConfig) -> Policy {
     let step = |step: Step| {
         let deadline = match step {
             Step::Download => settings.download_deadline,
             Step::Metadata => settings.metadata_deadline,
             Step::Analyze => settings.analyze_deadline,
+            Step::Custom(_) => None,
         };
         StepPolicy { max_attempts: settings.max_attempts, deadline: deadline.unwrap_or(settings.step_deadline) }
     };
+    let stages = pipeline.steps().expect("Settings::validate checks pipeline.stages");
+    let stages = stages
+        .into_iter()
+        .map(|(step, stage)| Stage {
+            step,
+            limits: step.is_custom().then(|| StepPolicy {
+                max_attempts: stage.attempts.unwrap_or(settings.max_attempts),
+                deadline: stage.deadline.unwrap_or(settings.step_deadline),
+            }),
+            when: stage.when.clone(),
+            inputs: stage.inputs.clone(),
+        })
+        .collect();
     Policy {
         download: step(Step::Download),
         metadata: step(Step::Metadata),
         analyze: step(Step::Analyze),
         backoff: settings.retry_backoff().expect("Settings::validate checks the coordinator's retry backoff"),
+        stages,
     }
 }
 
@@ -127,8 +142,11 @@ impl Coordinator {
     /// Assembles a coordinator over `store` and `bus`.
     pub fn new(settings: &Settings, store: Arc<dyn TaskStore>, bus: Bus, clock: Arc<dyn Clock>) -> Self {
         let c = &settings.coordinator;
-        let engine_config =
-            EngineConfig { policy: policy(c), max_in_flight: c.max_in_flight, ..EngineConfig::default() };
+        let engine_config = EngineConfig {
+            policy: policy(c, &settings.pipeline),
+            max_in_flight: c.max_in_flight,
+            ..EngineConfig::default()
+        };
         let ownership = Ownership::new(crate::cluster::replica_id(), c.shards);
         let engine = Engine::new(store, bus, clock, engine_config).with_ownership(ownership);
         let config = LoopsConfig {

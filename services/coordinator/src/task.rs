@@ -1,5 +1,6 @@
 //! The task record the coordinator owns, and what a transition writes next to it.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -20,6 +21,8 @@ pub enum TaskState {
     ExtractingMetadata,
     /// The analyze step runs (or waits to be retried).
     Analyzing,
+    /// A stage of users' own runs (or waits to be retried); [`Task::stage`] names it.
+    Processing,
     /// Every step succeeded.
     Completed,
     /// A step failed for good.
@@ -32,11 +35,12 @@ pub enum TaskState {
 
 impl TaskState {
     /// Every state, in pipeline order.
-    pub const ALL: [TaskState; 8] = [
+    pub const ALL: [TaskState; 9] = [
         Self::Queued,
         Self::Downloading,
         Self::ExtractingMetadata,
         Self::Analyzing,
+        Self::Processing,
         Self::Paused,
         Self::Completed,
         Self::Failed,
@@ -45,7 +49,8 @@ impl TaskState {
 
     /// The states of a started, unfinished task: the ones the in-flight cap counts. A paused
     /// task keeps its place: resuming it never waits for room.
-    pub const IN_FLIGHT: [TaskState; 4] = [Self::Downloading, Self::ExtractingMetadata, Self::Analyzing, Self::Paused];
+    pub const IN_FLIGHT: [TaskState; 5] =
+        [Self::Downloading, Self::ExtractingMetadata, Self::Analyzing, Self::Processing, Self::Paused];
 
     /// The wire name, e.g. `extracting_metadata`.
     pub const fn as_str(self) -> &'static str {
@@ -54,6 +59,7 @@ impl TaskState {
             Self::Downloading => "downloading",
             Self::ExtractingMetadata => "extracting_metadata",
             Self::Analyzing => "analyzing",
+            Self::Processing => "processing",
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -66,7 +72,8 @@ impl TaskState {
         matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
     }
 
-    /// The step that runs in this state.
+    /// The built-in step that runs in this state ([`Task::current_step`] also knows a custom
+    /// stage's).
     pub const fn step(self) -> Option<Step> {
         match self {
             Self::Downloading => Some(Step::Download),
@@ -82,7 +89,13 @@ impl TaskState {
             Step::Download => Self::Downloading,
             Step::Metadata => Self::ExtractingMetadata,
             Step::Analyze => Self::Analyzing,
+            Step::Custom(_) => Self::Processing,
         }
+    }
+
+    /// Whether a step runs (or waits for its retry) in this state.
+    pub const fn is_running(self) -> bool {
+        matches!(self, Self::Downloading | Self::ExtractingMetadata | Self::Analyzing | Self::Processing)
     }
 
     /// Whether the state machine has an edge from `self` to `to`.
@@ -92,10 +105,14 @@ impl TaskState {
             (from, Failed | Cancelled) => !from.is_terminal(),
             (Paused, Paused) => false,
             (from, Paused) => !from.is_terminal(),
-            (Paused, Queued | Downloading | ExtractingMetadata | Analyzing) => true,
+            (Paused, Queued) => true,
+            (Paused, to) if to.is_running() => true,
             // Reprocessing runs a finished task's step again.
-            (Completed | Failed | Cancelled, Downloading | ExtractingMetadata | Analyzing) => true,
+            (Completed | Failed | Cancelled, to) if to.is_running() => true,
             (Queued, Downloading) | (Downloading, ExtractingMetadata) | (ExtractingMetadata, Analyzing) => true,
+            // Stages of users' own go anywhere after the download, in the configured order.
+            (Downloading | ExtractingMetadata | Analyzing, Processing) => true,
+            (Processing, ExtractingMetadata | Analyzing | Processing | Completed) => true,
             (Analyzing, Completed) => true,
             (from, to) => from == to && !from.is_terminal(),
         }
@@ -111,7 +128,7 @@ impl fmt::Display for TaskState {
 /// A string that names no task state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown task state {0:?}; expected one of queued, downloading, extracting_metadata, analyzing, paused, completed, failed, cancelled"
+    "unknown task state {0:?}; expected one of queued, downloading, extracting_metadata, analyzing, processing, paused, completed, failed, cancelled"
 )]
 pub struct UnknownState(pub String);
 
@@ -152,7 +169,8 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// The outputs of the steps that succeeded.
+/// The outputs of the steps that succeeded; a stage of users' own keeps its output under its
+/// name (`outputs.faces`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Outputs {
@@ -165,9 +183,25 @@ pub struct Outputs {
     /// Output of the analyze step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<AnalysisOutput>,
+    /// Outputs of the stages of users' own, by stage name.
+    #[serde(flatten)]
+    pub stages: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
 }
 
-/// Per-step records, one per pipeline step.
+impl Outputs {
+    /// Every output as one JSON object, by its name in the task's outputs (`download`,
+    /// `metadata`, `analysis`, and each custom stage's name): what stage conditions and
+    /// inputs read.
+    pub fn as_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        }
+    }
+}
+
+/// Per-step records, one per pipeline step; a stage of users' own has its record under its
+/// name once it was dispatched (`steps.faces`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Steps {
     /// The download step.
@@ -176,7 +210,14 @@ pub struct Steps {
     pub metadata: StepRecord,
     /// The analyze step.
     pub analyze: StepRecord,
+    /// The stages of users' own, by name.
+    #[serde(flatten)]
+    pub stages: BTreeMap<String, StepRecord>,
 }
+
+/// The record of a stage not dispatched yet.
+const NOT_STARTED: StepRecord =
+    StepRecord { attempts: 0, last_error: None, started_at: None, finished_at: None, deferrals: 0, attempt_base: 0 };
 
 impl Steps {
     /// The record of `step`.
@@ -185,21 +226,24 @@ impl Steps {
             Step::Download => &self.download,
             Step::Metadata => &self.metadata,
             Step::Analyze => &self.analyze,
+            Step::Custom(stage) => self.stages.get(stage.as_str()).unwrap_or(&NOT_STARTED),
         }
     }
 
-    /// The record of `step`, mutable.
+    /// The record of `step`, mutable (a custom stage's is added when missing).
     pub fn get_mut(&mut self, step: Step) -> &mut StepRecord {
         match step {
             Step::Download => &mut self.download,
             Step::Metadata => &mut self.metadata,
             Step::Analyze => &mut self.analyze,
+            Step::Custom(stage) => self.stages.entry(stage.as_str().to_owned()).or_default(),
         }
     }
 
     /// Attempts dispatched over every step: a per-task ordinal of attempts.
     pub fn total_attempts(&self) -> u32 {
-        Step::ALL.iter().map(|s| self.get(*s).attempts).sum()
+        Step::ALL.iter().map(|s| self.get(*s).attempts).sum::<u32>()
+            + self.stages.values().map(|r| r.attempts).sum::<u32>()
     }
 }
 
@@ -293,6 +337,9 @@ pub struct Task {
     /// How many times the task was reprocessed (`POST /v1/reprocess`): 0 for its first run.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub generation: u32,
+    /// The stage of users' own that runs while the state is `processing`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<Step>,
 }
 
 /// A pending pause.
@@ -356,9 +403,34 @@ impl Task {
         score / QUEUED_BAND == Priority::High.index() as u64
     }
 
+    /// The step that runs now (or waits for its retry): the state's built-in step, or the
+    /// custom stage while `processing`.
+    pub fn current_step(&self) -> Option<Step> {
+        match self.state {
+            TaskState::Processing => self.stage,
+            state => state.step(),
+        }
+    }
+
+    /// The steps to show for this task, in pipeline order as far as it ran: the built-in
+    /// ones, and each stage of users' own it dispatched, placed by when it started.
+    pub fn shown_steps(&self) -> Vec<Step> {
+        let mut steps: Vec<Step> = Step::ALL.to_vec();
+        for (name, record) in &self.steps.stages {
+            let Ok(stage) = Step::named(name) else { continue };
+            let started = record.started_at.unwrap_or(u64::MAX);
+            let at = steps
+                .iter()
+                .position(|s| self.steps.get(*s).started_at.is_none_or(|t| t > started))
+                .unwrap_or(steps.len());
+            steps.insert(at, stage);
+        }
+        steps
+    }
+
     /// The attempt of the current step that was dispatched last (0 outside a step).
     pub fn current_attempt(&self) -> u32 {
-        self.state.step().map_or(0, |s| self.steps.get(s).attempts)
+        self.current_step().map_or(0, |s| self.steps.get(s).attempts)
     }
 
     /// The blob key of the downloaded image, once the download step succeeded.
@@ -406,7 +478,9 @@ pub enum HistoryEvent {
     Created,
     /// The first step was dispatched.
     Started,
-    /// A step succeeded and the next one was dispatched (or the task completed).
+    /// A step succeeded and the next one was dispatched (or the task completed). Stages whose
+    /// condition (`pipeline.stages[].when`) did not hold are passed over, each named with the
+    /// reason in the entry's detail (`skipped faces: format png is not one of jpeg`).
     StepSucceeded,
     /// An attempt failed with a retryable error (or missed its deadline); a retry is scheduled.
     RetryScheduled,

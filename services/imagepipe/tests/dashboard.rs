@@ -21,7 +21,6 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -44,14 +43,10 @@ struct Browser {
     _profile: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).unwrap().local_addr().unwrap().port()
-}
-
 impl Browser {
     async fn start() -> Self {
         let chromedriver = std::env::var("IMAGEPIPE_TEST_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
-        let port = free_port();
+        let port = imagepipe_contracts::testing::spare_port().expect("a spare port");
         let driver = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())

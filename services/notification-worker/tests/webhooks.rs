@@ -154,6 +154,7 @@ fn completed(task_id: &str, callback_url: Option<String>) -> Vec<u8> {
         }))
         .unwrap(),
         analysis: AnalysisOutput { model: "m".into(), predictions: vec![], tags: vec![], embedding: None },
+        stages: Default::default(),
         callback_url,
         labels: Default::default(),
     };

@@ -36,7 +36,7 @@ pub const SERVICE: &str = "tag-indexer-worker";
 /// The durable subscriber group; its dead letters are `dlq.events.tag-indexer`.
 pub const GROUP: &str = "tag-indexer";
 /// The events it indexes.
-pub const SELECTOR: &str = "image.analyzed || image.metadata_extracted";
+pub const SELECTOR: &str = "image.analyzed || image.metadata_extracted || stage.completed";
 /// How often the entries of tasks older than `coordinator.retention` are dropped.
 pub const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 /// Most tasks dropped per index call; [`expire`] repeats calls until one comes back short.

@@ -79,8 +79,7 @@ impl SeaweedFs {
     /// Starts one on a spare port over a fresh data directory, with the test bucket.
     pub fn start(bin: String) -> Self {
         let dir = tempfile::Builder::new().prefix("imagepipe-seaweedfs-").tempdir().expect("a data directory");
-        let port =
-            std::net::TcpListener::bind("127.0.0.1:0").expect("a spare port").local_addr().expect("bound").port();
+        let port = imagepipe_contracts::testing::spare_port().expect("a spare port");
         let mut server = Self { bin, dir, port, pid: None };
         server.serve();
         server

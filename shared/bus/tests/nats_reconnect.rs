@@ -8,7 +8,6 @@
 
 mod nats_support;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -77,7 +76,7 @@ impl Drop for Server {
 }
 
 fn spare_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    imagepipe_contracts::testing::spare_port().expect("a spare port")
 }
 
 fn binaries() -> Vec<PathBuf> {

@@ -283,10 +283,17 @@ fn command_message(command_type: CommandType) -> (String, Value) {
         CommandType::StepResult => {
             ("stepResult", "Step result", "StepResult", "A worker's report on one attempt of one step.")
         }
+        CommandType::Stage => (
+            "stageCommand",
+            "Stage command",
+            "StageCommand",
+            "Run one attempt of a stage of users' own (`pipeline.stages`) for one task.",
+        ),
     };
     let is_submit = command_type == CommandType::Submit;
     let mut extra = if is_submit { Vec::new() } else { common_headers() };
-    if matches!(command_type, CommandType::Download | CommandType::Metadata | CommandType::Analyze) {
+    if matches!(command_type, CommandType::Download | CommandType::Metadata | CommandType::Analyze | CommandType::Stage)
+    {
         extra.push((
             headers::SHARD,
             header(
@@ -350,9 +357,10 @@ fn address(name: &str) -> String {
     format!("{PREFIX}.{name}")
 }
 
-/// A channel id from a logical name (`tasks.download` → `tasks_download`).
+/// A channel id from a logical name (`tasks.download` → `tasks_download`, `tasks.{stage}` →
+/// `tasks_stage`).
 fn channel_id(name: &str) -> String {
-    name.replace('.', "_")
+    name.replace('.', "_").replace(['{', '}'], "")
 }
 
 /// The message reference of component message `name`.
@@ -380,8 +388,8 @@ pub fn document() -> Result<Value, AsyncApiError> {
         )
     };
 
-    // Task queues, in pipeline order.
-    for command_type in CommandType::ALL {
+    // Task queues, in pipeline order, then the queue of each stage of users' own.
+    for command_type in CommandType::ALL.into_iter().chain([CommandType::Stage]) {
         let (name, message) = command_message(command_type);
         messages.insert(name.clone(), message);
         let queue = command_type.queue();
@@ -394,6 +402,10 @@ pub fn document() -> Result<Value, AsyncApiError> {
             CommandType::Download => ("ImageDownloadQueue.", "download-worker replicas (competing)"),
             CommandType::Metadata => ("MetadataProcessingQueue.", "metadata-worker replicas (competing)"),
             CommandType::Analyze => ("AIProcessingQueue.", "ai-worker replicas (competing)"),
+            CommandType::Stage => (
+                "The queue of each stage of users' own: `{stage}` is its name in `pipeline.stages`.",
+                "that stage's worker replicas (competing; any language)",
+            ),
             CommandType::StepResult => (
                 "Step results. Partitioned like the submissions: a worker sends its result to the partition its \
                  command's `imagepipe-shard` header names.",
@@ -401,15 +413,18 @@ pub fn document() -> Result<Value, AsyncApiError> {
             ),
         };
         let id = channel_id(queue);
-        channels.insert(
-            id.clone(),
-            json!({
-                "address": address(queue),
-                "title": queue,
-                "description": format!("{description} Consumed by {consumer}. {}", lanes(queue)),
-                "messages": { name.clone(): message_ref(&name) },
-            }),
-        );
+        let mut channel = json!({
+            "address": address(queue),
+            "title": queue,
+            "description": format!("{description} Consumed by {consumer}. {}", lanes(queue)),
+            "messages": { name.clone(): message_ref(&name) },
+        });
+        if command_type == CommandType::Stage {
+            channel["parameters"] = json!({
+                "stage": { "description": "The stage's name in `pipeline.stages` (1 to 32 lowercase letters, digits or `_`, starting with a letter)." }
+            });
+        }
+        channels.insert(id.clone(), channel);
         let (action, verb) = match command_type {
             CommandType::Submit => ("receive", "receive"),
             _ => ("send", "send"),
@@ -456,9 +471,11 @@ pub fn document() -> Result<Value, AsyncApiError> {
             }),
         );
     }
-    for (topic, title) in
-        [(names::topics::IMAGE_EVENTS, "ImageEventsQueue"), (names::topics::TASK_EVENTS, "TaskLifecycleEventsQueue")]
-    {
+    for (topic, title) in [
+        (names::topics::IMAGE_EVENTS, "ImageEventsQueue"),
+        (names::topics::TASK_EVENTS, "TaskLifecycleEventsQueue"),
+        (names::topics::STAGE_EVENTS, "StageEventsQueue"),
+    ] {
         let id = channel_id(topic);
         let members: Vec<EventType> =
             EventType::ALL.into_iter().filter(|t| names::topic_of_event_type(t.as_str()) == topic).collect();

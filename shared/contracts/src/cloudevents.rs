@@ -61,6 +61,8 @@ pub enum CommandType {
     Analyze,
     /// A step result on `tasks.results`: `step.result`.
     StepResult,
+    /// A custom stage's command on `tasks.<stage>` ([`crate::StageCommand`]): `command.stage`.
+    Stage,
 }
 
 impl CommandType {
@@ -75,10 +77,12 @@ impl CommandType {
             Self::Metadata => "command.metadata",
             Self::Analyze => "command.analyze",
             Self::StepResult => "step.result",
+            Self::Stage => "command.stage",
         }
     }
 
-    /// The queue (its `normal` lane) that carries this type.
+    /// The queue (its `normal` lane) that carries this type; a custom stage's is
+    /// `tasks.{stage}`, one per stage.
     pub const fn queue(self) -> &'static str {
         match self {
             Self::Submit => queues::SUBMIT,
@@ -86,6 +90,7 @@ impl CommandType {
             Self::Metadata => queues::METADATA,
             Self::Analyze => queues::AI,
             Self::StepResult => queues::RESULTS,
+            Self::Stage => "tasks.{stage}",
         }
     }
 
@@ -93,7 +98,10 @@ impl CommandType {
     /// `None` for a queue that is not one of imagepipe's task queues.
     pub fn of_queue(queue: &str) -> Option<Self> {
         let (base, _) = crate::lane_of(queue);
-        Self::ALL.into_iter().find(|t| t.queue() == base)
+        Self::ALL.into_iter().find(|t| t.queue() == base).or_else(|| {
+            let stage = base.strip_prefix("tasks.")?;
+            crate::StageName::check(stage).is_ok().then_some(Self::Stage)
+        })
     }
 }
 

@@ -77,11 +77,14 @@ pub enum EventType {
     /// A paused stage queue is served again.
     #[serde(rename = "queue.resumed")]
     QueueResumed,
+    /// A stage of users' own (`pipeline.stages`) succeeded, with its output.
+    #[serde(rename = "stage.completed")]
+    StageCompleted,
 }
 
 impl EventType {
     /// Every event type.
-    pub const ALL: [EventType; 13] = [
+    pub const ALL: [EventType; 14] = [
         Self::ImageDownloaded,
         Self::ImageMetadataExtracted,
         Self::ImageAnalyzed,
@@ -95,6 +98,7 @@ impl EventType {
         Self::TaskResumed,
         Self::QueuePaused,
         Self::QueueResumed,
+        Self::StageCompleted,
     ];
 
     /// The wire name, e.g. `image.downloaded`.
@@ -113,6 +117,7 @@ impl EventType {
             Self::TaskResumed => "task.resumed",
             Self::QueuePaused => "queue.paused",
             Self::QueueResumed => "queue.resumed",
+            Self::StageCompleted => "stage.completed",
         }
     }
 }
@@ -149,6 +154,14 @@ const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6b1f_4a8e_93d2_4c5e_8f71_2d0c
 /// so a redelivered step publishes the same id and subscribers deduplicate by it.
 pub fn event_id(task_id: &str, event_type: EventType, attempt: u32) -> Uuid {
     let name = format!("{task_id}\n{}\n{attempt}", event_type.as_str());
+    Uuid::new_v5(&EVENT_ID_NAMESPACE, name.as_bytes())
+}
+
+/// The deterministic id of `stage.completed` for attempt `attempt` of custom stage `stage`:
+/// UUIDv5 over `(taskId, eventType, stage, attempt)`, since several stages of one task have
+/// attempts of the same number.
+pub fn stage_event_id(task_id: &str, stage: &str, attempt: u32) -> Uuid {
+    let name = format!("{task_id}\n{}\n{stage}\n{attempt}", EventType::StageCompleted.as_str());
     Uuid::new_v5(&EVENT_ID_NAMESPACE, name.as_bytes())
 }
 
@@ -236,6 +249,9 @@ mod tests {
         assert_ne!(a, event_id("tsk_1", EventType::ImageDownloaded, 2));
         assert_ne!(a, event_id("tsk_1", EventType::TaskCompleted, 1));
         assert_ne!(a, event_id("tsk_2", EventType::ImageDownloaded, 1));
+        let faces = stage_event_id("tsk_1", "faces", 1);
+        assert_ne!(faces, stage_event_id("tsk_1", "ocr", 1), "two stages of one task, attempt 1 each");
+        assert_ne!(faces, stage_event_id("tsk_1", "faces", 2));
     }
 
     #[test]
@@ -256,7 +272,8 @@ mod tests {
                 "task.paused",
                 "task.resumed",
                 "queue.paused",
-                "queue.resumed"
+                "queue.resumed",
+                "stage.completed"
             ]
         );
         for t in EventType::ALL {

@@ -6,6 +6,7 @@
 //! - [`command`] holds the task-queue commands: [`SubmitTask`] (the public submit JSON),
 //!   [`DownloadCommand`], [`MetadataCommand`], [`AnalyzeCommand`].
 //! - [`step`] holds what a worker reports back to the coordinator: [`StepResult`].
+//! - [`stage`] holds what a stage of users' own takes: [`StageName`], [`StageCommand`].
 //! - [`names`] holds the logical names of queues, topics and headers.
 //! - [`asyncapi`] generates the AsyncAPI 3.0 document of every channel (docs/asyncapi.yaml).
 //! - [`cloudevents`] derives the CloudEvents attributes every message carries as headers.
@@ -26,6 +27,7 @@ pub mod payload;
 pub mod priority;
 pub mod schema;
 pub mod shard;
+pub mod stage;
 pub mod step;
 pub mod step_command;
 #[cfg(feature = "testing")]
@@ -36,8 +38,9 @@ pub use cloudevents::{CloudEvent, CloudEventError, CommandType};
 pub use command::{AnalyzeCommand, DownloadCommand, ImageSource, MetadataCommand, SubmitError, SubmitTask};
 pub use decode::{DecodeError, decode};
 pub use embedding::{Embedding, EmbeddingError};
-pub use event::{Event, EventPayload, EventType, UnknownEventType, derived_event_id, event_id};
+pub use event::{Event, EventPayload, EventType, UnknownEventType, derived_event_id, event_id, stage_event_id};
 pub use priority::{Priority, UnknownPriority, lane_of};
+pub use stage::{InvalidStageName, StageBlobs, StageCommand, StageName};
 pub use step::{Step, StepError, StepOutcome, StepOutput, StepResult};
 pub use step_command::StepCommand;
 pub use trace::{InvalidTraceId, TraceId};

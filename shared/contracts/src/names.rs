@@ -47,6 +47,8 @@ pub mod topics {
     pub const IMAGE_EVENTS: &str = "events.image";
     /// TaskLifecycleEventsQueue (`task.*` events); the Kafka topic name.
     pub const TASK_EVENTS: &str = "events.task";
+    /// The events of stages of users' own (`stage.*`); the Kafka topic name.
+    pub const STAGE_EVENTS: &str = "events.stage";
 }
 
 /// Message headers. Header names are lowercase on every backend.

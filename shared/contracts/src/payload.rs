@@ -112,6 +112,9 @@ pub struct TaskCompleted {
     pub metadata: MetadataOutput,
     /// Output of the analyze step.
     pub analysis: AnalysisOutput,
+    /// Outputs of the stages of users' own (`pipeline.stages`) that ran, by stage name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub stages: std::collections::BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
     /// The notification target, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_url: Option<String>,
@@ -205,6 +208,23 @@ pub struct QueuePaused(pub QueueChanged);
 #[serde(transparent)]
 pub struct QueueResumed(pub QueueChanged);
 
+/// Payload of `stage.completed`: a stage of users' own succeeded (built-in steps announce
+/// themselves with their `image.*` events instead).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StageCompleted {
+    /// The stage's name in `pipeline.stages`.
+    pub stage: Step,
+    /// The attempt that succeeded.
+    pub attempt: u32,
+    /// What the stage's worker reported, kept under `outputs.<stage>` of the task. A `tags`
+    /// array of strings in it is indexed by the tag indexer (e.g. `faces:1`).
+    pub output: serde_json::Map<String, serde_json::Value>,
+    /// The task's labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
 macro_rules! payload_of {
     ($($ty:ident => $event:ident),* $(,)?) => {
         $(impl EventPayload for $ty {
@@ -227,4 +247,5 @@ payload_of! {
     TaskResumed => TaskResumed,
     QueuePaused => QueuePaused,
     QueueResumed => QueueResumed,
+    StageCompleted => StageCompleted,
 }

@@ -81,16 +81,26 @@ impl FromStr for Priority {
 }
 
 /// The stage queue a lane belongs to and the lane's priority: `tasks.download.high` →
-/// (`tasks.download`, high); a queue that is no lane (`tasks.results`) is its own, `normal`.
+/// (`tasks.download`, high), and so for a custom stage's (`tasks.faces.low`); a queue that is
+/// no lane (`tasks.results`) is its own, `normal`.
 pub fn lane_of(queue: &str) -> (&str, Priority) {
     for priority in [Priority::High, Priority::Low] {
         if let Some(base) = queue.strip_suffix(priority.as_str()).and_then(|q| q.strip_suffix('.'))
-            && crate::names::queues::LANED.contains(&base)
+            && (crate::names::queues::LANED.contains(&base) || is_stage_queue(base))
         {
             return (base, priority);
         }
     }
     (queue, Priority::Normal)
+}
+
+/// Whether `queue` is a custom stage's queue (`tasks.<stage>`): laned like the built-in ones.
+fn is_stage_queue(queue: &str) -> bool {
+    queue.strip_prefix("tasks.").is_some_and(|name| {
+        !name.contains('.')
+            && crate::names::queues::ALL.iter().all(|q| *q != queue)
+            && crate::StageName::check(name).is_ok()
+    })
 }
 
 #[cfg(test)]
@@ -107,7 +117,9 @@ mod tests {
             }
         }
         assert_eq!(lane_of(queues::RESULTS), (queues::RESULTS, Priority::Normal));
-        assert_eq!(lane_of("tasks.other.high"), ("tasks.other.high", Priority::Normal), "not a laned queue");
+        assert_eq!(lane_of("tasks.faces.high"), ("tasks.faces", Priority::High), "a custom stage's lane");
+        assert_eq!(lane_of("events.image.high"), ("events.image.high", Priority::Normal), "not a laned queue");
+        assert_eq!(lane_of("tasks.Bad.high"), ("tasks.Bad.high", Priority::Normal), "no stage name");
     }
 
     #[test]

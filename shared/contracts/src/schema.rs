@@ -7,9 +7,11 @@ use schemars::{JsonSchema, Schema, schema_for};
 
 use crate::payload::{
     ImageAnalyzed, ImageDownloaded, ImageDuplicateDetected, ImageMetadataExtracted, QueuePaused, QueueResumed,
-    TaskCancelled, TaskCompleted, TaskCreated, TaskFailed, TaskPaused, TaskResumed, TaskRetrying,
+    StageCompleted, TaskCancelled, TaskCompleted, TaskCreated, TaskFailed, TaskPaused, TaskResumed, TaskRetrying,
 };
-use crate::{AnalyzeCommand, DownloadCommand, Event, EventPayload, MetadataCommand, StepResult, SubmitTask};
+use crate::{
+    AnalyzeCommand, DownloadCommand, Event, EventPayload, MetadataCommand, StageCommand, StepResult, SubmitTask,
+};
 
 /// Every schema imagepipe publishes, as (file name under `schema/`, schema).
 pub fn all() -> Vec<(String, Schema)> {
@@ -19,6 +21,7 @@ pub fn all() -> Vec<(String, Schema)> {
         ("download-command.schema.json".to_owned(), schema_for!(DownloadCommand)),
         ("metadata-command.schema.json".to_owned(), schema_for!(MetadataCommand)),
         ("analyze-command.schema.json".to_owned(), schema_for!(AnalyzeCommand)),
+        ("stage-command.schema.json".to_owned(), schema_for!(StageCommand)),
         ("step-result.schema.json".to_owned(), schema_for!(StepResult)),
     ];
     schemas.extend([
@@ -35,6 +38,7 @@ pub fn all() -> Vec<(String, Schema)> {
         payload::<TaskResumed>(),
         payload::<QueuePaused>(),
         payload::<QueueResumed>(),
+        payload::<StageCompleted>(),
     ]);
     schemas
 }

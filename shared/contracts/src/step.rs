@@ -5,9 +5,15 @@ use std::fmt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// A step of the pipeline, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
+use crate::stage::{InvalidStageName, StageName};
+
+/// A step of the pipeline: one of the three built-in steps, or a stage of users' own from
+/// `pipeline.stages` ([`StageName`]). On the wire it is the step's name (`download`,
+/// `metadata`, `analyze`, or the stage's name).
+///
+/// The order of the pipeline is the configuration's (`pipeline.stages`), not this type's:
+/// compare positions through the coordinator's pipeline, not with `<`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Step {
     /// Fetch the image into the blob store (download-worker).
     Download,
@@ -15,27 +21,29 @@ pub enum Step {
     Metadata,
     /// Label the image with the model (ai-worker).
     Analyze,
+    /// A stage of users' own, run by their worker on `tasks.<name>`.
+    Custom(StageName),
 }
 
 impl Step {
-    /// Every step, in pipeline order.
+    /// The built-in steps, in their pipeline order (the default `pipeline.stages`).
     pub const ALL: [Step; 3] = [Step::Download, Step::Metadata, Step::Analyze];
 
-    /// The wire name: `download`, `metadata`, `analyze`.
+    /// The wire name: `download`, `metadata`, `analyze`, or a custom stage's name.
     pub const fn as_str(self) -> &'static str {
         match self {
             Step::Download => "download",
             Step::Metadata => "metadata",
             Step::Analyze => "analyze",
+            Step::Custom(stage) => stage.as_str(),
         }
     }
 
-    /// The step after this one, `None` after the last.
-    pub const fn next(self) -> Option<Step> {
-        match self {
-            Step::Download => Some(Step::Metadata),
-            Step::Metadata => Some(Step::Analyze),
-            Step::Analyze => None,
+    /// The step called `name`: a built-in one, else a custom stage of that name.
+    pub fn named(name: &str) -> Result<Step, InvalidStageName> {
+        match Step::ALL.into_iter().find(|s| s.as_str() == name) {
+            Some(step) => Ok(step),
+            None => StageName::new(name).map(Step::Custom),
         }
     }
 
@@ -45,7 +53,40 @@ impl Step {
             Step::Download => crate::names::queues::DOWNLOAD,
             Step::Metadata => crate::names::queues::METADATA,
             Step::Analyze => crate::names::queues::AI,
+            Step::Custom(stage) => stage.queue(),
         }
+    }
+
+    /// Whether this is a stage of users' own.
+    pub const fn is_custom(self) -> bool {
+        matches!(self, Step::Custom(_))
+    }
+}
+
+impl Serialize for Step {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Step {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+        Step::named(&name).map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for Step {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Step".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A step of the pipeline: `download`, `metadata`, `analyze`, or the name of a stage of `pipeline.stages`.",
+            "type": "string",
+            "pattern": "^[a-z]{1}[a-z0-9_]{0,31}$"
+        })
     }
 }
 
@@ -128,7 +169,8 @@ impl fmt::Display for StepError {
     }
 }
 
-/// The output of a successful step, named by the step.
+/// The output of a successful step, named by the step; a custom stage's is `stage`: any JSON
+/// object (at most [`crate::stage::MAX_STAGE_OUTPUT_BYTES`] bytes as JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[expect(clippy::large_enum_variant, reason = "decoded once per message and moved, never stored in bulk")]
@@ -139,15 +181,28 @@ pub enum StepOutput {
     Metadata(MetadataOutput),
     /// Output of [`Step::Analyze`].
     Analyze(AnalysisOutput),
+    /// Output of a [`Step::Custom`] stage, kept under `outputs.<name>` of the task.
+    Stage(serde_json::Map<String, serde_json::Value>),
 }
 
 impl StepOutput {
-    /// The step this output belongs to.
-    pub fn step(&self) -> Step {
+    /// Whether this is the kind of output `step` produces.
+    pub fn belongs_to(&self, step: Step) -> bool {
         match self {
-            StepOutput::Download(_) => Step::Download,
-            StepOutput::Metadata(_) => Step::Metadata,
-            StepOutput::Analyze(_) => Step::Analyze,
+            StepOutput::Download(_) => step == Step::Download,
+            StepOutput::Metadata(_) => step == Step::Metadata,
+            StepOutput::Analyze(_) => step == Step::Analyze,
+            StepOutput::Stage(_) => step.is_custom(),
+        }
+    }
+
+    /// The kind of output, for messages: the built-in step's name, or `stage`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StepOutput::Download(_) => "download",
+            StepOutput::Metadata(_) => "metadata",
+            StepOutput::Analyze(_) => "analyze",
+            StepOutput::Stage(_) => "stage",
         }
     }
 }

@@ -1,20 +1,23 @@
-//! [`StepCommand`]: what the three step commands share, so one step skeleton serves every
-//! worker.
+//! [`StepCommand`]: what the step commands share (the three built-in ones and a custom stage's
+//! [`StageCommand`]), so one step skeleton serves every worker.
 
 use crate::command::{AnalyzeCommand, DownloadCommand, MetadataCommand};
 use crate::event::EventPayload;
 use crate::payload::{ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted};
+use crate::stage::StageCommand;
 use crate::step::{AnalysisOutput, DownloadOutput, MetadataOutput, Step, StepOutput};
 
-/// What the three step commands share: the task and attempt they are about, the step they
-/// drive, and how a success is announced (the step's event payload and its step output).
+/// What the step commands share: the task and attempt they are about, the step they drive,
+/// and how a success is announced (the step's event payload, if its worker publishes one, and
+/// its step output).
 pub trait StepCommand: serde::de::DeserializeOwned + Send + Sync + 'static {
-    /// The step the command drives.
-    const STEP: Step;
     /// What the step produces.
     type Output: Send + 'static;
     /// The payload of the step's event.
     type Event: EventPayload + Send;
+
+    /// The step the command drives.
+    fn step(&self) -> Step;
 
     /// The task.
     fn task_id(&self) -> &str;
@@ -22,12 +25,16 @@ pub trait StepCommand: serde::de::DeserializeOwned + Send + Sync + 'static {
     /// Which attempt of the step this is, from 1.
     fn attempt(&self) -> u32;
 
-    /// The event payload and the step output announcing `output`.
-    fn announce(&self, output: Self::Output) -> (Self::Event, StepOutput);
+    /// The event payload the worker publishes (none: the coordinator announces the step) and
+    /// the step output announcing `output`.
+    fn announce(&self, output: Self::Output) -> (Option<Self::Event>, StepOutput);
 }
 
 impl StepCommand for DownloadCommand {
-    const STEP: Step = Step::Download;
+    fn step(&self) -> Step {
+        Step::Download
+    }
+
     type Output = DownloadOutput;
     type Event = ImageDownloaded;
 
@@ -39,13 +46,16 @@ impl StepCommand for DownloadCommand {
         self.attempt
     }
 
-    fn announce(&self, image: DownloadOutput) -> (ImageDownloaded, StepOutput) {
-        (ImageDownloaded { image: image.clone(), labels: self.labels.clone() }, StepOutput::Download(image))
+    fn announce(&self, image: DownloadOutput) -> (Option<ImageDownloaded>, StepOutput) {
+        (Some(ImageDownloaded { image: image.clone(), labels: self.labels.clone() }), StepOutput::Download(image))
     }
 }
 
 impl StepCommand for MetadataCommand {
-    const STEP: Step = Step::Metadata;
+    fn step(&self) -> Step {
+        Step::Metadata
+    }
+
     type Output = MetadataOutput;
     type Event = ImageMetadataExtracted;
 
@@ -57,18 +67,21 @@ impl StepCommand for MetadataCommand {
         self.attempt
     }
 
-    fn announce(&self, metadata: MetadataOutput) -> (ImageMetadataExtracted, StepOutput) {
+    fn announce(&self, metadata: MetadataOutput) -> (Option<ImageMetadataExtracted>, StepOutput) {
         let event = ImageMetadataExtracted {
             blob_key: self.blob_key.clone(),
             metadata: metadata.clone(),
             labels: self.labels.clone(),
         };
-        (event, StepOutput::Metadata(metadata))
+        (Some(event), StepOutput::Metadata(metadata))
     }
 }
 
 impl StepCommand for AnalyzeCommand {
-    const STEP: Step = Step::Analyze;
+    fn step(&self) -> Step {
+        Step::Analyze
+    }
+
     type Output = AnalysisOutput;
     type Event = ImageAnalyzed;
 
@@ -80,7 +93,7 @@ impl StepCommand for AnalyzeCommand {
         self.attempt
     }
 
-    fn announce(&self, analysis: AnalysisOutput) -> (ImageAnalyzed, StepOutput) {
+    fn announce(&self, analysis: AnalysisOutput) -> (Option<ImageAnalyzed>, StepOutput) {
         let result = AnalysisOutput {
             model: analysis.model.clone(),
             predictions: analysis.predictions.clone(),
@@ -88,6 +101,29 @@ impl StepCommand for AnalyzeCommand {
             embedding: None,
         };
         let event = ImageAnalyzed { blob_key: self.blob_key.clone(), analysis, labels: self.labels.clone() };
-        (event, StepOutput::Analyze(result))
+        (Some(event), StepOutput::Analyze(result))
+    }
+}
+
+/// A custom stage's command: the coordinator announces its success (`stage.completed`) from the
+/// step result, so its worker publishes no event of its own.
+impl StepCommand for StageCommand {
+    type Output = serde_json::Map<String, serde_json::Value>;
+    type Event = crate::payload::StageCompleted;
+
+    fn step(&self) -> Step {
+        self.stage
+    }
+
+    fn task_id(&self) -> &str {
+        &self.task_id
+    }
+
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    fn announce(&self, output: Self::Output) -> (Option<Self::Event>, StepOutput) {
+        (None, StepOutput::Stage(output))
     }
 }

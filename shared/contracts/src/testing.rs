@@ -89,3 +89,42 @@ pub fn run_contract_check(python: &std::path::Path, root: &std::path::Path, args
     assert!(output.status.success(), "{} failed ({}):\n{stdout}{stderr}", script.display(), output.status);
     eprint!("{stdout}");
 }
+
+/// The loopback ports [`spare_port`] picks from: below Linux's ephemeral range (32768–60999 by
+/// default), so no outgoing connection of any process takes one between the pick and the bind,
+/// and above SeaweedFS's gRPC ports (its HTTP ports + 10000).
+const SPARE_PORTS: std::ops::Range<u16> = 20_000..32_768;
+
+/// A loopback port nothing listens on now, for a process a test starts to bind: a random one
+/// below the ephemeral range. A port the OS hands out for `:0` is an ephemeral one, and another
+/// process's outgoing connection can take it before the child binds it (CI saw a coordinator
+/// fail with "Address already in use" on one).
+pub fn spare_port() -> std::io::Result<u16> {
+    use std::hash::{BuildHasher, Hasher};
+    let span = u64::from(SPARE_PORTS.end - SPARE_PORTS.start);
+    let mut last_error = None;
+    for attempt in 0u64..64 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(attempt);
+        let port = SPARE_PORTS.start + (hasher.finish() % span) as u16;
+        match std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)) {
+            Ok(_) => return Ok(port),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.expect("64 attempts"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spare_port_is_below_the_ephemeral_range_and_free() {
+        for _ in 0..20 {
+            let port = spare_port().unwrap();
+            assert!(SPARE_PORTS.contains(&port), "{port}");
+            std::net::TcpListener::bind(("127.0.0.1", port)).expect("free to bind");
+        }
+    }
+}

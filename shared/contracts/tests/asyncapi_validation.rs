@@ -30,6 +30,7 @@ fn addresses(file: &str) -> Vec<String> {
             "command.download" => queue(queues::DOWNLOAD),
             "command.metadata" => queue(queues::METADATA),
             "command.analyze" => queue(queues::AI),
+            "command.stage" => queue(CommandType::Stage.queue()),
             other => panic!("golden/{other}.json: no command of that name"),
         },
         _ => panic!("golden/{file}: which channel does it travel on?"),

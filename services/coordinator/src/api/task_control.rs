@@ -120,7 +120,7 @@ async fn resume(
 }
 
 /// `POST /v1/tasks/{id}/retry`: a failed or cancelled task runs again from the first step whose
-/// output it lacks, as a new generation in its own lanes; `409` for a task that is not
+/// output it lacks (or the stage of users' own it failed at), as a new generation in its own lanes; `409` for a task that is not
 /// finished or lacks nothing.
 async fn retry(
     State(state): State<ApiState>,
@@ -135,7 +135,9 @@ async fn retry(
         (Step::Analyze, outputs.analysis.is_some()),
     ]
     .into_iter()
-    .find_map(|(step, done)| (!done).then_some(step));
+    .find_map(|(step, done)| (!done).then_some(step))
+    // A task that failed at a stage of users' own has every built-in output.
+    .or_else(|| task.failure.as_ref().map(|f| f.step).filter(|s| s.is_custom()));
     let Some(from) = missing.filter(|_| task.state.is_terminal()) else {
         return Err(ApiError::conflict(format!(
             "the task is {}: only a failed or cancelled task is retried (POST /v1/reprocess runs finished ones again)",

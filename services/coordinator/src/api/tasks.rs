@@ -198,7 +198,7 @@ pub struct TaskView {
 impl From<Task> for TaskView {
     fn from(task: Task) -> Self {
         let last_error = task.failure.as_ref().map(|f| f.error.clone()).or_else(|| {
-            let current = task.state.step().map(|s| task.steps.get(s).last_error.clone());
+            let current = task.current_step().map(|s| task.steps.get(s).last_error.clone());
             current.flatten()
         });
         Self { task, last_error, shard: None, owner: None }

@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use imagepipe_contracts::ImageSource;
 use imagepipe_contracts::command::{MAX_ID_LEN, is_valid_id};
 use imagepipe_contracts::step::{Exif, MetadataOutput};
-use imagepipe_contracts::{ImageSource, Step};
 use imagepipe_runtime::http::{ApiError, Scope};
 use maud::{Markup, html};
 use serde::Deserialize;
@@ -248,12 +248,14 @@ fn timeline(task: &Task, now: u64) -> Markup {
     let span = (end - start) as f64;
     let width = 600.0;
     let x = |at: u64| (at.saturating_sub(start)) as f64 / span * width;
+    let steps = task.shown_steps();
+    let height = 6 + 26 * steps.len();
     html! {
         section aria-labelledby="timeline-h" {
             h2 id="timeline-h" { "Timeline" }
-            svg.timeline viewBox=(format!("0 0 {width} 84")) preserveAspectRatio="xMinYMid meet" role="img"
+            svg.timeline viewBox=(format!("0 0 {width} {height}")) preserveAspectRatio="xMinYMid meet" role="img"
                 aria-label=(format!("Stage timeline over {}", format::duration_ms(span))) {
-                @for (row, step) in Step::ALL.into_iter().enumerate() {
+                @for (row, step) in steps.iter().copied().enumerate() {
                     @let record = task.steps.get(step);
                     @let y = 4.0 + row as f64 * 26.0;
                     text x="0" y=(y + 15.0) { (step.to_string()) }
@@ -270,16 +272,16 @@ fn timeline(task: &Task, now: u64) -> Markup {
                 caption.visually-hidden { "Steps" }
                 thead { tr { th scope="col" { "Step" } th.num scope="col" { "Attempts" } th.num scope="col" { "Waited" } th.num scope="col" { "Took" } th scope="col" { "Last error" } } }
                 tbody {
-                    @for (i, step) in Step::ALL.into_iter().enumerate() {
+                    @for (i, step) in steps.iter().copied().enumerate() {
                         @let record = task.steps.get(step);
-                        @let ready = if i == 0 { Some(task.created_at) } else { task.steps.get(Step::ALL[i - 1]).finished_at };
+                        @let ready = if i == 0 { Some(task.created_at) } else { task.steps.get(steps[i - 1]).finished_at };
                         tr {
                             th scope="row" { (step.to_string()) }
                             td.num { (record.attempts) }
                             td.num { @match (ready, record.started_at) { (Some(r), Some(s)) => (format::duration_ms(s.saturating_sub(r) as f64)), _ => "–" } }
                             td.num { @match (record.started_at, record.finished_at) {
                                 (Some(s), Some(f)) => (format::duration_ms(f.saturating_sub(s) as f64)),
-                                (Some(_), None) if !task.state.is_terminal() && task.state.step() == Some(step) => "running",
+                                (Some(_), None) if !task.state.is_terminal() && task.current_step() == Some(step) => "running",
                                 _ => "–",
                             } }
                             td { @if let Some(error) = &record.last_error { code { (error.code) } " " (error.message) } }

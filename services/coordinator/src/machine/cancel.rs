@@ -21,7 +21,7 @@ pub(super) fn on_cancel(task: &Task, reason: &Option<String>, ctx: &Context) -> 
         }
         let mut t = Transition::new(task, ctx.now);
         t.task.cancel_requested = Some(PendingCancel { reason: reason.clone(), at: ctx.now });
-        let step = task.state.step();
+        let step = task.current_step();
         t.finish(Some(task.state), HistoryEvent::CancelRequested, step, Some(task.current_attempt()), reason.clone())
     } else {
         let mut t = Transition::new(task, ctx.now);

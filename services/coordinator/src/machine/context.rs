@@ -58,13 +58,16 @@ pub struct HeldSteps([Held; 3]);
 impl HeldSteps {
     /// The same, with `step`'s queue holding `held`.
     pub fn with(mut self, step: Step, held: Held) -> Self {
-        self.0[step_index(step)] = held;
+        if let Some(i) = step_index(step) {
+            self.0[i] = held;
+        }
         self
     }
 
-    /// What `step`'s queue holds.
+    /// What `step`'s queue holds (nothing known for a stage of users' own: its deadline is
+    /// not postponed for a backlog).
     pub fn get(&self, step: Step) -> Held {
-        self.0[step_index(step)]
+        step_index(step).map_or(Held::Nothing, |i| self.0[i])
     }
 
     /// Why a command of `step` sent at `sent_at` (Unix ms) or earlier, or its result, may still
@@ -97,47 +100,53 @@ impl PausedSteps {
     /// The set of `steps`.
     pub fn of(steps: impl IntoIterator<Item = Step>) -> Self {
         let mut set = Self::default();
-        for step in steps {
-            set.paused[step_index(step)] = true;
+        for i in steps.into_iter().filter_map(step_index) {
+            set.paused[i] = true;
         }
         set
     }
 
     /// The same, with `step`'s queue last resumed at `at` (Unix ms).
     pub fn resumed(mut self, step: Step, at: u64) -> Self {
-        self.resumed_at[step_index(step)] = at;
+        if let Some(i) = step_index(step) {
+            self.resumed_at[i] = at;
+        }
         self
     }
 
     /// The same, with `step`'s paused queue running nothing: the pause is in force at every
     /// live consumer and none of them holds a message, so a command of `step` still waits.
     pub fn idle(mut self, step: Step) -> Self {
-        let i = step_index(step);
-        self.idle[i] = self.paused[i];
+        if let Some(i) = step_index(step) {
+            self.idle[i] = self.paused[i];
+        }
         self
     }
 
     /// Whether `step`'s queue is paused.
     pub fn contains(&self, step: Step) -> bool {
-        self.paused[step_index(step)]
+        step_index(step).is_some_and(|i| self.paused[i])
     }
 
     /// Whether `step`'s queue is paused and runs nothing (see [`PausedSteps::idle`]).
     pub fn is_idle(&self, step: Step) -> bool {
-        self.idle[step_index(step)]
+        step_index(step).is_some_and(|i| self.idle[i])
     }
 
     /// When `step`'s queue was last resumed (0: never paused).
     pub fn resumed_at(&self, step: Step) -> u64 {
-        self.resumed_at[step_index(step)]
+        step_index(step).map_or(0, |i| self.resumed_at[i])
     }
 }
 
-fn step_index(step: Step) -> usize {
+/// The index of a built-in step; the coordinator tracks no queue pause or backlog of a stage
+/// of users' own.
+fn step_index(step: Step) -> Option<usize> {
     match step {
-        Step::Download => 0,
-        Step::Metadata => 1,
-        Step::Analyze => 2,
+        Step::Download => Some(0),
+        Step::Metadata => Some(1),
+        Step::Analyze => Some(2),
+        Step::Custom(_) => None,
     }
 }
 #[cfg(test)]

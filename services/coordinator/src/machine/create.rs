@@ -29,6 +29,7 @@ pub fn create(id: String, submit: &SubmitTask, source: ImageSource, trace_id: Tr
         pause_requested: None,
         paused: None,
         generation: 0,
+        stage: None,
     };
     let mut t = Transition::new(&task, now);
     t.task.version = 1;

@@ -70,6 +70,10 @@ pub(crate) fn output(step: Step) -> StepOutput {
             tags: vec![],
             embedding: None,
         }),
+        Step::Custom(stage) => {
+            let output = serde_json::json!({ "count": 1, "tags": [format!("{stage}:1")] });
+            StepOutput::Stage(output.as_object().expect("an object").clone())
+        }
     }
 }
 

@@ -32,7 +32,7 @@ mod undeliverable;
 
 pub use context::{Context, HELD_SLACK, Held, HeldSteps, PausedSteps};
 pub use create::create;
-pub use policy::{Policy, StepPolicy};
+pub use policy::{Policy, Stage, StepPolicy};
 
 /// The `source` of every event the coordinator publishes.
 pub const SOURCE: &str = "coordinator";

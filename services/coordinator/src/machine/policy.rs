@@ -1,9 +1,11 @@
-//! The retry and deadline rules the machine decides by.
+//! The retry and deadline rules the machine decides by, and the order of the stages.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use imagepipe_contracts::Step;
 use imagepipe_runtime::backoff::ExponentialBackoff;
+use imagepipe_runtime::config::StageCondition;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -22,7 +24,27 @@ impl Default for StepPolicy {
     }
 }
 
-/// Retry and deadline rules of every step.
+/// One stage of the pipeline as the machine runs it (`pipeline.stages`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stage {
+    /// The step.
+    pub step: Step,
+    /// A custom stage's limits (a built-in step's are [`Policy`]'s own fields).
+    pub limits: Option<StepPolicy>,
+    /// When it runs; `None`: always.
+    pub when: Option<StageCondition>,
+    /// The earlier outputs its command carries, by their names in the task's outputs.
+    pub inputs: Vec<String>,
+}
+
+impl Stage {
+    /// A stage that always runs, with the default limits.
+    pub fn always(step: Step) -> Self {
+        Self { step, limits: None, when: None, inputs: Vec::new() }
+    }
+}
+
+/// Retry and deadline rules of every step, and the order of the stages.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     /// The download step.
@@ -34,6 +56,8 @@ pub struct Policy {
     /// Delay before each retry (default: 1 s doubling, cap 60 s, full jitter). Its maximum
     /// also caps a worker's `retry_after`, so no server holds a task longer than that.
     pub backoff: ExponentialBackoff,
+    /// The stages in order, `download` first (default: the built-in pipeline).
+    pub stages: Arc<[Stage]>,
 }
 
 impl Default for Policy {
@@ -43,18 +67,40 @@ impl Default for Policy {
             metadata: StepPolicy::default(),
             analyze: StepPolicy::default(),
             backoff: ExponentialBackoff::step_retries(),
+            stages: Step::ALL.map(Stage::always).into(),
         }
     }
 }
 
 impl Policy {
-    /// The rules of `step`.
+    /// The rules of `step` (a custom stage not in the pipeline gets the download step's).
     pub fn step(&self, step: Step) -> StepPolicy {
         match step {
             Step::Download => self.download,
             Step::Metadata => self.metadata,
             Step::Analyze => self.analyze,
+            Step::Custom(_) => self.stage(step).and_then(|s| s.limits).unwrap_or(self.download),
         }
+    }
+
+    /// The pipeline's stage of `step`, if it has one.
+    pub fn stage(&self, step: Step) -> Option<&Stage> {
+        self.stages.iter().find(|s| s.step == step)
+    }
+
+    /// Where `step` runs in the pipeline (0 for `download`); `None` when it is no stage of it.
+    pub fn position(&self, step: Step) -> Option<usize> {
+        self.stages.iter().position(|s| s.step == step)
+    }
+
+    /// `step` and the stages after it, in order (none when `step` is not in the pipeline).
+    pub fn stages_from(&self, step: Step) -> &[Stage] {
+        self.position(step).map_or(&[], |i| &self.stages[i..])
+    }
+
+    /// The stages after `step`, in order (none when `step` is not in the pipeline).
+    pub fn stages_after(&self, step: Step) -> &[Stage] {
+        self.position(step).map_or(&[], |i| &self.stages[i + 1..])
     }
 
     /// The backoff after failed attempt `attempt` (from 1), its jitter drawn from `seed`.

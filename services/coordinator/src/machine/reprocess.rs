@@ -27,8 +27,13 @@ pub(super) fn on_reprocess(
         Step::Download => outputs.download.is_some(),
         Step::Metadata => outputs.metadata.is_some(),
         Step::Analyze => outputs.analysis.is_some(),
+        // A stage of users' own may have been skipped by its condition: nothing requires it.
+        Step::Custom(_) => true,
     };
-    if let Some(missing) = Step::ALL.into_iter().find(|step| *step < from && !has_output(*step)) {
+    let Some(at) = policy.position(from) else {
+        return Err(format!("{from} is no stage of this pipeline"));
+    };
+    if let Some(missing) = policy.stages[..at].iter().map(|s| s.step).find(|step| !has_output(*step)) {
         return Err(format!("reprocessing from {from} needs the {missing} step's output, which the task lacks"));
     }
     let t = Transition::new(task, ctx.now);
@@ -44,13 +49,14 @@ impl Transition {
         if let Some(priority) = priority {
             self.task.priority = priority;
         }
-        for step in Step::ALL.into_iter().filter(|s| *s >= from) {
+        for step in policy.stages_from(from).iter().map(|s| s.step) {
             let record = self.task.steps.get_mut(step);
             *record = StepRecord { attempts: record.attempts, attempt_base: record.attempts, ..StepRecord::default() };
             match step {
                 Step::Download => self.task.outputs.download = None,
                 Step::Metadata => self.task.outputs.metadata = None,
                 Step::Analyze => self.task.outputs.analysis = None,
+                Step::Custom(stage) => drop(self.task.outputs.stages.remove(stage.as_str())),
             }
         }
         self.task.failure = None;

@@ -1,9 +1,10 @@
 //! [`Input::Result`](super::Input::Result): a worker's report of an attempt: its output (the
 //! next step, or completion), a failure (a retry, or the task fails), or a deferral.
 
-use imagepipe_contracts::payload::TaskCompleted;
+use imagepipe_contracts::payload::{StageCompleted, TaskCompleted};
 use imagepipe_contracts::{Step, StepError, StepOutcome, StepOutput, StepResult};
 use imagepipe_runtime::clock::millis;
+use imagepipe_runtime::config::stage_output_too_large;
 
 use super::transition::Transition;
 use super::{Context, Decision, Ignored, Policy, Verdict};
@@ -17,22 +18,33 @@ pub(super) fn on_result(task: &Task, result: &StepResult, ctx: &Context, policy:
     if result.attempt == 0 {
         return Err("attempts count from 1".into());
     }
-    if let StepOutcome::Ok { output } = &result.outcome
-        && output.step() != result.step
-    {
-        return Err(format!("the output of step {} was reported for step {}", output.step(), result.step));
+    let Some(reported) = policy.position(result.step) else {
+        return Err(format!("a result arrived for {}, which is no stage of this pipeline", result.step));
+    };
+    if let StepOutcome::Ok { output } = &result.outcome {
+        if !output.belongs_to(result.step) {
+            return Err(format!("a {} output was reported for step {}", output.kind(), result.step));
+        }
+        if stage_output_too_large(output) {
+            return Err(format!(
+                "the output of stage {} is larger than {} bytes as JSON",
+                result.step,
+                imagepipe_contracts::stage::MAX_STAGE_OUTPUT_BYTES
+            ));
+        }
     }
     if task.state == TaskState::Paused {
         // No attempt runs while paused: the result is a repeat, or late, of one already decided.
         return Ok(Verdict::Ignore(Ignored::StaleResult));
     }
-    let Some(current) = task.state.step() else {
+    let Some(current) = task.current_step() else {
         return Err(format!("a {} result arrived for a task that has not started", result.step));
     };
-    if result.step < current {
+    let at = policy.position(current).unwrap_or(usize::MAX);
+    if reported < at {
         return Ok(Verdict::Ignore(Ignored::StaleResult));
     }
-    if result.step > current {
+    if reported > at {
         return Err(format!("a {} result arrived while the task is at step {current}", result.step));
     }
     let dispatched = task.steps.get(current).attempts;
@@ -68,19 +80,27 @@ impl Transition {
             StepOutput::Download(o) => self.task.outputs.download = Some(o),
             StepOutput::Metadata(o) => self.task.outputs.metadata = Some(o),
             StepOutput::Analyze(o) => self.task.outputs.analysis = Some(o),
+            StepOutput::Stage(o) => {
+                let payload =
+                    StageCompleted { stage: step, attempt, output: o.clone(), labels: self.task.labels.clone() };
+                self.stage_event(step, attempt, payload);
+                self.task.outputs.stages.insert(step.as_str().to_owned(), o);
+            }
         }
         if self.task.cancel_requested.is_some() {
             return Ok(self.cancel());
         }
         let from = Some(self.from);
+        let (next, skipped) = self.next_stage(step, policy);
+        let detail = (!skipped.is_empty()).then(|| skipped.join("; "));
         // The next step's first attempt; in a reprocessed generation its numbers go on from
         // the earlier generations' (so its commands and events get new ids).
-        let next_attempt = step.next().map_or(0, |next| self.task.steps.get(next).attempts + 1);
-        match step.next() {
+        let next_attempt = next.map_or(0, |next| self.task.steps.get(next).attempts + 1);
+        match next {
             Some(next) if self.task.pause_requested.is_some() => Ok(self.pause(Some(next), next_attempt)),
             Some(next) => {
                 self.dispatch(next, next_attempt, policy)?;
-                Ok(self.finish(from, HistoryEvent::StepSucceeded, Some(step), Some(attempt), None))
+                Ok(self.finish(from, HistoryEvent::StepSucceeded, Some(step), Some(attempt), detail))
             }
             None => {
                 let outputs = self.task.outputs.clone();
@@ -96,13 +116,32 @@ impl Transition {
                     download,
                     metadata,
                     analysis,
+                    stages: outputs.stages,
                     callback_url: self.task.callback_url.clone(),
                     labels: self.task.labels.clone(),
                 };
+                self.task.stage = None;
                 self.event(self.task.generation, payload);
-                Ok(self.finish(from, HistoryEvent::Completed, Some(step), Some(attempt), None))
+                Ok(self.finish(from, HistoryEvent::Completed, Some(step), Some(attempt), detail))
             }
         }
+    }
+
+    /// The stage to run after `step`: the first later one whose condition holds, and why each
+    /// one before it was passed over (`skipped faces: format png is not one of jpeg`).
+    fn next_stage(&self, step: Step, policy: &Policy) -> (Option<Step>, Vec<String>) {
+        let mut skipped = Vec::new();
+        let mut outputs = None;
+        for stage in policy.stages_after(step) {
+            let Some(when) = &stage.when else { return (Some(stage.step), skipped) };
+            let outputs = outputs.get_or_insert_with(|| self.task.outputs.as_json());
+            let format = self.task.outputs.download.as_ref().map_or("", |d| d.format.as_str());
+            match when.check(format, &self.task.labels, outputs) {
+                Ok(()) => return (Some(stage.step), skipped),
+                Err(reason) => skipped.push(format!("skipped {}: {reason}", stage.step)),
+            }
+        }
+        (None, skipped)
     }
 
     /// The worker did not start the attempt: send the same attempt again after
@@ -187,7 +226,7 @@ mod tests {
             retry_max_backoff: Duration::from_secs(45),
             ..Default::default()
         };
-        let policy = crate::app::policy(&settings);
+        let policy = crate::app::policy(&settings, &Default::default());
         let Ok(Verdict::Apply(d)) = decide(&task, &input, &ctx(5_000), &policy) else { panic!("the retry applies") };
         assert_eq!(d.task.timer.unwrap().due_at, 5_000 + 45_000, "coordinator.retry_max_backoff away, not an hour");
         let event: Event<TaskRetrying> = Event::from_json(d.outbox[0].body.as_bytes()).unwrap();
@@ -341,5 +380,142 @@ mod tests {
         let (lane, id, attempt) = sent(&resumed)[0];
         assert_eq!((lane, attempt), ("tasks.download", 1));
         assert_ne!(id, sent(&started)[0].1, "a broker would drop a re-send under the first send's id as a duplicate");
+    }
+
+    /// The machine's policy over a pipeline of `stages` (`pipeline.stages` as JSON).
+    fn policy_of(stages: serde_json::Value) -> Policy {
+        let pipeline: imagepipe_runtime::config::PipelineConfig =
+            serde_json::from_value(serde_json::json!({ "stages": stages })).unwrap();
+        let coordinator = imagepipe_runtime::config::CoordinatorConfig { max_attempts: 3, ..Default::default() };
+        crate::app::policy(&coordinator, &pipeline)
+    }
+
+    fn run(task: &Task, input: Input, now: u64, policy: &Policy) -> Decision {
+        match decide(task, &input, &ctx(now), policy) {
+            Ok(Verdict::Apply(d)) => *d,
+            other => panic!("{input:?} on {:?}: {other:?}", task.state),
+        }
+    }
+
+    fn faces() -> Step {
+        Step::named("faces").unwrap()
+    }
+
+    /// A task of `policy`'s pipeline after its three built-in steps succeeded.
+    fn analyzed(policy: &Policy) -> Decision {
+        let task = run(&new_task(), Input::Start, 0, policy).task;
+        let task = run(&task, ok(Step::Download, 1), 1, policy).task;
+        let task = run(&task, ok(Step::Metadata, 1), 2, policy).task;
+        run(&task, ok(Step::Analyze, 1), 3, policy)
+    }
+
+    #[test]
+    fn a_stage_of_users_own_runs_after_the_built_in_ones_and_its_output_is_kept_and_announced() {
+        let policy = policy_of(serde_json::json!([
+            {"name": "download"}, {"name": "metadata"}, {"name": "analyze"},
+            {"name": "faces", "attempts": 2, "deadline": "30s", "inputs": ["metadata"]},
+        ]));
+        let d = analyzed(&policy);
+        assert_eq!((d.task.state, d.task.stage), (TaskState::Processing, Some(faces())));
+        assert_eq!(queues(&d), ["tasks.faces"]);
+        let command: imagepipe_contracts::StageCommand = serde_json::from_str(&d.outbox[0].body).unwrap();
+        assert_eq!((command.stage, command.attempt, command.format.as_str()), (faces(), 1, "jpeg"));
+        assert_eq!(command.blobs.original, BLOB);
+        assert_eq!(command.inputs["metadata"]["width"], 1, "the metadata output it asked for");
+        assert_eq!(d.task.timer.unwrap().due_at, 3 + 30_000, "the stage's own deadline");
+
+        let done = run(&d.task, ok(faces(), 1), 4, &policy);
+        assert_eq!(done.task.state, TaskState::Completed);
+        assert_eq!(events(&done), ["stage.completed", "task.completed"]);
+        assert_eq!(done.task.outputs.stages["faces"]["count"], 1);
+        let completed: Event<TaskCompleted> = Event::from_json(done.outbox[1].body.as_bytes()).unwrap();
+        assert_eq!(completed.payload.stages["faces"]["tags"][0], "faces:1");
+        let announced: Event<serde_json::Value> = Event::from_json(done.outbox[0].body.as_bytes()).unwrap();
+        assert_eq!(announced.event_id, imagepipe_contracts::stage_event_id("tsk_1", "faces", 1));
+        assert_eq!(announced.payload["stage"], "faces");
+        let json = serde_json::to_value(&done.task).unwrap();
+        assert_eq!(json["outputs"]["faces"]["count"], 1, "kept under outputs.faces");
+        assert_eq!(json["steps"]["faces"]["attempts"], 1);
+    }
+
+    #[test]
+    fn a_stage_of_users_own_retries_with_its_own_attempts_then_fails_the_task() {
+        let policy = policy_of(serde_json::json!([
+            {"name": "download"}, {"name": "faces", "attempts": 2}, {"name": "metadata"}, {"name": "analyze"},
+        ]));
+        let task = run(&new_task(), Input::Start, 0, &policy).task;
+        let d = run(&task, ok(Step::Download, 1), 1, &policy);
+        assert_eq!(queues(&d), ["tasks.faces"], "right after the download, as configured");
+        let d = run(&d.task, retryable(faces(), 1), 2, &policy);
+        let timer = d.task.timer.unwrap();
+        let d = run(&d.task, Input::Timer(timer), timer.due_at, &policy);
+        assert_eq!(sent(&d)[0].0, "tasks.faces");
+        let d = run(&d.task, retryable(faces(), 2), 3, &policy);
+        assert_eq!(d.task.state, TaskState::Failed);
+        assert!(d.task.failure.unwrap().error.message.contains("gave up after 2 of 2 attempts"));
+    }
+
+    #[test]
+    fn a_stage_whose_condition_fails_is_skipped_and_the_history_says_why() {
+        let policy = policy_of(serde_json::json!([
+            {"name": "download"}, {"name": "metadata"}, {"name": "analyze"},
+            {"name": "faces", "when": {"format": ["png"]}},
+            {"name": "ocr", "when": {"labels": {"kind": "scan"}}},
+        ]));
+        let d = analyzed(&policy);
+        assert_eq!(d.task.state, TaskState::Completed);
+        assert_eq!(events(&d), ["task.completed"]);
+        assert_eq!(
+            d.history.detail.as_deref(),
+            Some("skipped faces: format jpeg is not one of png; skipped ocr: label kind is not \"scan\"")
+        );
+        assert!(d.task.outputs.stages.is_empty());
+    }
+
+    #[test]
+    fn a_condition_on_an_earlier_stage_output_decides_the_next_one() {
+        let policy = policy_of(serde_json::json!([
+            {"name": "download"}, {"name": "metadata"}, {"name": "analyze"},
+            {"name": "faces"}, {"name": "face_embed", "when": {"field": "faces.count", "above": 0}},
+        ]));
+        let d = run(&analyzed(&policy).task, ok(faces(), 1), 4, &policy);
+        assert_eq!(queues(&d), ["tasks.face_embed"], "one face was found");
+        let none = StepResult {
+            task_id: "tsk_1".into(),
+            step: faces(),
+            attempt: 1,
+            outcome: StepOutcome::Ok {
+                output: StepOutput::Stage(serde_json::Map::from_iter([("count".into(), 0.into())])),
+            },
+        };
+        let d = run(&analyzed(&policy).task, Input::Result(Box::new(none)), 4, &policy);
+        assert_eq!(d.task.state, TaskState::Completed);
+        assert!(d.history.detail.unwrap().contains("skipped face_embed: faces.count is 0, not above 0"));
+    }
+
+    #[test]
+    fn results_of_stages_the_pipeline_lacks_or_of_another_kind_or_too_large_are_refused() {
+        let policy = policy_of(serde_json::json!([
+            {"name": "download"}, {"name": "metadata"}, {"name": "analyze"}, {"name": "faces"},
+        ]));
+        let task = analyzed(&policy).task;
+        let stranger = ok(Step::named("ocr").unwrap(), 1);
+        let err = decide(&task, &stranger, &ctx(5), &policy).unwrap_err();
+        assert!(err.to_string().contains("no stage of this pipeline"), "{err}");
+        let wrong = Input::Result(Box::new(StepResult {
+            task_id: "tsk_1".into(),
+            step: faces(),
+            attempt: 1,
+            outcome: StepOutcome::Ok { output: output(Step::Analyze) },
+        }));
+        assert!(decide(&task, &wrong, &ctx(5), &policy).unwrap_err().to_string().contains("analyze output"));
+        let big = serde_json::Map::from_iter([("blob".to_owned(), "x".repeat(70_000).into())]);
+        let large = Input::Result(Box::new(StepResult {
+            task_id: "tsk_1".into(),
+            step: faces(),
+            attempt: 1,
+            outcome: StepOutcome::Ok { output: StepOutput::Stage(big) },
+        }));
+        assert!(decide(&task, &large, &ctx(5), &policy).unwrap_err().to_string().contains("larger than"));
     }
 }

@@ -18,7 +18,7 @@ pub(super) fn on_resume(task: &Task, ctx: &Context, policy: &Policy) -> Result<V
         }
         let mut t = Transition::new(task, ctx.now);
         t.task.pause_requested = None;
-        let step = task.state.step();
+        let step = task.current_step();
         return Ok(Verdict::Apply(Box::new(t.finish(
             Some(task.state),
             HistoryEvent::Resumed,

@@ -190,7 +190,7 @@ fn expected_illegal(task: &Task, input: &Input) -> Option<&'static str> {
             lacks.then_some("reprocessing without an earlier step's output")
         }
         Input::Result(result) if !task.state.is_terminal() => {
-            let wrong_output = matches!(&result.outcome, StepOutcome::Ok { output } if output.step() != result.step);
+            let wrong_output = matches!(&result.outcome, StepOutcome::Ok { output } if !output.belongs_to(result.step));
             match task.state.step() {
                 _ if result.attempt == 0 => Some("attempt 0"),
                 _ if wrong_output => Some("another step's output"),

@@ -1,8 +1,11 @@
 //! A transition being built: the next version of a task, its history entry and its outbox, and
 //! the steps several inputs share (dispatch an attempt, fail one, pause, cancel, fail the task).
 
-use imagepipe_contracts::payload::{TaskCancelled, TaskFailed, TaskPaused, TaskRetrying};
-use imagepipe_contracts::{AnalyzeCommand, DownloadCommand, Event, EventPayload, MetadataCommand, Step, StepError};
+use imagepipe_contracts::payload::{StageCompleted, TaskCancelled, TaskFailed, TaskPaused, TaskRetrying};
+use imagepipe_contracts::{
+    AnalyzeCommand, DownloadCommand, Event, EventPayload, EventType, MetadataCommand, StageBlobs, StageCommand, Step,
+    StepError, stage_event_id,
+};
 use imagepipe_runtime::clock::millis;
 use serde::Serialize;
 
@@ -20,6 +23,8 @@ pub(super) fn ordinal(version: u64) -> u32 {
 /// A transition being built from a task.
 pub(super) struct Transition {
     pub(super) from: TaskState,
+    /// The step that ran before the transition, if any.
+    pub(super) from_step: Option<Step>,
     pub(super) task: Task,
     outbox: Vec<OutboxEntry>,
     pub(super) now: u64,
@@ -30,7 +35,7 @@ impl Transition {
         let mut next = task.clone();
         next.version = task.version + 1;
         next.updated_at = now;
-        Self { from: task.state, task: next, outbox: Vec::new(), now }
+        Self { from: task.state, from_step: task.current_step(), task: next, outbox: Vec::new(), now }
     }
 
     pub(super) fn finish(
@@ -71,6 +76,15 @@ impl Transition {
         self.push(Destination::Event(P::EVENT_TYPE.as_str().to_owned()), event.event_id.to_string(), body);
     }
 
+    /// Publishes `stage.completed` for attempt `attempt` of custom stage `stage`, under the
+    /// id of that stage's attempt ([`stage_event_id`]).
+    pub(super) fn stage_event(&mut self, stage: Step, attempt: u32, payload: StageCompleted) {
+        let mut event = Event::for_task(self.task.id.clone(), attempt, self.task.trace_id, self.now, SOURCE, payload);
+        event.event_id = stage_event_id(&self.task.id, stage.as_str(), attempt);
+        let body = String::from_utf8(event.to_json()).expect("serde_json writes UTF-8");
+        self.push(Destination::Event(EventType::StageCompleted.as_str().to_owned()), event.event_id.to_string(), body);
+    }
+
     /// Queues `command` on the lane of `step`'s queue for the task's priority. Its message id
     /// names the attempt, and each re-send of a deferred attempt, so no broker drops a re-send
     /// as a duplicate.
@@ -105,14 +119,55 @@ impl Transition {
                     self.command(step, attempt, &AnalyzeCommand { task_id, attempt, blob_key, preview_key, labels });
                 }
             }
+            Step::Custom(_) => {
+                let command = self.stage_command(step, attempt, policy)?;
+                self.command(step, attempt, &command);
+            }
         }
         self.task.state = TaskState::of_step(step);
+        self.task.stage = step.is_custom().then_some(step);
         let record = self.task.steps.get_mut(step);
         record.attempts = attempt;
         record.started_at.get_or_insert(self.now);
         let due_at = self.now.saturating_add(millis(policy.step(step).deadline));
         self.task.timer = Some(Timer { kind: TimerKind::Deadline, step, attempt, due_at });
         Ok(())
+    }
+
+    /// The command of attempt `attempt` of custom stage `step`: the task's blobs, its
+    /// detected format and the earlier outputs the stage asked for.
+    fn stage_command(&self, step: Step, attempt: u32, policy: &Policy) -> Result<StageCommand, String> {
+        let download = (self.task.outputs.download.as_ref())
+            .ok_or_else(|| format!("cannot dispatch {step}: the download output is missing"))?;
+        let metadata = self.task.outputs.metadata.as_ref();
+        let blobs = StageBlobs {
+            original: download.blob_key.clone(),
+            derivatives: metadata
+                .map(|m| m.thumbnails.iter().map(|t| (t.name.clone(), t.key.clone())).collect())
+                .unwrap_or_default(),
+            preview: metadata.and_then(|m| m.preview_key.clone()),
+        };
+        let mut inputs = serde_json::Map::new();
+        if let Some(stage) = policy.stage(step)
+            && !stage.inputs.is_empty()
+        {
+            let outputs = self.task.outputs.as_json();
+            for name in &stage.inputs {
+                let key = if name == "analyze" { "analysis" } else { name.as_str() };
+                if let Some(output) = outputs.get(key) {
+                    inputs.insert(name.clone(), output.clone());
+                }
+            }
+        }
+        Ok(StageCommand {
+            task_id: self.task.id.clone(),
+            stage: step,
+            attempt,
+            blobs,
+            format: download.format.clone(),
+            inputs: inputs.into_iter().collect(),
+            labels: self.task.labels.clone(),
+        })
     }
 
     pub(super) fn failed_attempt(
@@ -182,7 +237,7 @@ impl Transition {
     }
 
     pub(super) fn cancel(mut self) -> Decision {
-        let step = self.from.step();
+        let step = self.from_step;
         let attempt = step.map(|s| self.task.steps.get(s).attempts);
         let reason = self.task.cancel_requested.as_ref().and_then(|c| c.reason.clone());
         self.task.state = TaskState::Cancelled;

@@ -12,7 +12,7 @@ pub(super) fn on_undeliverable(task: &Task, error: &StepError, ctx: &Context) ->
     if task.state.is_terminal() {
         return Ok(Verdict::Ignore(Ignored::AlreadyFinished));
     }
-    let step = task.state.step().unwrap_or(Step::Download);
+    let step = task.current_step().unwrap_or(Step::Download);
     let attempt = task.steps.get(step).attempts;
     let mut t = Transition::new(task, ctx.now);
     t.task.steps.get_mut(step).last_error = Some(error.clone());

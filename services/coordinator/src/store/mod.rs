@@ -279,8 +279,11 @@ pub(crate) fn rank(state: TaskState) -> u8 {
         TaskState::Downloading => 1,
         TaskState::ExtractingMetadata => 2,
         TaskState::Analyzing => 3,
-        TaskState::Paused => 4,
-        TaskState::Completed | TaskState::Failed | TaskState::Cancelled => 5,
+        // Stages of users' own mostly follow the built-in ones; one placed before `analyze`
+        // leaves its entry behind until the task finishes.
+        TaskState::Processing => 4,
+        TaskState::Paused => 5,
+        TaskState::Completed | TaskState::Failed | TaskState::Cancelled => 6,
     }
 }
 

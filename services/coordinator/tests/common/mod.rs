@@ -85,6 +85,7 @@ pub fn output(step: Step) -> StepOutput {
             tags: vec![],
             embedding: None,
         }),
+        Step::Custom(_) => StepOutput::Stage(serde_json::Map::new()),
     }
 }
 

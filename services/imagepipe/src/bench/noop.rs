@@ -8,9 +8,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use imagepipe_bus::{Bus, BusError, Delivery};
 use imagepipe_contracts::command::{AnalyzeCommand, DownloadCommand, MetadataCommand};
-use imagepipe_contracts::payload::{ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted};
+use imagepipe_contracts::payload::{ImageAnalyzed, ImageDownloaded, ImageMetadataExtracted, StageCompleted};
 use imagepipe_contracts::step::{AnalysisOutput, DominantColor, DownloadOutput, MetadataOutput, Prediction};
-use imagepipe_contracts::{Priority, Step, StepOutput, decode};
+use imagepipe_contracts::{Priority, StageCommand, Step, StepOutput, decode};
 use imagepipe_runtime::clock::SystemClock;
 use imagepipe_runtime::step::{Attempt, StepReporter};
 use imagepipe_runtime::{Handler, LoopConfig, Outcome, Settings, Shutdown, Worker, error_chain};
@@ -32,6 +32,7 @@ impl NoopStage {
             Step::Download => imagepipe_download_worker::SERVICE,
             Step::Metadata => imagepipe_metadata_worker::SERVICE,
             Step::Analyze => imagepipe_ai_worker::SERVICE,
+            Step::Custom(stage) => stage.as_str(),
         };
         Self { step, reporter: StepReporter::new(bus, source, Arc::new(SystemClock)) }
     }
@@ -50,7 +51,7 @@ impl NoopStage {
                 let image = download_output();
                 let event = ImageDownloaded { image: image.clone(), labels: command.labels };
                 let attempt = attempt(&command.task_id, command.attempt);
-                self.reporter.succeeded(&attempt, event, StepOutput::Download(image)).await
+                self.reporter.succeeded(&attempt, Some(event), StepOutput::Download(image)).await
             }
             Step::Metadata => {
                 let command: MetadataCommand = decode(payload).map_err(|e| e.to_string())?;
@@ -61,7 +62,7 @@ impl NoopStage {
                     labels: command.labels,
                 };
                 let attempt = attempt(&command.task_id, command.attempt);
-                self.reporter.succeeded(&attempt, event, StepOutput::Metadata(metadata)).await
+                self.reporter.succeeded(&attempt, Some(event), StepOutput::Metadata(metadata)).await
             }
             Step::Analyze => {
                 let command: AnalyzeCommand = decode(payload).map_err(|e| e.to_string())?;
@@ -69,7 +70,13 @@ impl NoopStage {
                 let event =
                     ImageAnalyzed { blob_key: command.blob_key, analysis: analysis.clone(), labels: command.labels };
                 let attempt = attempt(&command.task_id, command.attempt);
-                self.reporter.succeeded(&attempt, event, StepOutput::Analyze(analysis)).await
+                self.reporter.succeeded(&attempt, Some(event), StepOutput::Analyze(analysis)).await
+            }
+            Step::Custom(_) => {
+                let command: StageCommand = decode(payload).map_err(|e| e.to_string())?;
+                let attempt = attempt(&command.task_id, command.attempt);
+                let output = StepOutput::Stage(serde_json::Map::new());
+                self.reporter.succeeded::<StageCompleted>(&attempt, None, output).await
             }
         })
     }

@@ -78,7 +78,9 @@ impl Names {
         out.extend(
             queues.iter().map(|q| format!("{}.{}", self.prefix, imagepipe_contracts::names::dead_letter_queue(q))),
         );
-        out.extend([topics::IMAGE_EVENTS, topics::TASK_EVENTS].map(|t| format!("{}.{t}", self.prefix)));
+        out.extend(
+            [topics::IMAGE_EVENTS, topics::TASK_EVENTS, topics::STAGE_EVENTS].map(|t| format!("{}.{t}", self.prefix)),
+        );
         // The lanes of a queue share its dead-letter queue.
         let mut seen = std::collections::HashSet::new();
         out.retain(|topic| seen.insert(topic.clone()));
@@ -124,7 +126,7 @@ impl Names {
 }
 
 /// The families a wildcard selector covers.
-const DEFAULT_FAMILIES: [&str; 2] = ["image", "task"];
+const DEFAULT_FAMILIES: [&str; 3] = ["image", "stage", "task"];
 
 /// The home of a subscriber group: `events.<group>`, like its dead-letter queue `dlq.events.<group>`.
 pub(crate) fn group_home(group: &str) -> String {

@@ -24,6 +24,7 @@ mod log;
 mod metadata;
 mod net;
 mod notification;
+mod pipeline;
 #[cfg(test)]
 mod reference;
 mod secret;
@@ -50,6 +51,7 @@ pub use log::{LogConfig, LogFormat};
 pub use metadata::{MetadataConfig, ThumbnailFormat, ThumbnailSpec};
 pub use net::{NetConfig, Outbound};
 pub use notification::{InvalidWebhookSecret, NotificationConfig, WebhookSecret, WebhookTarget};
+pub use pipeline::{PipelineConfig, StageCondition, StageConfig, mime_of_format, stage_output_too_large};
 pub use secret::{MASK, Secret, SecretUrl, mask_url_credentials};
 pub use similarity::SimilarityConfig;
 pub use store::{RedisConfig, StoreConfig, StoreKind};
@@ -96,6 +98,8 @@ pub struct Settings {
     pub dlq: DlqConfig,
     /// Similarity indexer: near-duplicate thresholds and the vector index (`similarity.*`).
     pub similarity: SimilarityConfig,
+    /// The stages of every task, built-in and users' own (`pipeline.stages`).
+    pub pipeline: PipelineConfig,
 }
 
 #[cfg(test)]

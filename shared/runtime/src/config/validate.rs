@@ -33,6 +33,7 @@ impl Settings {
         self.notification.validate()?;
         self.dedup.validate()?;
         self.dlq.validate()?;
+        self.pipeline.validate()?;
         self.similarity.validate()
     }
 }

@@ -14,7 +14,7 @@ use crate::worker::{Handler, Outcome, error_chain};
 /// A pipeline step's own work: from its command to its output, or how it failed.
 #[async_trait]
 pub trait StepHandler: Send + Sync + 'static {
-    /// The command it consumes; its [`StepCommand::STEP`] is the step it runs.
+    /// The command it consumes; its [`StepCommand::step`] is the step it runs.
     type Command: StepCommand;
 
     /// Runs one attempt of the step for `command`. Once it returns `Ok`, the output must be

@@ -41,7 +41,7 @@ impl Attempt {
     pub fn of<C: StepCommand>(command: &C) -> Self {
         Self {
             task_id: command.task_id().to_owned(),
-            step: C::STEP,
+            step: command.step(),
             attempt: command.attempt(),
             priority: Priority::Normal,
             shard: None,
@@ -80,15 +80,19 @@ impl StepReporter {
         Self { bus, source: source.into(), clock }
     }
 
-    /// The step succeeded: publishes `payload` as the step's event and sends the result,
-    /// without waiting for the event's confirmation before sending the result (one round trip
-    /// instead of two). Call it only once the output is durable (blobs written).
+    /// The step succeeded: publishes `payload` as the step's event (if it has one: a custom
+    /// stage's success is announced by the coordinator) and sends the result, without waiting
+    /// for the event's confirmation before sending the result (one round trip instead of two).
+    /// Call it only once the output is durable (blobs written).
     pub async fn succeeded<P: EventPayload>(
         &self,
         attempt: &Attempt,
-        payload: P,
+        payload: Option<P>,
         output: StepOutput,
     ) -> Result<(), BusError> {
+        let Some(payload) = payload else {
+            return self.report(attempt, StepOutcome::Ok { output }).await;
+        };
         let trace_id = current_trace_id().unwrap_or_else(TraceId::random);
         let event =
             Event::for_task(&attempt.task_id, attempt.attempt, trace_id, self.clock.unix_ms(), &self.source, payload);
@@ -200,7 +204,7 @@ mod tests {
             shard: None,
         };
         let payload = ImageDownloaded { image: output(), labels: Default::default() };
-        reporter.succeeded(&attempt, payload, StepOutput::Download(output())).await.unwrap();
+        reporter.succeeded(&attempt, Some(payload), StepOutput::Download(output())).await.unwrap();
 
         let delivered = events.fetch(1, Duration::from_secs(1)).await.unwrap().pop().unwrap();
         let event: Event<ImageDownloaded> = decode(&delivered.message.payload).unwrap();
