@@ -4,7 +4,8 @@
 # with JetStream, a current NATS, a Kafka-compatible broker and what building librdkafka needs,
 # SeaweedFS's S3 gateway (scripts/seaweedfs.sh), the image libraries and the HEIC/AVIF encoders of
 # scripts/image-libs.sh, Chromium and chromedriver for the dashboard's browser tests, the
-# CloudEvents SDK and jsonschema of the contract tests (scripts/contract-tools.sh)), then
+# CloudEvents SDK and jsonschema of the contract tests (scripts/contract-tools.sh), the Python of
+# the example stages of examples/stages/ (scripts/stage-examples.sh)), then
 # runs every test of the workspace with every backend compiled in, schemathesis against the
 # coordinator's OpenAPI document (scripts/schemathesis.sh), and the pipeline in containers
 # (compose end to end on NATS and Kafka, the cluster under failures). `.ci/run` calls exactly this.
@@ -46,6 +47,10 @@ source scripts/chromium.sh
 ensure_chromium
 source scripts/contract-tools.sh
 ensure_contract_tools
+# nats-py, confluent-kafka and OpenCV for the faces stage in Python (examples/stages/faces), which
+# tests/tests/stages.rs runs as a custom stage's worker: exports IMAGEPIPE_TEST_FACES_PYTHON.
+source scripts/stage-examples.sh
+ensure_stage_examples
 export IMAGEPIPE_TEST_MODEL_DIR; IMAGEPIPE_TEST_MODEL_DIR="$(scripts/prepare-model.sh --print-dir)"
 # The preparation's venv (numpy, onnx, onnxruntime), set up by prepare-model.sh: the custom-model
 # test prepares a second classifier with it.
