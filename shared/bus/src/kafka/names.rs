@@ -185,8 +185,12 @@ mod tests {
             |patterns: &[&str]| names.event_topics_for(&patterns.iter().map(|p| p.to_string()).collect::<Vec<_>>());
         assert_eq!(topics(&["task.completed", "task.failed"]), ["p.events.task"]);
         assert_eq!(topics(&["image.*"]), ["p.events.image"]);
-        assert_eq!(topics(&[">"]), ["p.events.image", "p.events.task"]);
-        assert_eq!(topics(&["*.failed", "audit.x"]), ["p.events.audit", "p.events.image", "p.events.task"]);
+        assert_eq!(topics(&[">"]), ["p.events.image", "p.events.stage", "p.events.task"]);
+        assert_eq!(
+            topics(&["*.failed", "audit.x"]),
+            ["p.events.audit", "p.events.image", "p.events.stage", "p.events.task"]
+        );
+        assert_eq!(topics(&["stage.completed"]), ["p.events.stage"]);
     }
 
     #[test]
