@@ -153,8 +153,7 @@ impl Transition {
         {
             let outputs = self.task.outputs.as_json();
             for name in &stage.inputs {
-                let key = if name == "analyze" { "analysis" } else { name.as_str() };
-                if let Some(output) = outputs.get(key) {
+                if let Some(output) = outputs.get(imagepipe_runtime::config::output_key(name)) {
                     inputs.insert(name.clone(), output.clone());
                 }
             }

@@ -51,7 +51,7 @@ pub use log::{LogConfig, LogFormat};
 pub use metadata::{MetadataConfig, ThumbnailFormat, ThumbnailSpec};
 pub use net::{NetConfig, Outbound};
 pub use notification::{InvalidWebhookSecret, NotificationConfig, WebhookSecret, WebhookTarget};
-pub use pipeline::{PipelineConfig, StageCondition, StageConfig, mime_of_format, stage_output_too_large};
+pub use pipeline::{PipelineConfig, StageCondition, StageConfig, mime_of_format, output_key, stage_output_too_large};
 pub use secret::{MASK, Secret, SecretUrl, mask_url_credentials};
 pub use similarity::SimilarityConfig;
 pub use store::{RedisConfig, StoreConfig, StoreKind};

@@ -174,6 +174,12 @@ fn output_stage(name: &str) -> &str {
     if name == "analysis" { "analyze" } else { name }
 }
 
+/// The key of a stage's output in the task's outputs: the stage's name, except the analyze
+/// step's, kept as `analysis`.
+pub fn output_key(name: &str) -> &str {
+    if name == "analyze" { "analysis" } else { name }
+}
+
 impl StageCondition {
     fn validate(&self, key: &str, earlier: &[&str]) -> Result<(), ConfigError> {
         if let Some(field) = &self.field {
@@ -222,7 +228,7 @@ impl StageCondition {
         let Some(field) = &self.field else { return Ok(()) };
         let mut parts = field.split('.');
         let stage = parts.next().unwrap_or_default();
-        let mut value = outputs.get(stage).or_else(|| outputs.get(if stage == "analyze" { "analysis" } else { stage }));
+        let mut value = outputs.get(output_key(stage));
         for part in parts {
             value = value.and_then(|v| v.get(part));
         }
