@@ -5,8 +5,7 @@
 //! deadlines of tasks waiting in a paused queue start over instead of firing, and a cancel of a
 //! task waiting in a paused queue that runs nothing is at once.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use imagepipe_bus::{Bus, BusError};
@@ -53,10 +52,11 @@ pub enum ControlFailure {
 pub struct QueueControls {
     store: Arc<dyn ControlStore>,
     clock: Arc<dyn Clock>,
-    /// Bit `i` of [`Step::ALL`]: the step's queue is paused; bit `3 + i`: and it runs nothing.
-    paused: Arc<AtomicU8>,
-    /// When each step's queue was last resumed, Unix ms.
-    resumed_at: Arc<[AtomicU64; 3]>,
+    /// The pipeline's steps, built-in and users' own, whose queues the machine asks about.
+    steps: Arc<[Step]>,
+    /// What the last read found: which steps' queues are paused, which of those run nothing,
+    /// and when each was last resumed.
+    paused: Arc<Mutex<PausedSteps>>,
 }
 
 /// Whether a paused queue runs nothing: its pause is in force at every live consumer and none
@@ -66,9 +66,10 @@ fn runs_nothing(activity: &QueueActivity, state: &ControlState, queue: &str) -> 
 }
 
 impl QueueControls {
-    /// Controls kept in `store`, telling the consumers' liveness by `clock`.
-    pub fn new(store: Arc<dyn ControlStore>, clock: Arc<dyn Clock>) -> Self {
-        Self { store, clock, paused: Arc::default(), resumed_at: Arc::default() }
+    /// Controls kept in `store`, telling the consumers' liveness by `clock`, for the queues of
+    /// `steps` (the pipeline's).
+    pub fn new(store: Arc<dyn ControlStore>, clock: Arc<dyn Clock>, steps: impl IntoIterator<Item = Step>) -> Self {
+        Self { store, clock, steps: steps.into_iter().collect(), paused: Arc::default() }
     }
 
     /// The control store.
@@ -79,39 +80,30 @@ impl QueueControls {
     /// The steps whose queues were paused at the last read, which of them ran nothing, and
     /// when each was last resumed.
     pub fn paused_steps(&self) -> PausedSteps {
-        let bits = self.paused.load(Ordering::Relaxed);
-        let steps =
-            PausedSteps::of(Step::ALL.into_iter().enumerate().filter(|(i, _)| bits & (1 << i) != 0).map(|(_, s)| s));
-        Step::ALL.into_iter().enumerate().fold(steps, |steps, (i, step)| {
-            let steps = steps.resumed(step, self.resumed_at[i].load(Ordering::Relaxed));
-            if bits & (1 << (3 + i)) != 0 { steps.idle(step) } else { steps }
-        })
+        self.paused.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Reads the control state and, for each paused stage, what its consumers report; remembers
-    /// which stages are paused and which of those run nothing.
+    /// which stages are paused, which of those run nothing, and when each was last resumed.
     pub async fn refresh(&self) -> Result<ControlState, ControlError> {
         let state = self.store.state().await?;
         let now = self.clock.unix_ms();
-        let mut bits = 0u8;
-        for (i, step) in Step::ALL.into_iter().enumerate() {
+        let mut steps = PausedSteps::of(self.steps.iter().copied().filter(|step| state.is_paused(step.queue())));
+        for &step in self.steps.iter() {
             let queue = step.queue();
+            steps = steps.resumed(step, state.queue(queue).resumed_at);
             if !state.is_paused(queue) {
                 continue;
             }
-            bits |= 1 << i;
             // Unread, the consumers may run anything: a cancel there waits for the step.
             match self.store.activity(queue, now).await {
-                Ok(activity) if runs_nothing(&activity, &state, queue) => bits |= 1 << (3 + i),
+                Ok(activity) if runs_nothing(&activity, &state, queue) => steps = steps.idle(step),
                 Ok(_) => {}
                 Err(error) => tracing::debug!(queue, error = %imagepipe_runtime::error_chain(&error),
                     "reading what the consumers of a paused queue report"),
             }
         }
-        self.paused.store(bits, Ordering::Relaxed);
-        for (i, step) in Step::ALL.into_iter().enumerate() {
-            self.resumed_at[i].store(state.queue(step.queue()).resumed_at, Ordering::Relaxed);
-        }
+        *self.paused.lock().unwrap_or_else(PoisonError::into_inner) = steps;
         Ok(state)
     }
 

@@ -17,49 +17,56 @@ use crate::machine::{Held, HeldSteps};
 /// it instead of asking the broker once each.
 pub const FRESH_FOR: Duration = Duration::from_secs(1);
 
-/// The queues looked at: the three stage queues in [`Step::ALL`] order, then the results queue.
-const QUEUES: [&str; 4] = [queues::DOWNLOAD, queues::METADATA, queues::AI, queues::RESULTS];
-const RESULTS: usize = 3;
-
 /// The last look at each stage queue and the results queue (see the module docs).
 pub struct QueueWaits {
     bus: Bus,
-    /// Per queue of [`QUEUES`]: when it was looked at (Unix ms) and what it held.
-    looked: Mutex<[(u64, Held); 4]>,
+    /// The pipeline's steps, in order.
+    steps: Box<[Step]>,
+    /// Per step of `steps`, then the results queue: when it was looked at (Unix ms) and what
+    /// it held.
+    looked: Mutex<Vec<(u64, Held)>>,
 }
 
 impl QueueWaits {
-    /// Looks at the queues of `bus`.
-    pub fn new(bus: Bus) -> Self {
-        Self { bus, looked: Mutex::new([(0, Held::Nothing); 4]) }
+    /// Looks at the queues of `steps` (the pipeline's) and the results queue on `bus`.
+    pub fn new(bus: Bus, steps: impl IntoIterator<Item = Step>) -> Self {
+        let steps: Box<[Step]> = steps.into_iter().collect();
+        let looked = Mutex::new(vec![(0, Held::Nothing); steps.len() + 1]);
+        Self { bus, steps, looked }
     }
 
     /// What each step's queue and the results queue held at the last look (for the machine's
     /// [`Context`](crate::Context)).
     pub fn snapshot(&self) -> HeldSteps {
-        let looked = *self.looked.lock().unwrap_or_else(PoisonError::into_inner);
-        let results = looked[RESULTS].1;
-        Step::ALL
-            .into_iter()
-            .zip(looked)
-            .fold(HeldSteps::default(), |held, (step, (_, h))| held.with(step, h.and(results)))
+        let looked = self.looked.lock().unwrap_or_else(PoisonError::into_inner);
+        let results = looked[self.steps.len()].1;
+        self.steps.iter().zip(looked.iter()).fold(HeldSteps::default(), |held, (&step, &(_, h))| match h.and(results) {
+            Held::Nothing => held,
+            h => held.with(step, h),
+        })
     }
 
     /// Looks again at `step`'s queue and at the results queue, each unless its last look is
     /// under [`FRESH_FOR`] old at `now` (Unix ms). A broker that cannot be asked counts as
     /// holding nothing: the deadline then fires as it would without this check.
     pub async fn refresh(&self, step: Step, now: u64) {
-        let stage = QUEUES.iter().position(|q| *q == step.queue()).unwrap_or_default();
-        tokio::join!(self.look(stage, now), self.look(RESULTS, now));
+        let results = self.steps.len();
+        match self.steps.iter().position(|s| *s == step) {
+            Some(index) => {
+                tokio::join!(self.look(index, now), self.look(results, now));
+            }
+            None => self.look(results, now).await,
+        }
     }
 
-    /// Looks at queue `QUEUES[index]` unless the last look is fresh.
+    /// Looks at the queue of slot `index` (a step of `steps`, or the results queue) unless the
+    /// last look is fresh.
     async fn look(&self, index: usize, now: u64) {
         let last = self.looked.lock().unwrap_or_else(PoisonError::into_inner)[index].0;
         if last != 0 && now.saturating_sub(last) < millis(FRESH_FOR) {
             return;
         }
-        let queue = QUEUES[index];
+        let queue = self.steps.get(index).map_or(queues::RESULTS, |step| step.queue());
         let held = held(&self.bus, queue).await.unwrap_or_else(|error| {
             tracing::debug!(queue, error = %error_chain(&error), "asking what the queue holds");
             Held::Nothing

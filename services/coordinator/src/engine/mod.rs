@@ -149,8 +149,8 @@ impl Engine {
         gauge!(m::IN_FLIGHT_CAP).set(config.max_in_flight as f64);
         Self {
             store,
-            waits: Arc::new(QueueWaits::new(bus.clone())),
-            controls: QueueControls::new(Arc::new(MemoryControl::ephemeral()), clock.clone()),
+            waits: Arc::new(QueueWaits::new(bus.clone(), config.policy.steps())),
+            controls: QueueControls::new(Arc::new(MemoryControl::ephemeral()), clock.clone(), config.policy.steps()),
             bus,
             clock,
             config: Arc::new(config),
@@ -176,7 +176,7 @@ impl Engine {
     /// The same engine with its operator controls kept in `control` (by default in this
     /// engine's memory only).
     pub fn with_control(mut self, control: Arc<dyn ControlStore>) -> Self {
-        self.controls = QueueControls::new(control, self.clock.clone());
+        self.controls = QueueControls::new(control, self.clock.clone(), self.config.policy.steps());
         self
     }
 

@@ -8,7 +8,7 @@ use imagepipe_runtime::clock::millis;
 
 /// What the machine needs from outside: the time, a seed for the backoff jitter, which stage
 /// queues operators have paused, and what the stage queues still hold.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Context {
     /// Now, Unix ms.
     pub now: u64,
@@ -51,23 +51,23 @@ impl Held {
 }
 
 /// What each step's queue and the results queue (every priority lane of them) still hold,
-/// together: the oldest message of either.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HeldSteps([Held; 3]);
+/// together: the oldest message of either. Steps not named hold nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldSteps(Vec<(Step, Held)>);
 
 impl HeldSteps {
     /// The same, with `step`'s queue holding `held`.
     pub fn with(mut self, step: Step, held: Held) -> Self {
-        if let Some(i) = step_index(step) {
-            self.0[i] = held;
+        match self.0.iter_mut().find(|(s, _)| *s == step) {
+            Some((_, h)) => *h = held,
+            None => self.0.push((step, held)),
         }
         self
     }
 
-    /// What `step`'s queue holds (nothing known for a stage of users' own: its deadline is
-    /// not postponed for a backlog).
+    /// What `step`'s queue holds.
     pub fn get(&self, step: Step) -> Held {
-        step_index(step).map_or(Held::Nothing, |i| self.0[i])
+        self.0.iter().find(|(s, _)| *s == step).map_or(Held::Nothing, |(_, held)| *held)
     }
 
     /// Why a command of `step` sent at `sent_at` (Unix ms) or earlier, or its result, may still
@@ -88,28 +88,32 @@ impl HeldSteps {
     }
 }
 
-/// Which steps' queues are paused, which of them run nothing, and when each was last resumed.
+/// Which steps' queues are paused, which of them run nothing, and when each was last resumed;
+/// built-in steps and stages of users' own alike.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PausedSteps(Vec<(Step, StepPause)>);
+
+/// What [`PausedSteps`] knows of one step's queue.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PausedSteps {
-    paused: [bool; 3],
-    idle: [bool; 3],
-    resumed_at: [u64; 3],
+struct StepPause {
+    paused: bool,
+    idle: bool,
+    resumed_at: u64,
 }
 
 impl PausedSteps {
     /// The set of `steps`.
     pub fn of(steps: impl IntoIterator<Item = Step>) -> Self {
-        let mut set = Self::default();
-        for i in steps.into_iter().filter_map(step_index) {
-            set.paused[i] = true;
-        }
-        set
+        steps.into_iter().fold(Self::default(), |mut set, step| {
+            set.entry(step).paused = true;
+            set
+        })
     }
 
     /// The same, with `step`'s queue last resumed at `at` (Unix ms).
     pub fn resumed(mut self, step: Step, at: u64) -> Self {
-        if let Some(i) = step_index(step) {
-            self.resumed_at[i] = at;
+        if at != 0 || self.0.iter().any(|(s, _)| *s == step) {
+            self.entry(step).resumed_at = at;
         }
         self
     }
@@ -117,38 +121,44 @@ impl PausedSteps {
     /// The same, with `step`'s paused queue running nothing: the pause is in force at every
     /// live consumer and none of them holds a message, so a command of `step` still waits.
     pub fn idle(mut self, step: Step) -> Self {
-        if let Some(i) = step_index(step) {
-            self.idle[i] = self.paused[i];
+        if let Some((_, pause)) = self.0.iter_mut().find(|(s, _)| *s == step) {
+            pause.idle = pause.paused;
         }
         self
     }
 
     /// Whether `step`'s queue is paused.
     pub fn contains(&self, step: Step) -> bool {
-        step_index(step).is_some_and(|i| self.paused[i])
+        self.get(step).paused
     }
 
     /// Whether `step`'s queue is paused and runs nothing (see [`PausedSteps::idle`]).
     pub fn is_idle(&self, step: Step) -> bool {
-        step_index(step).is_some_and(|i| self.idle[i])
+        let pause = self.get(step);
+        pause.paused && pause.idle
     }
 
     /// When `step`'s queue was last resumed (0: never paused).
     pub fn resumed_at(&self, step: Step) -> u64 {
-        step_index(step).map_or(0, |i| self.resumed_at[i])
+        self.get(step).resumed_at
+    }
+
+    fn get(&self, step: Step) -> StepPause {
+        self.0.iter().find(|(s, _)| *s == step).map_or_else(StepPause::default, |(_, pause)| *pause)
+    }
+
+    fn entry(&mut self, step: Step) -> &mut StepPause {
+        let i = match self.0.iter().position(|(s, _)| *s == step) {
+            Some(i) => i,
+            None => {
+                self.0.push((step, StepPause::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[i].1
     }
 }
 
-/// The index of a built-in step; the coordinator tracks no queue pause or backlog of a stage
-/// of users' own.
-fn step_index(step: Step) -> Option<usize> {
-    match step {
-        Step::Download => Some(0),
-        Step::Metadata => Some(1),
-        Step::Analyze => Some(2),
-        Step::Custom(_) => None,
-    }
-}
 #[cfg(test)]
 mod tests {
     use super::*;

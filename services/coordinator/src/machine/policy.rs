@@ -83,6 +83,11 @@ impl Policy {
         }
     }
 
+    /// The pipeline's steps, in order.
+    pub fn steps(&self) -> impl Iterator<Item = Step> + '_ {
+        self.stages.iter().map(|s| s.step)
+    }
+
     /// The pipeline's stage of `step`, if it has one.
     pub fn stage(&self, step: Step) -> Option<&Stage> {
         self.stages.iter().find(|s| s.step == step)

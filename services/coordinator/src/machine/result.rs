@@ -439,6 +439,48 @@ mod tests {
     }
 
     #[test]
+    fn a_stage_of_users_own_has_its_deadline_held_by_its_paused_or_busy_queue_and_is_cancelled_at_once_when_idle() {
+        let policy = policy_of(serde_json::json!([
+            {"name": "download"}, {"name": "metadata"}, {"name": "analyze"},
+            {"name": "faces", "deadline": "30s"},
+        ]));
+        let task = analyzed(&policy).task;
+        let deadline = task.timer.unwrap();
+        assert_eq!((deadline.step, deadline.due_at), (faces(), 30_003));
+        let postponed = |ctx: &Context| match decide(&task, &Input::Timer(deadline), ctx, &policy) {
+            Ok(Verdict::Apply(d)) => d,
+            other => panic!("the deadline applies: {other:?}"),
+        };
+
+        let paused = Context { paused: PausedSteps::of([faces()]), ..ctx(30_003) };
+        let d = postponed(&paused);
+        assert_eq!(d.history.event, HistoryEvent::DeadlinePostponed);
+        assert!(d.history.detail.as_deref().unwrap().contains("faces queue is paused"), "{:?}", d.history);
+        assert_eq!(d.task.timer.unwrap().due_at, 60_003, "the stage's whole deadline from now");
+        assert!(d.task.steps.stages["faces"].last_error.is_none(), "no attempt was charged");
+
+        let resumed = Context { paused: PausedSteps::default().resumed(faces(), 20_000), ..ctx(30_003) };
+        assert_eq!(postponed(&resumed).task.timer.unwrap().due_at, 50_000, "a whole deadline from the resume");
+
+        let backlog = Context { held: HeldSteps::default().with(faces(), Held::Since(2)), ..ctx(30_003) };
+        assert_eq!(postponed(&backlog).history.event, HistoryEvent::DeadlinePostponed);
+
+        // Another stage's pause or backlog does not hold it.
+        let others = Context {
+            paused: PausedSteps::of([Step::Analyze]),
+            held: HeldSteps::default().with(Step::Metadata, Held::Undated),
+            ..ctx(30_003)
+        };
+        assert_eq!(postponed(&others).history.event, HistoryEvent::RetryScheduled);
+
+        // A cancel of the stage's command waiting in its paused, idle queue is at once.
+        let idle = Context { paused: PausedSteps::of([faces()]).idle(faces()), ..ctx(5_000) };
+        let cancel = Input::Cancel { reason: Some("test".into()) };
+        let Ok(Verdict::Apply(d)) = decide(&task, &cancel, &idle, &policy) else { panic!("the cancel applies") };
+        assert_eq!(d.task.state, TaskState::Cancelled);
+    }
+
+    #[test]
     fn a_stage_of_users_own_retries_with_its_own_attempts_then_fails_the_task() {
         let policy = policy_of(serde_json::json!([
             {"name": "download"}, {"name": "faces", "attempts": 2}, {"name": "metadata"}, {"name": "analyze"},

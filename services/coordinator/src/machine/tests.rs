@@ -340,7 +340,7 @@ proptest! {
             if seed % 3 == 1 {
                 paused = paused_queues.iter().fold(paused, |paused, step| paused.idle(*step));
             }
-            step(&mut task, input, now, paused, held);
+            step(&mut task, input, now, paused, held.clone());
         }
         // Liveness: once operators resume the task and its queues and the queues drain, timers
         // alone (no worker answering) bring every task to an end.
