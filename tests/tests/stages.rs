@@ -4,8 +4,9 @@
 //! worker, a child process of the test. Over NATS with the stage after analyze, over Kafka
 //! (Tansu) with it between metadata and analyze: the astronaut has one face and the coffee none
 //! (`outputs.faces.count`), one `stage.completed` per task, and `GET /v1/search?tags=faces:1`
-//! finds the astronaut. And a stage whose `when` does not hold is skipped: the task completes
-//! without it and its history says why.
+//! finds the astronaut. A paused stage queue holds its commands and their deadlines until it is
+//! resumed. And a stage whose `when` does not hold is skipped: the task completes without it and
+//! its history says why.
 //!
 //! The worker's Python is `IMAGEPIPE_TEST_FACES_PYTHON`, else the venv `scripts/stage-examples.sh`
 //! sets up; without either the tests fail (or skip with `IMAGEPIPE_TEST_ALLOW_SKIP=1`).
@@ -60,6 +61,21 @@ inputs = ["metadata"]
 when = { format = ["jpeg", "png", "webp", "heic"] }
 [[pipeline.stages]]
 name = "analyze"
+"#;
+
+/// Faces last with a deadline shorter than the pause test holds its queue, and one attempt: a
+/// deadline charged while the queue is paused would fail the task.
+const FACES_PAUSED: &str = r#"
+[[pipeline.stages]]
+name = "download"
+[[pipeline.stages]]
+name = "metadata"
+[[pipeline.stages]]
+name = "analyze"
+[[pipeline.stages]]
+name = "faces"
+deadline = "8s"
+attempts = 1
 "#;
 
 /// Faces for PNG sources only: a JPEG passes it over.
@@ -130,6 +146,15 @@ impl FacesWorker {
             }
             assert!(tokio::time::Instant::now() < until, "the faces stage not ready in 90 s:\n{}", worker.log_tail(40));
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits up to `within` until its log says `text`.
+    async fn said(&self, text: &str, within: Duration) {
+        let until = tokio::time::Instant::now() + within;
+        while !std::fs::read_to_string(&self.log).unwrap_or_default().contains(text) {
+            assert!(tokio::time::Instant::now() < until, "the faces stage did not say {text:?}:\n{}", self.log_tail(40));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -298,6 +323,56 @@ async fn the_python_faces_stage_counts_faces_after_analyze_over_nats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_faces_stage_counts_faces_between_metadata_and_analyze_over_kafka() {
     faces_are_counted(Backend::kafka(), "faces_kafka", FACES_BEFORE_ANALYZE).await;
+}
+
+/// A paused `faces` queue over NATS: the Python worker reads the pause from `GET /v1/queues` and
+/// takes no command; the stage's deadline (8 s, one attempt) comes due meanwhile and is held, not
+/// charged (history `deadline_postponed`, the task still `processing`, no `stage.completed`);
+/// after the resume the astronaut's face is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_stage_queue_holds_its_commands_and_their_deadlines_until_resumed() {
+    let backend = Backend::nats();
+    let Some(python) = faces_python() else { return };
+    let Some((cluster, recorder, _cleanup, dir)) = cluster_with(&backend, "faces_pause", FACES_PAUSED).await else {
+        return;
+    };
+    let coordinator = cluster.url(ServiceKind::Coordinator);
+    let worker = FacesWorker::start(&python, &backend, cluster.prefix(), &coordinator, dir.path()).await;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("HTTP client");
+    let control = |action: &str| http.post(format!("{coordinator}/v1/queues/faces/{action}")).json(&json!({})).send();
+    let paused = control("pause").await.expect("pause");
+    assert!(paused.status().is_success(), "pause: {}", paused.status());
+    worker.said("queue faces paused", Duration::from_secs(30)).await;
+
+    let ids = submit(&cluster, &["astronaut.jpg"]).await;
+    let history_path = format!("/v1/tasks/{}/history", ids[0]);
+    let until = tokio::time::Instant::now() + Duration::from_secs(120);
+    let history = loop {
+        let history = cluster.must_get_json(ServiceKind::Coordinator, &history_path).await;
+        let entries = history["entries"].as_array().cloned().unwrap_or_default();
+        if entries.iter().any(|e| e["event"] == "deadline_postponed" && e.to_string().contains("faces queue is paused")) {
+            break history;
+        }
+        assert!(tokio::time::Instant::now() < until, "no deadline of faces held in 120 s: {history}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let task = cluster.must_get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{}", ids[0])).await;
+    assert_eq!(task["state"], "processing", "waiting in the paused queue: {task}\n{history}");
+    assert_eq!(task["steps"]["faces"]["attempts"], 1, "{task}");
+    assert!(task["steps"]["faces"]["lastError"].is_null(), "no attempt was charged: {task}");
+    assert!(recorder.distinct_ids("stage.completed").is_empty(), "no stage.completed while paused");
+
+    let resumed = control("resume").await.expect("resume");
+    assert!(resumed.status().is_success(), "resume: {}", resumed.status());
+    let tasks = completed(&cluster, &recorder, &ids).await;
+    assert_eq!(tasks[0]["outputs"]["faces"]["count"], 1, "{}", tasks[0]);
+    worker.said("queue faces resumed", Duration::from_secs(5)).await;
+
+    let status = worker.stop().await;
+    assert!(status.success(), "the faces stage stopped with {status}");
+    let failures = cluster.stop(Duration::from_secs(40)).await;
+    recorder.stop().await;
+    assert!(failures.is_empty(), "services that did not stop cleanly on SIGTERM: {failures:?}");
 }
 
 /// A stage whose `when` does not hold for the task (PNG only, the source a JPEG) is passed over

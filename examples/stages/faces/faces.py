@@ -185,6 +185,49 @@ class Blobs:
         return data
 
 
+class QueuePause:
+    """Whether an operator paused the stage's queue (`POST /v1/queues/<stage>/pause`): the
+    `paused` field of its entry in the coordinator's `GET /v1/queues`, read every `poll` seconds.
+    While it is paused the worker fetches nothing; commands in flight finish. A read that fails
+    keeps the last state (logged once until a read succeeds again)."""
+
+    def __init__(self, coordinator: str, token: Optional[str], stage: str, poll: float, timeout: float):
+        self.base, self.token, self.stage, self.poll, self.timeout = coordinator.rstrip("/"), token, stage, poll, timeout
+        self.paused = False
+        self.failing = False
+
+    def read(self) -> bool:
+        request = urllib.request.Request(f"{self.base}/v1/queues")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            view = json.load(response)
+        return any(q.get("name") == self.stage and q.get("paused") is True for q in view.get("queues", []))
+
+    async def refresh(self) -> None:
+        try:
+            paused = await asyncio.get_running_loop().run_in_executor(None, self.read)
+        except (urllib.error.URLError, OSError, TimeoutError, ValueError) as e:
+            if not self.failing:
+                log.warning("reading GET %s/v1/queues: %s; keeping the queue's last state (%s)", self.base, e,
+                            "paused" if self.paused else "running")
+                self.failing = True
+            return
+        if self.failing:
+            log.info("GET %s/v1/queues answers again", self.base)
+            self.failing = False
+        if paused != self.paused:
+            log.info("queue %s %s", self.stage, "paused: fetching nothing" if paused else "resumed")
+            self.paused = paused
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            try:
+                await asyncio.wait_for(stopping.wait(), self.poll)
+            except asyncio.TimeoutError:
+                await self.refresh()
+
+
 @dataclass
 class Stage:
     """Runs one command: the outcome of the attempt, as the step result's `outcome`."""
@@ -308,8 +351,8 @@ class Backend:
 
 
 class Worker:
-    def __init__(self, backend: Backend, stage: Stage, args: argparse.Namespace):
-        self.backend, self.stage, self.args = backend, stage, args
+    def __init__(self, backend: Backend, stage: Stage, pause: QueuePause, args: argparse.Namespace):
+        self.backend, self.stage, self.pause, self.args = backend, stage, pause, args
         self.stopping = asyncio.Event()
         self.running: set[asyncio.Task] = set()
         self.credit = {lane: 0 for lane, _ in LANES}
@@ -326,6 +369,9 @@ class Worker:
     async def run(self) -> None:
         concurrency = self.args.concurrency
         while not self.stopping.is_set():
+            if self.pause.paused:
+                await asyncio.sleep(min(self.pause.poll, 0.25))
+                continue
             free = concurrency - len(self.running)
             if free <= 0:
                 await asyncio.wait(self.running, return_when=asyncio.FIRST_COMPLETED)
@@ -684,6 +730,8 @@ def arguments(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="largest blob fetched (default 64 MiB)")
     p.add_argument("--fetch-timeout", type=float, default=float(env("FACES_FETCH_TIMEOUT", "30")),
                    help="seconds a blob fetch may take (default 30)")
+    p.add_argument("--pause-poll", type=float, default=float(env("FACES_PAUSE_POLL", "1")),
+                   help="seconds between reads of GET /v1/queues for a pause of the stage's queue (default 1; 0: never)")
     p.add_argument("--grace", type=float, default=float(env("FACES_GRACE", "30")),
                    help="seconds to finish the commands in flight on SIGTERM (default 30)")
     p.add_argument("--service", default=env("FACES_SERVICE", "faces-stage"),
@@ -691,6 +739,8 @@ def arguments(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", args.stage):
         p.error(f"--stage {args.stage!r}: lowercase letters, digits and _, starting with a letter, at most 32")
+    if args.pause_poll < 0:
+        p.error("--pause-poll must be 0 or more")
     if args.concurrency < 1:
         p.error("--concurrency must be at least 1")
     return args
@@ -705,13 +755,18 @@ async def main(argv: Optional[list[str]] = None) -> int:
     stage = Stage(args.stage, Blobs(args.coordinator, args.token, args.fetch_timeout, args.max_blob_bytes),
                   Detector(args.max_side), pool)
     backend: Backend = await (Nats().start(args) if args.bus == "nats" else Kafka().start(args))
-    worker = Worker(backend, stage, args)
+    pause = QueuePause(args.coordinator, args.token, args.stage, args.pause_poll, args.fetch_timeout)
+    await pause.refresh()
+    worker = Worker(backend, stage, pause, args)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stopping.set)
+    watching = asyncio.create_task(pause.run(worker.stopping)) if args.pause_poll > 0 else None
     log.info("ready: stage %s on %s (prefix %s), blobs from %s, %d at once", args.stage, args.bus, args.prefix,
              args.coordinator, args.concurrency)
     await worker.run()
+    if watching:
+        await watching
     await backend.close()
     pool.shutdown(wait=False)
     log.info("stopped")
