@@ -29,8 +29,9 @@ pub mod worker;
 
 pub use config::{ConfigArgs, ConfigError, Settings};
 
-/// The allocator of every process that links this crate: mimalloc. With glibc's malloc, the
-/// allocator took about a fifth of the bench process's CPU on NATS (docs/performance.md, "The
+/// The allocator of every process that links this crate: mimalloc, built without transparent
+/// huge pages. With glibc's malloc, the allocator took about a fifth of the bench process's CPU
+/// on NATS; with huge pages, mimalloc doubled the peak RSS (docs/performance.md, "The
 /// allocator").
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
