@@ -153,7 +153,11 @@ impl FacesWorker {
     async fn said(&self, text: &str, within: Duration) {
         let until = tokio::time::Instant::now() + within;
         while !std::fs::read_to_string(&self.log).unwrap_or_default().contains(text) {
-            assert!(tokio::time::Instant::now() < until, "the faces stage did not say {text:?}:\n{}", self.log_tail(40));
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the faces stage did not say {text:?}:\n{}",
+                self.log_tail(40)
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -350,7 +354,8 @@ async fn a_paused_stage_queue_holds_its_commands_and_their_deadlines_until_resum
     let history = loop {
         let history = cluster.must_get_json(ServiceKind::Coordinator, &history_path).await;
         let entries = history["entries"].as_array().cloned().unwrap_or_default();
-        if entries.iter().any(|e| e["event"] == "deadline_postponed" && e.to_string().contains("faces queue is paused")) {
+        if entries.iter().any(|e| e["event"] == "deadline_postponed" && e.to_string().contains("faces queue is paused"))
+        {
             break history;
         }
         assert!(tokio::time::Instant::now() < until, "no deadline of faces held in 120 s: {history}");
