@@ -3,7 +3,9 @@
 //! each pipeline service runs a workspace binary that `deploy/docker/Dockerfile` builds and
 //! ships, and each one's environment — the image's `ENV` under the compose file's — loads
 //! through the real config loader and points at the brokers, store and volumes the file
-//! declares. What needs an engine (the build, image pulls, health check timing) is not covered.
+//! declares. The example stages' compose overrides add their worker and hand the coordinator a
+//! pipeline file, mounted from the repository, that loads and names their stage. What needs an
+//! engine (the build, image pulls, health check timing) is not covered.
 
 #[path = "compose/dockerfile.rs"]
 mod dockerfile;
@@ -227,8 +229,8 @@ fn host_port(address: &str) -> (String, u16) {
     (host.to_owned(), port.parse().unwrap_or_else(|_| panic!("{address}: bad port")))
 }
 
-/// Named-volume mounts of a service: container path → volume name.
-fn named_mounts(service: &Service) -> BTreeMap<String, String> {
+/// Mounts of a service: container path → what is mounted there (a named volume or a host path).
+fn mounts(service: &Service) -> BTreeMap<String, Source> {
     service
         .volumes
         .iter()
@@ -237,12 +239,18 @@ fn named_mounts(service: &Service) -> BTreeMap<String, String> {
                 ShortOrLong::Short(short) => short,
                 ShortOrLong::Long(mount) => mount.into_short().expect("a volume in short syntax"),
             };
-            match options {
-                Some(ShortOptions { source: Source::Volume(name), .. }) => {
-                    Some((container_path.as_path().display().to_string(), name.as_str().to_owned()))
-                }
-                _ => None,
-            }
+            options.map(|ShortOptions { source, .. }| (container_path.as_path().display().to_string(), source))
+        })
+        .collect()
+}
+
+/// Named-volume mounts of a service: container path → volume name.
+fn named_mounts(service: &Service) -> BTreeMap<String, String> {
+    mounts(service)
+        .into_iter()
+        .filter_map(|(path, source)| match source {
+            Source::Volume(name) => Some((path, name.as_str().to_owned())),
+            Source::HostPath(_) => None,
         })
         .collect()
 }
@@ -535,4 +543,95 @@ fn the_readme_and_the_compose_file_state_every_documented_command() {
     let (name, _) = scale.split_once('=').expect("--scale NAME=N");
     let service = project.service(name);
     assert!(published(service).is_empty(), "README scales {name}, whose published host port would clash");
+}
+
+/// The example stages' compose overrides (run as `docker compose -f docker-compose.yml -f
+/// <override> up --build`), each with the service of its stage's worker and the stage's name.
+const STAGE_OVERRIDES: [(&str, &str, &str); 2] = [
+    ("examples/stages/faces/docker-compose.faces.yml", "faces-stage", "faces"),
+    ("examples/stages/rendition/docker-compose.rendition.yml", "stage-rendition", "rendition"),
+];
+
+#[test]
+fn each_example_stage_override_adds_its_worker_and_a_coordinator_pipeline_with_its_stage() {
+    let image = Image::load();
+    let base = Project::load(Mode::parse(MODES[0]));
+    for (file, worker_name, stage) in STAGE_OVERRIDES {
+        let text = interpolate::interpolate(&read(file), &base.mode.shell)
+            .unwrap_or_else(|e| panic!("{file}: interpolating: {e}"));
+        let overlay = Compose::options()
+            .apply_merge(true)
+            .from_yaml_str(&text)
+            .unwrap_or_else(|e| panic!("{file} is not a valid Compose file: {e}"));
+        let service = |name: &str| {
+            overlay
+                .services
+                .iter()
+                .find(|(n, _)| n.as_str() == name)
+                .map(|(_, s)| s)
+                .unwrap_or_else(|| panic!("{file}: no service {name}"))
+        };
+
+        // The coordinator runs the pipeline file the override mounts, and that pipeline has the stage.
+        let coordinator = service("coordinator");
+        let env = base.compose_environment(coordinator, base.environment(&image, base.service("coordinator")));
+        let config =
+            env.get("IMAGEPIPE_CONFIG").unwrap_or_else(|| panic!("{file}: the coordinator gets no IMAGEPIPE_CONFIG"));
+        let source = match mounts(coordinator).remove(config.as_str()) {
+            Some(Source::HostPath(path)) => root().join(path.as_path()),
+            other => panic!("{file}: {config} is not a file of the repository mounted into the coordinator: {other:?}"),
+        };
+        assert!(source.is_file(), "{file}: {} is not a file", source.display());
+        let without_file = env.clone().into_iter().filter(|(k, _)| k != "IMAGEPIPE_CONFIG");
+        let settings = Settings::load_from(Some(&source), without_file)
+            .unwrap_or_else(|e| panic!("{file}: the coordinator's config {} does not load: {e}", source.display()));
+        let stages: Vec<&str> = settings.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+        assert!(stages.contains(&stage), "{file}: the coordinator's pipeline {stages:?} has no {stage}");
+
+        // The worker is a new service, built from a Dockerfile the repository holds, waiting for
+        // services the base project starts, on its broker.
+        assert!(!base.active.contains(worker_name), "{file}: {worker_name} is already a service of {COMPOSE_FILE}");
+        let worker = service(worker_name);
+        let build = worker.build.clone().unwrap_or_else(|| panic!("{file}: {worker_name} is not built")).into_long();
+        let context = match build.context {
+            Some(Context::Path(path)) => root().join(path),
+            other => panic!("{file}: {worker_name}'s build context {other:?} is not a path"),
+        };
+        let dockerfile = match build.dockerfile {
+            Some(Dockerfile::File(path)) => root().join(path),
+            None => context.join("Dockerfile"),
+            Some(other) => panic!("{file}: {worker_name}'s dockerfile {other:?} is not a file"),
+        };
+        assert!(
+            context.is_dir() && dockerfile.is_file(),
+            "{file}: {worker_name} builds {} in {}",
+            dockerfile.display(),
+            context.display()
+        );
+        for (dependency, required, _) in dependencies(worker) {
+            assert!(
+                base.active.contains(&dependency) || !required,
+                "{file}: {worker_name} waits for {dependency}, which {COMPOSE_FILE} does not start"
+            );
+        }
+        let worker_env = base.compose_environment(worker, BTreeMap::new());
+        let nats = worker_env
+            .get("IMAGEPIPE_BUS__NATS__URL")
+            .unwrap_or_else(|| panic!("{file}: {worker_name} has no NATS URL"));
+        let (host, _) = host_port(nats);
+        assert!(base.active.contains(&host), "{file}: {worker_name}'s NATS server {host} is not started");
+        for (container, volume) in named_mounts(worker) {
+            assert!(
+                base.compose.volumes.keys().any(|v| v.as_str() == volume),
+                "{file}: {worker_name} mounts volume {volume} at {container}, which {COMPOSE_FILE} does not declare"
+            );
+        }
+        if let Some(url) = worker_env.get("FACES_COORDINATOR_URL") {
+            assert_eq!(
+                host_port(url),
+                ("coordinator".to_owned(), settings.http.port),
+                "{file}: {worker_name} fetches blobs from {url}, where the coordinator does not listen"
+            );
+        }
+    }
 }
