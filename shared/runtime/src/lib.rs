@@ -28,14 +28,6 @@ pub mod telemetry;
 pub mod worker;
 
 pub use config::{ConfigArgs, ConfigError, Settings};
-
-/// The allocator of every process that links this crate: mimalloc, built without transparent
-/// huge pages. With glibc's malloc, the allocator took about a fifth of the bench process's CPU
-/// on NATS; with huge pages, mimalloc doubled the peak RSS (docs/performance.md, "The
-/// allocator").
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub use service::Service;
 pub use shutdown::Shutdown;
 pub use worker::{Handler, LoopConfig, Outcome, Worker, error_chain};

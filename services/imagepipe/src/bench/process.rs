@@ -113,8 +113,8 @@ mod tests {
     #[test]
     fn the_peak_resets_to_the_current_size() {
         const SPIKE: usize = 64 << 20;
-        // Mapped and unmapped here, not through the allocator: mimalloc keeps freed memory
-        // resident for a while, so a freed `Vec` would still count in the current size.
+        // Mapped and unmapped here, not through the allocator, which may keep a freed buffer
+        // resident (so it would still count in the current size).
         let mut spike = memmap2::MmapMut::map_anon(SPIKE).expect("an anonymous mapping");
         spike.fill(1);
         std::hint::black_box(&spike);
