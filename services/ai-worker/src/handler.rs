@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use imagepipe_blob::BlobStore;
 use imagepipe_contracts::command::AnalyzeCommand;
 use imagepipe_contracts::step::AnalysisOutput;
-use imagepipe_runtime::step::{StepFailure, StepHandler, read_blob};
+use imagepipe_runtime::step::{StepFailure, StepHandler, with_blob};
 
 use crate::classifier::Classifier;
 use crate::metrics;
@@ -31,14 +31,16 @@ impl StepHandler for AiHandler {
 
     async fn process(&self, command: &AnalyzeCommand) -> Result<AnalysisOutput, StepFailure> {
         let key = command.preview_key.as_deref().unwrap_or(&command.blob_key);
-        let bytes = read_blob(self.blobs.as_ref(), key).await?;
-        self.classifier.analyze(bytes).await.map_err(|error| {
-            ::metrics::counter!(metrics::IMAGES_FAILED, metrics::CODE => error.code()).increment(1);
-            if error.is_retryable() {
-                StepFailure::retryable(error.code(), error.to_string())
-            } else {
-                StepFailure::permanent(error.code(), error.to_string())
-            }
+        with_blob(self.blobs.as_ref(), key, |bytes| async move {
+            self.classifier.analyze(bytes).await.map_err(|error| {
+                ::metrics::counter!(metrics::IMAGES_FAILED, metrics::CODE => error.code()).increment(1);
+                if error.is_retryable() {
+                    StepFailure::retryable(error.code(), error.to_string())
+                } else {
+                    StepFailure::permanent(error.code(), error.to_string())
+                }
+            })
         })
+        .await
     }
 }

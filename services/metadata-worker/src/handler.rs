@@ -1,6 +1,7 @@
 //! The metadata step's [`StepHandler`]: read the image from the blob store, extract its
-//! metadata on the blocking pool within the memory budget, store its derivatives (thumbnails
-//! and the preview the AI worker reads).
+//! metadata on the blocking pool within the memory budget (while the image is checked against
+//! its key beside it), store its derivatives (thumbnails and the preview the AI worker reads)
+//! at once.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,7 +14,7 @@ use imagepipe_contracts::step::MetadataOutput;
 use imagepipe_runtime::budget::MemoryBudget;
 use imagepipe_runtime::config::MetadataConfig;
 use imagepipe_runtime::gate::{GateSlot, PriorityGate};
-use imagepipe_runtime::step::{StepFailure, StepHandler, read_blob};
+use imagepipe_runtime::step::{StepFailure, StepHandler, with_blob};
 use tokio::task::JoinError;
 
 use crate::error::{ExtractError, codes};
@@ -112,11 +113,9 @@ impl StepHandler for MetadataHandler {
     type Command = MetadataCommand;
 
     async fn process(&self, command: &MetadataCommand) -> Result<MetadataOutput, StepFailure> {
-        let bytes = read_blob(self.blobs.as_ref(), &command.blob_key).await?;
-        let Extracted { metadata, derivatives } = self.extract(bytes).await?;
-        for derivative in derivatives {
-            self.blobs.put(derivative).await?;
-        }
+        let Extracted { metadata, derivatives } =
+            with_blob(self.blobs.as_ref(), &command.blob_key, |bytes| self.extract(bytes)).await?;
+        futures::future::try_join_all(derivatives.into_iter().map(|derivative| self.blobs.put(derivative))).await?;
         Ok(metadata)
     }
 }

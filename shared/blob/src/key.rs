@@ -39,6 +39,13 @@ impl BlobKey {
         }
     }
 
+    /// Whether `bytes` are the blob of this key: [`BlobError::Corrupt`] when they hash to
+    /// another (hashed as [`BlobKey::compute`] does).
+    pub async fn check(&self, bytes: &bytes::Bytes) -> Result<(), crate::BlobError> {
+        let actual = Self::compute(bytes).await;
+        if &actual == self { Ok(()) } else { Err(crate::BlobError::Corrupt { key: self.clone(), actual }) }
+    }
+
     /// The 64 hex digits.
     pub fn hex(&self) -> &str {
         &self.0["sha256:".len()..]

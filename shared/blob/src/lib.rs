@@ -158,6 +158,12 @@ pub trait BlobStore: Send + Sync {
     async fn put(&self, bytes: Bytes) -> Result<BlobKey, BlobError>;
     /// The bytes stored under `key`, checked against it.
     async fn get(&self, key: &BlobKey) -> Result<Bytes, BlobError>;
+    /// The bytes stored under `key`, not checked yet: for a reader that starts on them while
+    /// [`BlobKey::check`] runs beside it, and uses nothing it made of them unless the check
+    /// passes. This default is [`BlobStore::get`], checked.
+    async fn get_unchecked(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
+        self.get(key).await
+    }
     /// The bytes stored under `key` as a stream, checked against it as they pass (see
     /// [`BlobStream::chunks`]): for serving a blob without holding it whole. This default reads
     /// it whole with [`BlobStore::get`]; [`ObjectBlobStore`] streams it from the object store.

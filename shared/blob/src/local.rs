@@ -2,13 +2,12 @@
 //! fsynced and renamed into place, so a reader never sees a partial blob. A file's modification
 //! time is when its blob was last put.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::io::AsyncWriteExt;
 
 use crate::{BlobError, BlobKey, BlobStore, StoredBlob};
 
@@ -31,15 +30,41 @@ impl LocalBlobStore {
     }
 }
 
-/// Sets the modification time of the file at `path` to now (an upload of a stored blob renews it).
-async fn touch(path: PathBuf) -> std::io::Result<()> {
-    let touched = tokio::task::spawn_blocking(move || {
-        std::fs::File::options().append(true).open(&path)?.set_modified(SystemTime::now())
-    });
-    match touched.await {
-        Ok(result) => result,
+/// Runs `work` on the blocking pool: a put or a get is one job there, not one per file call.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
         Err(join) => std::panic::resume_unwind(join.into_panic()),
     }
+}
+
+/// Stores `bytes` in `store`'s directory (see the module docs), or renews the modification time
+/// of the file that holds them already.
+fn put_file(store: &LocalBlobStore, bytes: &[u8]) -> Result<BlobKey, BlobError> {
+    let key = BlobKey::of(bytes);
+    let path = store.path_of(&key);
+    if path.try_exists().map_err(io(&path))? {
+        std::fs::File::options()
+            .append(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(SystemTime::now()))
+            .map_err(io(&path))?;
+        return Ok(key);
+    }
+    let parent = path.parent().expect("blob paths have a parent");
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let tmp = parent.join(format!(".{}.{}.tmp", key.hex(), uuid::Uuid::new_v4().simple()));
+    let written = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    })();
+    if let Err(source) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(BlobError::Io { path: path.display().to_string(), source });
+    }
+    Ok(key)
 }
 
 /// The names in directory `dir` for which `keep` holds, sorted; none when it does not exist.
@@ -70,41 +95,27 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
 #[async_trait]
 impl BlobStore for LocalBlobStore {
     async fn put(&self, bytes: Bytes) -> Result<BlobKey, BlobError> {
-        let key = BlobKey::compute(&bytes).await;
-        let path = self.path_of(&key);
-        if tokio::fs::try_exists(&path).await.map_err(io(&path))? {
-            touch(path.clone()).await.map_err(io(&path))?;
-            return Ok(key);
-        }
-        let parent = path.parent().expect("blob paths have a parent");
-        tokio::fs::create_dir_all(parent).await.map_err(io(parent))?;
-        let tmp = parent.join(format!(".{}.{}.tmp", key.hex(), uuid::Uuid::new_v4().simple()));
-        let written = async {
-            let mut file = tokio::fs::File::create(&tmp).await?;
-            file.write_all(&bytes).await?;
-            file.sync_all().await?;
-            tokio::fs::rename(&tmp, &path).await
-        }
-        .await;
-        if let Err(source) = written {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            return Err(BlobError::Io { path: path.display().to_string(), source });
-        }
-        Ok(key)
+        let store = self.clone();
+        blocking(move || put_file(&store, &bytes)).await
     }
 
     async fn get(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
-        let path = self.path_of(key);
-        let bytes = match tokio::fs::read(&path).await {
-            Ok(bytes) => Bytes::from(bytes),
-            Err(e) if e.kind() == ErrorKind::NotFound => return Err(BlobError::NotFound(key.clone())),
-            Err(e) => return Err(io(&path)(e)),
-        };
-        let actual = BlobKey::compute(&bytes).await;
-        if &actual != key {
-            return Err(BlobError::Corrupt { key: key.clone(), actual });
-        }
+        let bytes = self.get_unchecked(key).await?;
+        key.check(&bytes).await?;
         Ok(bytes)
+    }
+
+    async fn get_unchecked(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
+        let path = self.path_of(key);
+        let read = blocking({
+            let path = path.clone();
+            move || std::fs::read(path)
+        });
+        match read.await {
+            Ok(bytes) => Ok(Bytes::from(bytes)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(BlobError::NotFound(key.clone())),
+            Err(e) => Err(io(&path)(e)),
+        }
     }
 
     async fn exists(&self, key: &BlobKey) -> Result<bool, BlobError> {
@@ -191,6 +202,11 @@ mod tests {
         let key = store.put(Bytes::from_static(b"original")).await.unwrap();
         std::fs::write(store.path_of(&key), b"tampered").unwrap();
         assert!(matches!(store.get(&key).await, Err(BlobError::Corrupt { .. })));
+        let unchecked = store.get_unchecked(&key).await.unwrap();
+        assert_eq!(&unchecked[..], b"tampered");
+        assert!(
+            matches!(key.check(&unchecked).await, Err(BlobError::Corrupt { actual, .. }) if actual == BlobKey::of(b"tampered"))
+        );
     }
 
     #[tokio::test]

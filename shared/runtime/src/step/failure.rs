@@ -86,11 +86,20 @@ impl fmt::Display for StepFailure {
     }
 }
 
-/// The bytes of the blob a command names by `key`: the failure every step reports the same way
-/// when the key is malformed or the store fails.
-pub async fn read_blob(blobs: &dyn BlobStore, key: &str) -> Result<Bytes, StepFailure> {
+/// Runs `work` on the bytes of the blob a command names by `key` while they are checked
+/// against the key beside it, so the hash is not on the step's path: what `work` returns is
+/// used only when the check passes, and a corrupt blob fails the step as a corrupt blob
+/// whatever `work` made of it. A malformed key or a failing store fails the step the same way
+/// for every step.
+pub async fn with_blob<T, F>(blobs: &dyn BlobStore, key: &str, work: impl FnOnce(Bytes) -> F) -> Result<T, StepFailure>
+where
+    F: Future<Output = Result<T, StepFailure>>,
+{
     let key: BlobKey = key.parse().map_err(|e| StepFailure::invalid_blob_key(&e))?;
-    Ok(blobs.get(&key).await?)
+    let bytes = blobs.get_unchecked(&key).await?;
+    let (checked, worked) = tokio::join!(key.check(&bytes), work(bytes.clone()));
+    checked?;
+    worked
 }
 
 /// The stable code of a blob store failure.
@@ -128,5 +137,44 @@ mod tests {
         assert!(io.is_retryable());
         assert_eq!(io.error().code, "blob_io");
         assert!(io.error().message.contains("disk gone"), "{io}");
+    }
+
+    #[tokio::test]
+    async fn with_blob_hands_the_bytes_to_the_work_and_returns_what_it_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = imagepipe_blob::LocalBlobStore::new(dir.path());
+        let bytes = Bytes::from(vec![7u8; 200_000]);
+        let key = blobs.put(bytes.clone()).await.unwrap();
+        let made = with_blob(&blobs, key.as_str(), |got| async move { Ok(got.len()) }).await.unwrap();
+        assert_eq!(made, bytes.len());
+    }
+
+    #[tokio::test]
+    async fn with_blob_fails_a_corrupt_blob_as_corrupt_whatever_the_work_made_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = imagepipe_blob::LocalBlobStore::new(dir.path());
+        let key = blobs.put(Bytes::from(vec![7u8; 200_000])).await.unwrap();
+        std::fs::write(blobs.path_of(&key), vec![8u8; 200_000]).unwrap();
+        let worked = std::sync::atomic::AtomicBool::new(false);
+        let worked = &worked;
+        let failed = with_blob(&blobs, key.as_str(), |_| async move {
+            worked.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert!(worked.load(std::sync::atomic::Ordering::SeqCst), "the work runs beside the check");
+        assert_eq!((failed.error().code.as_str(), failed.is_retryable()), (codes::BLOB_CORRUPT, false));
+    }
+
+    #[tokio::test]
+    async fn with_blob_refuses_a_malformed_key_before_reading_or_working() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = imagepipe_blob::LocalBlobStore::new(dir.path());
+        let failed =
+            with_blob(&blobs, "sha256:nope", |_| async { Err::<(), _>(StepFailure::permanent("worked", "ran")) })
+                .await
+                .unwrap_err();
+        assert_eq!(failed.error().code, codes::INVALID_BLOB_KEY);
     }
 }

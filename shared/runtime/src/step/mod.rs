@@ -11,7 +11,7 @@ mod handler;
 mod report;
 mod serve;
 
-pub use failure::{StepFailure, blob_code, codes, read_blob};
+pub use failure::{StepFailure, blob_code, codes, with_blob};
 pub use handler::{CANCELLED, Reporting, StepHandler};
 pub use report::{Attempt, StepReporter, command_shard, event_message, outgoing};
 pub use serve::{StepRunError, run_step};
