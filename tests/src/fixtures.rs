@@ -11,23 +11,64 @@ pub const SAMPLES: [&str; 4] = ["chelsea.jpg", "coffee.jpg", "rocket.jpg", "astr
 
 /// Where [`Fixtures`] serves chelsea as a HEIC.
 const HEIC_PATH: &str = "/photos/chelsea.heic";
+/// Where [`Fixtures`] serves chelsea as a HEIC grid of tiles.
+const HEIC_GRID_PATH: &str = "/photos/chelsea-grid.heic";
+/// The tile edge of [`grid_heic_of`]: phones write 512-pixel tiles of a 12 MP photo; this edge
+/// makes the 451×300 sample a grid of 4×3 tiles, the last column and row cropped.
+const GRID_TILE: u32 = 128;
 
 /// `jpeg` encoded as HEIC by libheif's `heif-enc` (x265), the encoder the test scripts install
 /// (`scripts/image-libs.sh`, `ensure_image_tools`).
 pub fn heic_of(jpeg: &std::path::Path) -> std::io::Result<Vec<u8>> {
     let dir = tempfile::tempdir()?;
-    let out = dir.path().join("photo.heic");
+    std::fs::copy(jpeg, dir.path().join("photo.jpg"))?;
+    heif_enc(dir.path(), &["-q", "85", "-o", "photo.heic", "photo.jpg"], "photo.heic")
+}
+
+/// `jpeg` encoded as phones store photos: a HEIC whose primary image is a grid of
+/// [`GRID_TILE`]-pixel HEVC tiles, the last column and row cropped to the image's size
+/// (`heif-enc`'s tiled input, libheif ≥ 1.18, from PNG tiles).
+pub fn grid_heic_of(jpeg: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let source = image::open(jpeg).map_err(std::io::Error::other)?.to_rgb8();
+    let dir = tempfile::tempdir()?;
+    let (width, height) = source.dimensions();
+    for row in 0..height.div_ceil(GRID_TILE) {
+        for column in 0..width.div_ceil(GRID_TILE) {
+            // Tiles past the edge repeat its last pixels (the grid crops them away).
+            let tile = image::RgbImage::from_fn(GRID_TILE, GRID_TILE, |x, y| {
+                *source.get_pixel((column * GRID_TILE + x).min(width - 1), (row * GRID_TILE + y).min(height - 1))
+            });
+            tile.save(dir.path().join(format!("tile-{row:02}-{column:02}.png"))).map_err(std::io::Error::other)?;
+        }
+    }
+    let (width, height) = (width.to_string(), height.to_string());
+    let args = [
+        "-q",
+        "85",
+        "-T",
+        "--tiled-image-width",
+        &width,
+        "--tiled-image-height",
+        &height,
+        "-o",
+        "grid.heic",
+        "tile-00-00.png",
+    ];
+    heif_enc(dir.path(), &args, "grid.heic")
+}
+
+/// Runs `heif-enc args` in `dir` and reads what it wrote to `out` there.
+fn heif_enc(dir: &std::path::Path, args: &[&str], out: &str) -> std::io::Result<Vec<u8>> {
     let status = std::process::Command::new("heif-enc")
-        .args(["-q", "85", "-o"])
-        .arg(&out)
-        .arg(jpeg)
+        .args(args)
+        .current_dir(dir)
         .stdout(std::process::Stdio::null())
         .status()
         .map_err(|e| std::io::Error::other(format!("running heif-enc (install it with scripts/image-libs.sh): {e}")))?;
     if !status.success() {
-        return Err(std::io::Error::other(format!("heif-enc failed: {status}")));
+        return Err(std::io::Error::other(format!("heif-enc {args:?} failed: {status}")));
     }
-    std::fs::read(out)
+    std::fs::read(dir.join(out))
 }
 
 /// Path of a sample photo.
@@ -53,12 +94,19 @@ impl Fixtures {
             routes.push((path, Route::ok("image/jpeg", std::fs::read(sample_path(name))?)));
         }
         routes.push((HEIC_PATH, Route::ok("image/heic", heic_of(&sample_path(SAMPLES[0]))?)));
+        routes.push((HEIC_GRID_PATH, Route::ok("image/heic", grid_heic_of(&sample_path(SAMPLES[0]))?)));
         Ok(Self { server: FixtureServer::start(routes).await? })
     }
 
     /// URL of chelsea as a HEIC, as phones write photos (made by `heif-enc` at start).
     pub fn heic_url(&self) -> String {
         self.server.url(HEIC_PATH)
+    }
+
+    /// URL of chelsea as a HEIC grid of tiles, as phones write photos (made by `heif-enc` at
+    /// start).
+    pub fn heic_grid_url(&self) -> String {
+        self.server.url(HEIC_GRID_PATH)
     }
 
     /// URL of a sample photo.

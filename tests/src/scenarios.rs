@@ -63,18 +63,23 @@ pub async fn every_task_completes_across_processes(backend: Backend, count: usiz
     let prefix = cluster.prefix().to_owned();
 
     let (ids, mut bodies) = submits(&prefix, count, &fixtures);
-    // And one photo as phones write them: chelsea as a HEIC.
-    let heic = format!("tsk_{prefix}_heic");
-    let body = json!({
-        "taskId": heic,
-        "url": fixtures.heic_url(),
-        "callbackUrl": fixtures.hook_url(),
-        "labels": { "run": prefix, "sample": "chelsea.heic" },
-    });
-    bodies.push(serde_json::to_vec(&body).expect("JSON"));
+    // And photos as phones write them: chelsea as a HEIC, as one image and as a grid of tiles.
+    let heics =
+        [("heic", "chelsea.heic", fixtures.heic_url()), ("heic_grid", "chelsea-grid.heic", fixtures.heic_grid_url())]
+            .map(|(suffix, sample, url)| {
+                let id = format!("tsk_{prefix}_{suffix}");
+                let body = json!({
+                    "taskId": id,
+                    "url": url,
+                    "callbackUrl": fixtures.hook_url(),
+                    "labels": { "run": prefix, "sample": sample },
+                });
+                bodies.push(serde_json::to_vec(&body).expect("JSON"));
+                (id, sample)
+            });
     backend.submitter(&prefix).await.expect("submitter").publish_all(bodies).await.expect("publish submits");
 
-    let all: BTreeSet<String> = ids.iter().cloned().chain([heic.clone()]).collect();
+    let all: BTreeSet<String> = ids.iter().cloned().chain(heics.iter().map(|(id, _)| id.clone())).collect();
     let finished = recorder.wait_until(Duration::from_secs(600), |r| r.terminal_tasks().is_superset(&all)).await;
     assert!(finished, "{} of {count} tasks finished", recorder.terminal_tasks().intersection(&all).count());
 
@@ -88,11 +93,13 @@ pub async fn every_task_completes_across_processes(backend: Backend, count: usiz
     assert!(recorder.distinct_ids("task.failed").keys().all(|id| !all.contains(id)), "no task failed");
 
     check_tasks(&cluster, &ids).await;
-    check_heic(&cluster, &heic).await;
+    for (id, sample) in &heics {
+        check_heic(&cluster, id, sample).await;
+    }
     check_search(&cluster, &ids).await;
     let subscribers_done =
-        recorder.wait_until(Duration::from_secs(60), |_| fixtures.webhooks_by_task().len() > count).await;
-    assert!(subscribers_done, "webhooks for {} of {} tasks", fixtures.webhooks_by_task().len(), count + 1);
+        recorder.wait_until(Duration::from_secs(60), |_| fixtures.webhooks_by_task().len() >= all.len()).await;
+    assert!(subscribers_done, "webhooks for {} of {} tasks", fixtures.webhooks_by_task().len(), all.len());
     let webhooks = fixtures.webhooks_by_task();
     for id in &all {
         assert_eq!(webhooks.get(id).map_or(0, BTreeSet::len), 1, "{id}: one task.completed webhook");
@@ -212,18 +219,20 @@ async fn check_tasks(cluster: &Cluster, ids: &[String]) {
     }
 }
 
-/// The HEIC task completed like its JPEG original: read as `heic` at its stored size, its
-/// derivatives stored, the AI worker given the preview (not the HEIC), labelled a cat, with the
-/// task's own labels on it.
-async fn check_heic(cluster: &Cluster, id: &str) {
+/// A HEIC task (`sample`: one image or a grid of tiles) completed like its JPEG original: read
+/// as `heic` at its stored size, its derivatives stored, the AI worker given the preview (not the
+/// HEIC), labelled a cat, with the task's own labels on it.
+async fn check_heic(cluster: &Cluster, id: &str, sample: &str) {
     let task = cluster.must_get_json(ServiceKind::Coordinator, &format!("/v1/tasks/{id}")).await;
     assert_eq!(task["state"], "completed", "{id}: {task}");
-    assert_eq!(task["labels"]["sample"], "chelsea.heic", "{id}: {task}");
+    assert_eq!(task["labels"]["sample"], sample, "{id}: {task}");
     let metadata = &task["outputs"]["metadata"];
-    // The sample is 451 px wide: heif-enc 1.15 stored it so, heif-enc >= 1.17 pads it to 452 with
-    // a `clap` crop of one column, and the metadata reports the stored (`ispe`) size.
+    // The sample is 451 px wide: heif-enc 1.15 stored it so, heif-enc >= 1.17 pads a single image
+    // to 452 with a `clap` crop of one column, and the metadata reports the stored (`ispe`) size;
+    // a grid is stored at the size it was given.
     assert_eq!(metadata["format"].as_str(), Some("heic"), "{metadata}");
     assert!(matches!(metadata["width"].as_u64(), Some(451 | 452)), "{metadata}");
+    assert_eq!(metadata["height"].as_u64(), Some(300), "{metadata}");
     let derivatives = metadata["thumbnails"].as_array().map(Vec::as_slice).unwrap_or_default();
     assert_eq!(derivatives.len(), 2, "a thumbnail and a preview: {metadata}");
     for derivative in derivatives {
