@@ -76,8 +76,8 @@ impl BlobStore for Tampered {
     async fn put(&self, bytes: Bytes) -> Result<BlobKey, BlobError> {
         self.inner.put(bytes).await
     }
-    async fn get(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
-        self.inner.get(key).await
+    async fn get_unchecked(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
+        self.inner.get_unchecked(key).await
     }
     async fn read(&self, key: &BlobKey) -> Result<BlobStream, BlobError> {
         let chunks: Vec<Result<Bytes, BlobError>> =

@@ -33,10 +33,7 @@ impl BlobKey {
             return Self::of(bytes);
         }
         let bytes = bytes.clone();
-        match tokio::task::spawn_blocking(move || Self::of(&bytes)).await {
-            Ok(key) => key,
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
+        crate::blocking(move || Self::of(&bytes)).await
     }
 
     /// Whether `bytes` are the blob of this key: [`BlobError::Corrupt`] when they hash to

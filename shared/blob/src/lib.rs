@@ -157,13 +157,15 @@ pub trait BlobStore: Send + Sync {
     /// Stores `bytes` durably and returns their key.
     async fn put(&self, bytes: Bytes) -> Result<BlobKey, BlobError>;
     /// The bytes stored under `key`, checked against it.
-    async fn get(&self, key: &BlobKey) -> Result<Bytes, BlobError>;
+    async fn get(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
+        let bytes = self.get_unchecked(key).await?;
+        key.check(&bytes).await?;
+        Ok(bytes)
+    }
     /// The bytes stored under `key`, not checked yet: for a reader that starts on them while
     /// [`BlobKey::check`] runs beside it, and uses nothing it made of them unless the check
-    /// passes. This default is [`BlobStore::get`], checked.
-    async fn get_unchecked(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
-        self.get(key).await
-    }
+    /// passes.
+    async fn get_unchecked(&self, key: &BlobKey) -> Result<Bytes, BlobError>;
     /// The bytes stored under `key` as a stream, checked against it as they pass (see
     /// [`BlobStream::chunks`]): for serving a blob without holding it whole. This default reads
     /// it whole with [`BlobStore::get`]; [`ObjectBlobStore`] streams it from the object store.
@@ -190,6 +192,15 @@ pub trait BlobStore: Send + Sync {
     /// Up to `max` stored blobs whose keys come after `after` (from the first without it), in
     /// key order: a listing goes on from the last key of its previous page.
     async fn list(&self, after: Option<&BlobKey>, max: usize) -> Result<Vec<StoredBlob>, BlobError>;
+}
+
+/// Runs `work` on the blocking pool, its panic resumed here: a local put or get is one job
+/// there, not one per file call, and a large hash does not stall an async worker thread.
+pub(crate) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
+    }
 }
 
 /// `range` clamped to a blob of `size` bytes: `(start, end)` with `start <= end <= size`.

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::{BlobError, BlobKey, BlobStore, StoredBlob};
+use crate::{BlobError, BlobKey, BlobStore, StoredBlob, blocking};
 
 /// A [`BlobStore`] in a local directory.
 #[derive(Debug, Clone)]
@@ -27,14 +27,6 @@ impl LocalBlobStore {
     pub fn path_of(&self, key: &BlobKey) -> PathBuf {
         let hex = key.hex();
         self.dir.join(&hex[..2]).join(hex)
-    }
-}
-
-/// Runs `work` on the blocking pool: a put or a get is one job there, not one per file call.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(work).await {
-        Ok(done) => done,
-        Err(join) => std::panic::resume_unwind(join.into_panic()),
     }
 }
 
@@ -97,12 +89,6 @@ impl BlobStore for LocalBlobStore {
     async fn put(&self, bytes: Bytes) -> Result<BlobKey, BlobError> {
         let store = self.clone();
         blocking(move || put_file(&store, &bytes)).await
-    }
-
-    async fn get(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
-        let bytes = self.get_unchecked(key).await?;
-        key.check(&bytes).await?;
-        Ok(bytes)
     }
 
     async fn get_unchecked(&self, key: &BlobKey) -> Result<Bytes, BlobError> {

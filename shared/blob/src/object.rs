@@ -155,12 +155,6 @@ impl BlobStore for ObjectBlobStore {
         }
     }
 
-    async fn get(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
-        let bytes = self.get_unchecked(key).await?;
-        key.check(&bytes).await?;
-        Ok(bytes)
-    }
-
     async fn get_unchecked(&self, key: &BlobKey) -> Result<Bytes, BlobError> {
         let path = self.path_of(key);
         match self.store.get(&path).await {
