@@ -50,13 +50,16 @@ pub trait TaskQueue: Send + Sync {
     /// the only one to open its partition. A consumer that is dropped gives back at once what
     /// it holds but has not handed out (a NATS consumer prefetches), so the next consumer of
     /// the partition gets it without waiting for an ack deadline; deliveries already handed
-    /// out are settled by their holders or redelivered after their ack deadline, as always.
+    /// out are settled by their holders or redelivered after their ack deadline, as always
+    /// (on NATS 2.10+, where the next consumer replaces the dropped one's, they may be
+    /// delivered to it again at once: at least once either way).
     /// [`Delivery::source`](crate::Delivery::source) is `queue` (no partition), so retries and
     /// dead letters (`dlq.<queue>`) work as for [`consume`](Self::consume); a retried message
     /// comes back in its partition.
     ///
-    /// On NATS a partition is the subject `<queue subject>.<partition>` with a durable
-    /// consumer of its own; on Kafka the topic's partition of that number, assigned to this
+    /// On NATS a partition is the subject `<queue subject>.<partition>`, read through one
+    /// consumer with a filter per partition (2.10+) or a durable consumer per partition (2.9);
+    /// on Kafka the topic's partition of that number, assigned to this
     /// consumer by hand (offsets committed in the queue's group); in memory a queue of its own.
     ///
     /// [`Message::partition`]: crate::Message::partition

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::Shared;
 use super::codec;
 use super::dead_letter::{self, DeadLetterTarget};
-use super::names::{durable_name, partition_of_durable};
+use super::names::{durable_name, reads_partitions_of};
 use crate::error::BusError;
 
 /// The listener task of one consumer; stops when dropped.
@@ -73,8 +73,8 @@ pub(crate) fn spawn(
     }))
 }
 
-/// Starts handling the advisories of every partition consumer of `queue` on `stream` (see
-/// [`partition_durable`](super::names::partition_durable)): one subscription for them all,
+/// Starts handling the advisories of every partitions' consumer of `queue` on `stream` (see
+/// [`reads_partitions_of`]): one subscription for them all,
 /// whichever partitions this process reads, as any process can dead-letter any of them.
 pub(crate) fn spawn_partitions(
     shared: Arc<Shared>,
@@ -95,7 +95,7 @@ pub(crate) fn spawn_partitions(
         };
         while let Some(advisory) = advisories.next().await {
             let durable = advisory.subject.rsplit('.').next().unwrap_or_default();
-            if partition_of_durable(&queue, durable).is_none() {
+            if !reads_partitions_of(&queue, durable) {
                 continue;
             }
             let parsed: MaxDeliveries = match serde_json::from_slice(&advisory.payload) {

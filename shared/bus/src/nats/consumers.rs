@@ -9,8 +9,12 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, Re
 use async_nats::jetstream::context::{ConsumerInfoError, ConsumerInfoErrorKind};
 use async_nats::jetstream::stream::Stream;
 
+use async_nats::jetstream::Context;
+use async_nats::jetstream::response::Response;
+
+use super::names::reads_partitions_of;
 use crate::config::{ConsumerConfig, NatsConfig};
-use crate::error::BusError;
+use crate::error::{BoxError, BusError};
 
 /// What a consumer is for, before it is turned into a JetStream config.
 pub(crate) struct ConsumerSpec {
@@ -108,6 +112,129 @@ pub(crate) async fn ensure(stream: &Stream, spec: &ConsumerSpec, nats: &NatsConf
     }
 }
 
+/// Whether the server takes several filter subjects on one consumer (NATS 2.10+), going by
+/// the version it announced (`2.9.10`, `2.15.1`, `2.11.0-beta.2`).
+pub(crate) fn takes_filter_lists(version: &str) -> bool {
+    let mut numbers = version.split(['.', '-']).map(|part| part.parse::<u32>().ok());
+    match (numbers.next().flatten(), numbers.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (2, 10),
+        _ => false,
+    }
+}
+
+/// How often [`create_group`] tries when it may take the partitions over.
+const TAKE_OVER_TRIES: u32 = 5;
+/// Its pause between tries when nothing was there to delete.
+const TAKE_OVER_PAUSE: Duration = Duration::from_millis(100);
+
+/// Creates the consumer `spec.durable` reading the subjects `filters` (one per partition; NATS
+/// 2.10+). A work-queue stream refuses a consumer whose filters overlap another's: with
+/// `take_over`, the partitions' consumers of `queue` holding any of `filters` (left by an
+/// earlier owner, a replica that died, or a per-partition consumer of the NATS 2.9 layout)
+/// are deleted and the create is tried again. Only the partitions' owner takes over: whoever
+/// read them before has no right to them any more, and what they held and did not settle is
+/// delivered again from the stream, which keeps every message until one consumer acks it.
+pub(crate) async fn create_group(
+    js: &Context,
+    stream: &Stream,
+    queue: &str,
+    spec: &ConsumerSpec,
+    filters: &[String],
+    nats: &NatsConfig,
+    take_over: bool,
+) -> Result<PullConsumer, BusError> {
+    let stream_name = stream.cached_info().config.name.clone();
+    let what = format!("consumer {} on stream {stream_name}", spec.durable);
+    let setup = |source: crate::error::BoxError| BusError::Setup { what: what.clone(), source };
+    let mut config = serde_json::to_value(pull_config(spec, nats)).map_err(|e| setup(Box::new(e)))?;
+    if let Some(fields) = config.as_object_mut() {
+        fields.remove("filter_subject");
+        fields.insert("filter_subjects".into(), serde_json::json!(filters));
+    }
+    let request = serde_json::json!({ "stream_name": stream_name, "config": config });
+    let subject = format!("CONSUMER.CREATE.{stream_name}.{}", spec.durable);
+    // A refusal may also come from a consumer being deleted right then (an earlier opening's
+    // in this process, handing back): a few tries, a short pause apart, see it gone.
+    let mut tries = if take_over { TAKE_OVER_TRIES } else { 1 };
+    loop {
+        let response: Response<serde_json::Value> =
+            js.request(subject.clone(), &request).await.map_err(|e| setup(Box::new(e)))?;
+        let error = match response {
+            Response::Ok(_) => break,
+            Response::Err { error } => error,
+        };
+        tries -= 1;
+        if tries == 0 {
+            return Err(setup(Box::new(error)));
+        }
+        let deleted = delete_overlapping(js, stream, queue, filters).await.map_err(setup)?;
+        if deleted > 0 {
+            tracing::info!(consumer = %spec.durable, deleted, "deleted the earlier consumers of these partitions");
+        } else {
+            tokio::time::sleep(TAKE_OVER_PAUSE).await;
+        }
+    }
+    stream.get_consumer(&spec.durable).await.map_err(setup)
+}
+
+/// Deletes the consumers of `queue`'s partitions ([`reads_partitions_of`]) that filter on any
+/// of `filters`; returns how many.
+async fn delete_overlapping(js: &Context, stream: &Stream, queue: &str, filters: &[String]) -> Result<usize, BoxError> {
+    let stream_name = stream.cached_info().config.name.clone();
+    let mut doomed = Vec::new();
+    let mut offset = 0usize;
+    loop {
+        let page: Response<ConsumerList> =
+            js.request(format!("CONSUMER.LIST.{stream_name}"), &serde_json::json!({ "offset": offset })).await?;
+        let page = match page {
+            Response::Ok(page) => page,
+            Response::Err { error } => return Err(Box::new(error)),
+        };
+        let listed = page.consumers.len();
+        for consumer in page.consumers {
+            let config = consumer.config;
+            let overlaps =
+                config.filter_subjects.iter().chain(config.filter_subject.as_ref()).any(|f| filters.contains(f));
+            if overlaps && reads_partitions_of(queue, &consumer.name) {
+                doomed.push(consumer.name);
+            }
+        }
+        offset += listed;
+        if listed == 0 || offset >= page.total {
+            break;
+        }
+    }
+    for name in &doomed {
+        if let Err(err) = stream.delete_consumer(name).await {
+            tracing::debug!(consumer = %name, error = %err, "deleting an overlapping consumer failed (gone already?)");
+        }
+    }
+    Ok(doomed.len())
+}
+
+/// One page of `CONSUMER.LIST`, as much of it as [`delete_overlapping`] reads.
+#[derive(serde::Deserialize)]
+struct ConsumerList {
+    #[serde(default)]
+    total: usize,
+    #[serde(default)]
+    consumers: Vec<ListedConsumer>,
+}
+
+#[derive(serde::Deserialize)]
+struct ListedConsumer {
+    name: String,
+    config: ListedConfig,
+}
+
+#[derive(serde::Deserialize)]
+struct ListedConfig {
+    #[serde(default)]
+    filter_subject: Option<String>,
+    #[serde(default)]
+    filter_subjects: Vec<String>,
+}
+
 /// Whether `err` says the consumer (or its whole stream) does not exist.
 pub(crate) fn is_missing(err: &ConsumerInfoError) -> bool {
     matches!(err.kind(), ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound)
@@ -124,5 +251,21 @@ mod tests {
         let b = backoff(s(2), 4, &[s(1), s(10), s(60)]);
         assert_eq!(b, vec![s(2), s(10), s(60), s(60)]);
         assert!((b.len() as i64) < jetstream_max_deliver(4));
+    }
+
+    #[test]
+    fn filter_lists_are_taken_from_nats_2_10_on() {
+        for (version, takes) in [
+            ("2.9.10", false),
+            ("2.10.0", true),
+            ("2.15.1", true),
+            ("2.11.0-beta.2", true),
+            ("3.0.0", true),
+            ("1.4.1", false),
+            ("", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(takes_filter_lists(version), takes, "{version}");
+        }
     }
 }

@@ -153,6 +153,32 @@ pub(crate) fn partition_of_durable(queue: &str, durable: &str) -> Option<u16> {
     digits.parse().ok()
 }
 
+/// The name of a consumer reading a group of `queue`'s partitions through one filter subject
+/// each (NATS 2.10+): the queue's own consumer name, `_g` and `unique` (one per opening, so a
+/// group never reuses another's delivery state).
+pub(crate) fn group_durable(queue: &str, unique: &str) -> String {
+    format!("{}_g{unique}", durable_name(queue))
+}
+
+/// Whether `durable` reads partitions of `queue`: a partition's own consumer
+/// ([`partition_durable`]) or a group's ([`group_durable`]).
+pub(crate) fn reads_partitions_of(queue: &str, durable: &str) -> bool {
+    partition_of_durable(queue, durable).is_some()
+        || durable
+            .strip_prefix(&durable_name(queue))
+            .and_then(|rest| rest.strip_prefix("_g"))
+            .is_some_and(|u| !u.is_empty() && u.bytes().all(|b| b.is_ascii_alphanumeric()))
+}
+
+/// The partition a message of a partition's subject (`<queue subject>.<p>`) belongs to.
+pub(crate) fn partition_of_subject(subject: &str) -> Option<u16> {
+    let digits = subject.rsplit('.').next()?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 fn sanitize(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
 }
@@ -256,6 +282,14 @@ mod tests {
         assert_eq!(partition_of_durable("tasks.results", "tasks_results_high_p63"), None);
         assert_eq!(partition_of_durable("tasks.results", "tasks_results_p"), None);
         assert_eq!(partition_of_durable("tasks.results", "tasks_results"), None);
+        assert_eq!(group_durable("tasks.results.high", "0af3"), "tasks_results_high_g0af3");
+        assert!(reads_partitions_of("tasks.results.high", "tasks_results_high_g0af3"));
+        assert!(reads_partitions_of("tasks.results.high", "tasks_results_high_p7"));
+        assert!(!reads_partitions_of("tasks.results", "tasks_results_high_g0af3"));
+        assert!(!reads_partitions_of("tasks.results", "tasks_results_g"));
+        assert!(!reads_partitions_of("tasks.results", "tasks_results"));
+        assert_eq!(partition_of_subject("imagepipe.tasks.results.high.17"), Some(17));
+        assert_eq!(partition_of_subject("imagepipe.tasks.results.high"), None);
     }
 
     #[test]

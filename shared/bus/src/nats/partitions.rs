@@ -1,19 +1,32 @@
-//! [`Consumer`] over partitions of a task queue: partition `p` of `queue` is the subject
-//! `<prefix>.<queue>.<p>` in the work-queue stream, read through its own durable consumer
-//! `<queue consumer>_p<p>`.
+//! [`Consumer`] over partitions of a task queue. Partition `p` of `queue` is the subject
+//! `<prefix>.<queue>.<p>` in the work-queue stream. How the server is asked for them depends
+//! on its version:
+//! - **NATS 2.10+**: one consumer for all the partitions opened together, with a filter
+//!   subject per partition (`<queue consumer>_g<unique>`). It is created for this opening
+//!   and deleted when the consumer is dropped; an earlier consumer of any of its partitions
+//!   (an earlier owner's, one left by a replica that died) is deleted when it is created. A
+//!   replica owning 32 shards thus has one consumer and one waiting pull per lane instead of
+//!   32: the server's cost per message grows with the consumers on the stream.
+//! - **NATS 2.9** (one filter per consumer): a durable consumer per partition,
+//!   `<queue consumer>_p<p>`, kept on the server and reused by each owner in turn.
 //!
-//! A fetch must not ask every partition in turn (64 round trips), so each partition has a
-//! task that keeps one pull request waiting on the server (`expires` [`PULL_EXPIRY`]) and puts
-//! what arrives into one buffer that `fetch` drains. A partition asks for no more than its
-//! free room in the buffer ([`PREFETCH`] per partition), so what waits there is bounded and
-//! handed out well within its ack deadline.
+//! A fetch must not ask every consumer in turn, so each has a task that keeps one pull
+//! request waiting on the server (`expires` [`PULL_EXPIRY`]) and puts what arrives into one
+//! buffer that `fetch` drains. A task asks for no more than its free room in the buffer
+//! ([`PREFETCH`] per partition, at most [`GROUP_PREFETCH`] for a group), so what waits there
+//! is bounded and handed out well within its ack deadline.
 //!
 //! Dropping the consumer gives back at once what it holds and has not handed out: each task
 //! unsubscribes its outstanding request (so the server hands it nothing more, not even what
-//! is given back), then nacks without delay its partition's messages in the buffer and what
-//! was already on its way, so the next consumer of the partition gets them in order without
-//! waiting for their ack deadline. A message that reaches the client after the subscription
-//! is gone is redelivered after its deadline.
+//! is given back), then deletes its group's consumer (the stream keeps every unacked message
+//! for the next consumer of those partitions, at once), or for a partition's durable consumer
+//! nacks without delay its messages in the buffer and what was already on its way, so the
+//! next consumer of the partition gets them in order without waiting for their ack deadline.
+//! A message that reaches the client after the subscription is gone is redelivered after its
+//! deadline. Deliveries already handed out stay with their holders; on a deleted group
+//! consumer their settling no longer counts, and the next consumer gets them again at once
+//! (at least once, as always; the coordinator's fenced writes make the second handling
+//! harmless).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -37,7 +50,7 @@ use super::advisories::{self, Listener};
 use super::consumer::admit;
 use super::consumers::{self, ConsumerSpec};
 use super::dead_letter::DeadLetterTarget;
-use super::names::partition_durable;
+use super::names::{group_durable, partition_durable, partition_of_subject};
 use crate::config::ConsumerConfig;
 use crate::delivery::Delivery;
 use crate::error::BusError;
@@ -49,6 +62,8 @@ const PULL_EXPIRY: Duration = Duration::from_secs(15);
 const PULL_GRACE: Duration = Duration::from_secs(2);
 /// Messages a partition may hold in the buffer, handed out or not yet.
 const PREFETCH: usize = 32;
+/// Messages a group's consumer may hold in the buffer (a coordinator's batch is 128).
+const GROUP_PREFETCH: usize = 256;
 /// How often a waiting pull checks that the connection was not re-established meanwhile
 /// (the server forgets pull requests of a lost connection).
 const RECONNECT_CHECK: Duration = Duration::from_millis(500);
@@ -60,7 +75,10 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// One message pulled for a partition, waiting in the buffer.
 struct Pulled {
-    partition: u16,
+    /// Its partition (from its subject, for a group's consumer).
+    partition: Option<u16>,
+    /// The task that pulled it.
+    puller: usize,
     message: jetstream::Message,
     target: Arc<DeadLetterTarget>,
     /// The partition's room in the buffer; one permit comes back when the message leaves it.
@@ -91,11 +109,11 @@ impl Buffer {
         taken
     }
 
-    /// Takes every message of `partition`, oldest first (a stopping partition task's).
-    fn take_partition(&self, partition: u16) -> Vec<Pulled> {
+    /// Takes every message pulled by `puller`, oldest first (a stopping task's).
+    fn take_from(&self, puller: usize) -> Vec<Pulled> {
         let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
         let (of, rest): (VecDeque<Pulled>, VecDeque<Pulled>) =
-            std::mem::take(&mut *items).into_iter().partition(|pulled| pulled.partition == partition);
+            std::mem::take(&mut *items).into_iter().partition(|pulled| pulled.puller == puller);
         *items = rest;
         of.into()
     }
@@ -112,8 +130,8 @@ pub(crate) struct PartitionsConsumer {
 }
 
 impl PartitionsConsumer {
-    /// Creates (or reuses) the durable consumer of every partition in `partitions` of `queue`,
-    /// concurrently, and starts pulling from each.
+    /// Opens the server's consumers of `partitions` of `queue` (see the module docs) and
+    /// starts pulling from each.
     pub(crate) async fn open(
         shared: Arc<Shared>,
         queue: &str,
@@ -138,42 +156,66 @@ impl PartitionsConsumer {
             .map(|&p| Ok((p, shared.names.partition_subject(queue, p)?)))
             .collect::<Result<Vec<_>, BusError>>()?;
         let stream = shared.streams.tasks.clone();
+        let spec = |durable: String, description: String, filter: String| ConsumerSpec {
+            durable,
+            description,
+            filter,
+            deliver: DeliverPolicy::All,
+            consumer: config.clone(),
+            inactive_threshold: None,
+        };
+        let opened: Vec<(Scope, ConsumerSpec, PullConsumer)> =
+            if consumers::takes_filter_lists(&shared.client.server_info().version) {
+                let unique = uuid::Uuid::new_v4().simple().to_string();
+                let spec = spec(
+                    group_durable(queue, &unique),
+                    format!("imagepipe queue {queue}, {} partitions", subjects.len()),
+                    String::new(),
+                );
+                let filters: Vec<String> = subjects.into_iter().map(|(_, subject)| subject).collect();
+                let consumer =
+                    consumers::create_group(&shared.js, &stream, queue, &spec, &filters, &shared.config, true).await?;
+                vec![(Scope::Group { queue: queue.to_owned(), filters }, spec, consumer)]
+            } else {
+                futures::future::try_join_all(subjects.into_iter().map(|(partition, filter)| {
+                    let spec = spec(
+                        partition_durable(queue, partition),
+                        format!("imagepipe queue {queue} partition {partition}"),
+                        filter,
+                    );
+                    let (stream, nats) = (&stream, &shared.config);
+                    async move {
+                        let consumer = consumers::ensure(stream, &spec, nats).await?;
+                        Ok::<_, BusError>((Scope::Partition(partition), spec, consumer))
+                    }
+                }))
+                .await?
+            };
+
         let stream_name = stream.cached_info().config.name.clone();
         let dead_letter_queue = names::dead_letter_queue(queue);
-        let opened = futures::future::try_join_all(subjects.into_iter().map(|(partition, filter)| {
-            let spec = ConsumerSpec {
-                durable: partition_durable(queue, partition),
-                description: format!("imagepipe queue {queue} partition {partition}"),
-                filter,
-                deliver: DeliverPolicy::All,
-                consumer: config.clone(),
-                inactive_threshold: None,
-            };
-            let (stream, nats) = (&stream, &shared.config);
-            async move {
-                let consumer = consumers::ensure(stream, &spec, nats).await?;
-                Ok::<_, BusError>((partition, spec, consumer))
-            }
-        }))
-        .await?;
-
         let buffer = Arc::new(Buffer { items: Mutex::new(VecDeque::new()), filled: Notify::new() });
         let (stop, stopped) = watch::channel(false);
-        for (partition, spec, consumer) in opened {
+        for (id, (scope, spec, consumer)) in opened.into_iter().enumerate() {
             let target = Arc::new(DeadLetterTarget {
                 source: queue.to_owned(),
                 queue: dead_letter_queue.clone(),
                 origin: format!("{stream_name}.{}", spec.durable),
             });
+            let room = match &scope {
+                Scope::Partition(_) => PREFETCH,
+                Scope::Group { filters, .. } => (PREFETCH * filters.len()).min(GROUP_PREFETCH),
+            };
             let task = Puller {
                 shared: shared.clone(),
                 stream: stream.clone(),
                 spec,
                 consumer,
-                partition,
+                scope,
+                id,
                 target,
                 buffer: buffer.clone(),
-                room: Arc::new(Semaphore::new(PREFETCH)),
+                room: Arc::new(Semaphore::new(room)),
                 stopped: stopped.clone(),
             };
             tokio::spawn(task.run());
@@ -211,7 +253,7 @@ impl Consumer for PartitionsConsumer {
                 if let Some(mut delivery) =
                     admit(&self.shared, &pulled.target, self.max_deliveries, None, pulled.message).await?
                 {
-                    delivery.message.partition = Some(pulled.partition);
+                    delivery.message.partition = pulled.partition;
                     out.push(delivery);
                 }
             }
@@ -270,14 +312,44 @@ enum Ended {
     Stopping,
 }
 
-/// Keeps one pull request of one partition waiting on the server and moves what it brings
+/// What one pulling task reads.
+enum Scope {
+    /// One partition, through its durable consumer (NATS 2.9).
+    Partition(u16),
+    /// Partitions of `queue` through one consumer with a filter subject each (NATS 2.10+),
+    /// deleted when the task stops.
+    Group { queue: String, filters: Vec<String> },
+}
+
+impl Scope {
+    /// The partition of `message`, which this scope's consumer delivered.
+    fn partition_of(&self, message: &async_nats::Message) -> Option<u16> {
+        match self {
+            Scope::Partition(partition) => Some(*partition),
+            Scope::Group { .. } => partition_of_subject(&message.subject),
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scope::Partition(partition) => write!(f, "partition {partition}"),
+            Scope::Group { filters, .. } => write!(f, "a group of {} partitions", filters.len()),
+        }
+    }
+}
+
+/// Keeps one pull request of one consumer waiting on the server and moves what it brings
 /// into the buffer.
 struct Puller {
     shared: Arc<Shared>,
     stream: Stream,
     spec: ConsumerSpec,
     consumer: PullConsumer,
-    partition: u16,
+    scope: Scope,
+    /// Tells its messages in the buffer from other tasks'.
+    id: usize,
     target: Arc<DeadLetterTarget>,
     buffer: Arc<Buffer>,
     room: Arc<Semaphore>,
@@ -400,35 +472,45 @@ impl Puller {
     /// Puts a pulled message into the buffer.
     fn keep(&self, message: async_nats::Message) {
         self.buffer.put(Pulled {
-            partition: self.partition,
+            partition: self.scope.partition_of(&message),
+            puller: self.id,
             message: jetstream::Message { message, context: self.shared.js.clone() },
             target: self.target.clone(),
             room: self.room.clone(),
         });
     }
 
-    /// Gives back everything of this partition the consumer holds: first ends the
-    /// subscription of the outstanding request, if any (so that the server hands nothing more
-    /// to it, the messages given back included), then nacks what waits in the buffer, then
-    /// what was already on its way to the subscription.
+    /// Gives back everything this task holds: first ends the subscription of the outstanding
+    /// request, if any (so that the server hands nothing more to it, the messages given back
+    /// included); then deletes a group's consumer, which frees all it held at once, or nacks
+    /// what waits in the buffer and then what was already on its way to the subscription.
     async fn hand_back(&self, outstanding: Option<Subscriber>) {
         let mut draining = None;
         if let Some(mut subscriber) = outstanding {
             match subscriber.drain().await {
                 Ok(()) => draining = Some(subscriber),
-                Err(err) => tracing::debug!(source = %self.target.source, partition = self.partition, error = %err,
-                    "ending a partition's subscription failed"),
+                Err(err) => tracing::debug!(source = %self.target.source, scope = %self.scope, error = %err,
+                    "ending a consumer's subscription failed"),
             }
         }
-        if draining.is_some() {
+        if let Scope::Group { .. } = self.scope {
+            match self.stream.delete_consumer(&self.spec.durable).await {
+                Ok(_) => {
+                    drop(self.buffer.take_from(self.id));
+                    return;
+                }
+                Err(err) => tracing::debug!(consumer = %self.spec.durable, error = %err,
+                    "deleting a group's consumer failed; giving its messages back one by one"),
+            }
+        } else if draining.is_some() {
             // A round trip through the server: the unsubscribe before it is then processed, so
             // the request it ended takes none of what is given back.
             if let Err(err) = self.stream.consumer_info(&self.spec.durable).await {
-                tracing::debug!(source = %self.target.source, partition = self.partition, error = %err,
+                tracing::debug!(source = %self.target.source, scope = %self.scope, error = %err,
                     "waiting for the server to end a partition's pull request failed");
             }
         }
-        for pulled in self.buffer.take_partition(self.partition) {
+        for pulled in self.buffer.take_from(self.id) {
             give_back(pulled.message, &self.target).await;
         }
         let Some(mut subscriber) = draining else { return };
@@ -445,16 +527,18 @@ impl Puller {
     async fn pause(&mut self, retry: &mut Duration, reason: &str) -> bool {
         let wait = *retry;
         *retry = (wait * 2).min(RETRY_MAX);
-        tracing::warn!(source = %self.target.source, partition = self.partition, error = reason,
-            "pulling from a partition failed; trying again in {wait:?}");
+        tracing::warn!(source = %self.target.source, scope = %self.scope, error = reason,
+            "pulling from a partitions' consumer failed; trying again in {wait:?}");
         tokio::select! {
             _ = tokio::time::sleep(wait) => true,
             _ = stopping(&mut self.stopped) => false,
         }
     }
 
-    /// After a failed pull: recreates the streams and the partition's consumer if the server
-    /// lost them (a restarted server with memory storage, an operator deleting them).
+    /// After a failed pull: recreates the streams and the consumer if the server lost them (a
+    /// restarted server with memory storage, an operator deleting them). A group's consumer is
+    /// recreated only if no other consumer reads its partitions meanwhile: one that does
+    /// belongs to their new owner, and this one's owner is about to let them go.
     async fn recover(&mut self) {
         if self.shared.check_open().is_err() {
             return;
@@ -466,7 +550,21 @@ impl Puller {
                 let shared = &self.shared;
                 let recreated = async {
                     super::streams::ensure(&shared.js, &shared.names, &shared.config).await?;
-                    consumers::ensure(&self.stream, &self.spec, &shared.config).await
+                    match &self.scope {
+                        Scope::Partition(_) => consumers::ensure(&self.stream, &self.spec, &shared.config).await,
+                        Scope::Group { queue, filters } => {
+                            consumers::create_group(
+                                &shared.js,
+                                &self.stream,
+                                queue,
+                                &self.spec,
+                                filters,
+                                &shared.config,
+                                false,
+                            )
+                            .await
+                        }
+                    }
                 }
                 .await;
                 match recreated {

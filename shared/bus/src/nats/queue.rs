@@ -2,7 +2,7 @@
 //!
 //! One durable consumer per queue, shared by every replica; delivery policy `all`, so a new
 //! consumer gets what was queued before it existed. Partition `p` of a queue is the subject
-//! `<queue subject>.<p>` with a durable consumer of its own (see the partitions module); no
+//! `<queue subject>.<p>`, read through consumers of their own (see the partitions module); no
 //! consumer filters with a wildcard, so a queue's consumer and its partitions' never overlap.
 
 use async_nats::jetstream::consumer::DeliverPolicy;
