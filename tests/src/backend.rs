@@ -5,6 +5,8 @@ use imagepipe_bus::{BusConfig, BusKind};
 
 /// Where NATS runs for the tests (scripts/test.sh starts it there).
 pub const NATS_URL_ENV: &str = "IMAGEPIPE_TEST_NATS_URL";
+/// The variable naming the current NATS server's URL (scripts/nats.sh, `ensure_nats_latest`).
+pub const NATS_LATEST_URL_ENV: &str = "IMAGEPIPE_TEST_NATS_LATEST_URL";
 /// Where the Kafka-compatible broker runs for the tests (scripts/kafka.sh starts Tansu there).
 pub const KAFKA_BROKERS_ENV: &str = "IMAGEPIPE_TEST_KAFKA_BROKERS";
 /// The Redis the services keep their state in.
@@ -60,6 +62,23 @@ impl Backend {
     /// NATS from `IMAGEPIPE_TEST_NATS_URL`, default `nats://127.0.0.1:4222`.
     pub fn nats() -> Self {
         Self::Nats { url: std::env::var(NATS_URL_ENV).unwrap_or_else(|_| "nats://127.0.0.1:4222".into()) }
+    }
+
+    /// The current NATS server scripts/nats.sh starts beside Debian's 2.9, from
+    /// `IMAGEPIPE_TEST_NATS_LATEST_URL`: there a coordinator reads its partitions through one
+    /// consumer per group (NATS 2.10+). `None` (after saying why) when it is not set and
+    /// skipping is allowed; without it, a panic.
+    pub fn nats_latest() -> Option<Self> {
+        match std::env::var(NATS_LATEST_URL_ENV) {
+            Ok(url) if !url.is_empty() => Some(Self::Nats { url }),
+            _ => {
+                imagepipe_contracts::testing::environment_missing(&format!(
+                    "the current NATS server is not running: {NATS_LATEST_URL_ENV} is not set \
+                     (run the tests through scripts/test.sh, or `source scripts/nats.sh && ensure_nats_latest`)"
+                ));
+                None
+            }
+        }
     }
 
     /// Kafka from `IMAGEPIPE_TEST_KAFKA_BROKERS`, default `127.0.0.1:9092`.
