@@ -10,6 +10,7 @@ use async_nats::jetstream::context::{ConsumerInfoError, ConsumerInfoErrorKind};
 use async_nats::jetstream::stream::Stream;
 
 use async_nats::jetstream::Context;
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::response::Response;
 
 use super::names::reads_partitions_of;
@@ -153,8 +154,9 @@ pub(crate) async fn create_group(
     }
     let request = serde_json::json!({ "stream_name": stream_name, "config": config });
     let subject = format!("CONSUMER.CREATE.{stream_name}.{}", spec.durable);
-    // A refusal may also come from a consumer being deleted right then (an earlier opening's
-    // in this process, handing back): a few tries, a short pause apart, see it gone.
+    // Only an overlap is taken over. It may also be a consumer being deleted right then (an
+    // earlier opening's in this process, handing back): a few tries, a short pause apart, see
+    // it gone.
     let mut tries = if take_over { TAKE_OVER_TRIES } else { 1 };
     loop {
         let response: Response<serde_json::Value> =
@@ -164,7 +166,7 @@ pub(crate) async fn create_group(
             Response::Err { error } => error,
         };
         tries -= 1;
-        if tries == 0 {
+        if tries == 0 || error.error_code() != ErrorCode::CONSUMER_WQ_CONSUMER_NOT_UNIQUE {
             return Err(setup(Box::new(error)));
         }
         let deleted = delete_overlapping(js, stream, queue, filters).await.map_err(setup)?;
@@ -204,12 +206,40 @@ async fn delete_overlapping(js: &Context, stream: &Stream, queue: &str, filters:
             break;
         }
     }
-    for name in &doomed {
-        if let Err(err) = stream.delete_consumer(name).await {
-            tracing::debug!(consumer = %name, error = %err, "deleting an overlapping consumer failed (gone already?)");
+    futures::future::join_all(doomed.iter().map(|name| delete_when_settled(stream, name, SETTLE_LIMIT))).await;
+    Ok(doomed.len())
+}
+
+/// How long a consumer about to be deleted is given to have what it delivered settled.
+pub(crate) const SETTLE_LIMIT: Duration = Duration::from_secs(2);
+/// How often [`delete_when_settled`] looks.
+const SETTLE_POLL: Duration = Duration::from_millis(20);
+
+/// Deletes the consumer `name` once no message it delivered waits for an ack on the server, or
+/// once `limit` has passed (a holder that died settles nothing). The server applies acks apart
+/// from API requests, so a delete right after an ack can overtake it, and on a work queue the
+/// acked message would then be delivered again to the next consumer. True once the consumer
+/// is gone.
+pub(crate) async fn delete_when_settled(stream: &Stream, name: &str, limit: Duration) -> bool {
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        match stream.consumer_info(name).await {
+            Ok(info) if info.num_ack_pending == 0 || tokio::time::Instant::now() >= until => break,
+            Ok(_) => tokio::time::sleep(SETTLE_POLL).await,
+            Err(err) if is_missing(&err) => return true,
+            Err(err) => {
+                tracing::debug!(consumer = %name, error = %err, "asking for a consumer before deleting it failed");
+                break;
+            }
         }
     }
-    Ok(doomed.len())
+    match stream.delete_consumer(name).await {
+        Ok(_) => true,
+        Err(err) => {
+            tracing::debug!(consumer = %name, error = %err, "deleting a consumer failed (gone already?)");
+            matches!(stream.consumer_info(name).await, Err(err) if is_missing(&err))
+        }
+    }
 }
 
 /// One page of `CONSUMER.LIST`, as much of it as [`delete_overlapping`] reads.

@@ -18,15 +18,15 @@
 //!
 //! Dropping the consumer gives back at once what it holds and has not handed out: each task
 //! unsubscribes its outstanding request (so the server hands it nothing more, not even what
-//! is given back), then deletes its group's consumer (the stream keeps every unacked message
-//! for the next consumer of those partitions, at once), or for a partition's durable consumer
-//! nacks without delay its messages in the buffer and what was already on its way, so the
-//! next consumer of the partition gets them in order without waiting for their ack deadline.
-//! A message that reaches the client after the subscription is gone is redelivered after its
-//! deadline. Deliveries already handed out stay with their holders; on a deleted group
-//! consumer their settling no longer counts, and the next consumer gets them again at once
-//! (at least once, as always; the coordinator's fenced writes make the second handling
-//! harmless).
+//! is given back), then nacks without delay its messages in the buffer and what was already
+//! on its way, so the next consumer of the partition gets them in order without waiting for
+//! their ack deadline. A message that reaches the client after the subscription is gone is
+//! redelivered after its deadline. A group's consumer is then deleted, once nothing it
+//! delivered waits for an ack on the server (at most [`consumers::SETTLE_LIMIT`]): an ack
+//! the server had not applied yet would otherwise be lost with it. The stream keeps every
+//! unacked message for the next consumer of those partitions. Deliveries still held after
+//! that are delivered again to the next consumer at once (at least once, as always; the
+//! coordinator's fenced writes make the second handling harmless).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -482,8 +482,9 @@ impl Puller {
 
     /// Gives back everything this task holds: first ends the subscription of the outstanding
     /// request, if any (so that the server hands nothing more to it, the messages given back
-    /// included); then deletes a group's consumer, which frees all it held at once, or nacks
-    /// what waits in the buffer and then what was already on its way to the subscription.
+    /// included), then nacks what waits in the buffer, then what was already on its way to
+    /// the subscription. A group's consumer is then deleted, once what it delivered is settled
+    /// on the server (or after [`consumers::SETTLE_LIMIT`]).
     async fn hand_back(&self, outstanding: Option<Subscriber>) {
         let mut draining = None;
         if let Some(mut subscriber) = outstanding {
@@ -493,32 +494,30 @@ impl Puller {
                     "ending a consumer's subscription failed"),
             }
         }
-        if let Scope::Group { .. } = self.scope {
-            match self.stream.delete_consumer(&self.spec.durable).await {
-                Ok(_) => {
-                    drop(self.buffer.take_from(self.id));
-                    return;
-                }
-                Err(err) => tracing::debug!(consumer = %self.spec.durable, error = %err,
-                    "deleting a group's consumer failed; giving its messages back one by one"),
-            }
-        } else if draining.is_some() {
+        if draining.is_some() {
             // A round trip through the server: the unsubscribe before it is then processed, so
             // the request it ended takes none of what is given back.
             if let Err(err) = self.stream.consumer_info(&self.spec.durable).await {
                 tracing::debug!(source = %self.target.source, scope = %self.scope, error = %err,
-                    "waiting for the server to end a partition's pull request failed");
+                    "waiting for the server to end a pull request failed");
             }
         }
         for pulled in self.buffer.take_from(self.id) {
             give_back(pulled.message, &self.target).await;
         }
-        let Some(mut subscriber) = draining else { return };
-        let until = Instant::now() + DRAIN_LIMIT;
-        while let Ok(Some(message)) = tokio::time::timeout_at(until, subscriber.next()).await {
-            if matches!(message.status, None | Some(StatusCode::OK)) {
-                give_back(jetstream::Message { message, context: self.shared.js.clone() }, &self.target).await;
+        if let Some(mut subscriber) = draining {
+            let until = Instant::now() + DRAIN_LIMIT;
+            while let Ok(Some(message)) = tokio::time::timeout_at(until, subscriber.next()).await {
+                if matches!(message.status, None | Some(StatusCode::OK)) {
+                    give_back(jetstream::Message { message, context: self.shared.js.clone() }, &self.target).await;
+                }
             }
+        }
+        if let Scope::Group { .. } = self.scope
+            && !consumers::delete_when_settled(&self.stream, &self.spec.durable, consumers::SETTLE_LIMIT).await
+        {
+            tracing::debug!(consumer = %self.spec.durable,
+                "a group's consumer was not deleted; the next owner of its partitions deletes it");
         }
     }
 
