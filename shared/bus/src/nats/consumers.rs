@@ -69,7 +69,7 @@ fn backoff(ack_wait: Duration, max_deliveries: u32, configured: &[Duration]) -> 
 pub(crate) async fn ensure(stream: &Stream, spec: &ConsumerSpec, nats: &NatsConfig) -> Result<PullConsumer, BusError> {
     let stream_name = stream.cached_info().config.name.clone();
     let what = format!("consumer {} on stream {stream_name}", spec.durable);
-    let setup = |source: crate::error::BoxError| BusError::Setup { what: what.clone(), source };
+    let setup = |source: BoxError| BusError::Setup { what: what.clone(), source };
     let mut desired = pull_config(spec, nats);
     match stream.consumer_info(&spec.durable).await {
         Ok(info) => {
@@ -146,7 +146,7 @@ pub(crate) async fn create_group(
 ) -> Result<PullConsumer, BusError> {
     let stream_name = stream.cached_info().config.name.clone();
     let what = format!("consumer {} on stream {stream_name}", spec.durable);
-    let setup = |source: crate::error::BoxError| BusError::Setup { what: what.clone(), source };
+    let setup = |source: BoxError| BusError::Setup { what: what.clone(), source };
     let mut config = serde_json::to_value(pull_config(spec, nats)).map_err(|e| setup(Box::new(e)))?;
     if let Some(fields) = config.as_object_mut() {
         fields.remove("filter_subject");

@@ -175,7 +175,7 @@ impl PartitionsConsumer {
                 let filters: Vec<String> = subjects.into_iter().map(|(_, subject)| subject).collect();
                 let consumer =
                     consumers::create_group(&shared.js, &stream, queue, &spec, &filters, &shared.config, true).await?;
-                vec![(Scope::Group { queue: queue.to_owned(), filters }, spec, consumer)]
+                vec![(Scope::Group { filters }, spec, consumer)]
             } else {
                 futures::future::try_join_all(subjects.into_iter().map(|(partition, filter)| {
                     let spec = spec(
@@ -316,9 +316,9 @@ enum Ended {
 enum Scope {
     /// One partition, through its durable consumer (NATS 2.9).
     Partition(u16),
-    /// Partitions of `queue` through one consumer with a filter subject each (NATS 2.10+),
+    /// Partitions through one consumer with a filter subject each (NATS 2.10+),
     /// deleted when the task stops.
-    Group { queue: String, filters: Vec<String> },
+    Group { filters: Vec<String> },
 }
 
 impl Scope {
@@ -551,11 +551,11 @@ impl Puller {
                     super::streams::ensure(&shared.js, &shared.names, &shared.config).await?;
                     match &self.scope {
                         Scope::Partition(_) => consumers::ensure(&self.stream, &self.spec, &shared.config).await,
-                        Scope::Group { queue, filters } => {
+                        Scope::Group { filters } => {
                             consumers::create_group(
                                 &shared.js,
                                 &self.stream,
-                                queue,
+                                &self.target.source,
                                 &self.spec,
                                 filters,
                                 &shared.config,
