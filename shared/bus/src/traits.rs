@@ -15,7 +15,8 @@ use crate::message::Message;
 #[async_trait]
 pub trait Consumer: Send + Sync {
     /// Waits up to `wait` for messages and returns at most `max` of them; empty when none
-    /// arrived in time.
+    /// arrived in time. A fetch dropped before it returns loses nothing: what it had taken is
+    /// delivered again, at the latest after its ack deadline.
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError>;
 }
 

@@ -40,6 +40,7 @@ macro_rules! __conformance_suite {
             case!(headers_round_trip);
             case!(fetch_waits_then_returns_empty);
             case!(fetch_returns_as_soon_as_a_message_arrives);
+            case!(a_fetch_dropped_while_waiting_loses_nothing);
             case!(fetch_returns_at_most_max);
             case!(ack_removes_for_good);
             case!(nack_with_delay);

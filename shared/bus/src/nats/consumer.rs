@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use async_nats::connection::State;
 use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::consumer::pull::BatchConfig;
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self, AckKind};
+use async_nats::{StatusCode, Subject, Subscriber};
 use async_trait::async_trait;
 use futures::StreamExt;
 use imagepipe_contracts::names::headers;
@@ -31,6 +33,19 @@ const MIN_WAIT: Duration = Duration::from_millis(10);
 const PULL_GRACE: Duration = Duration::from_secs(2);
 /// How often a waiting pull checks that the connection is still up.
 const CONNECTION_CHECK: Duration = Duration::from_millis(250);
+/// Inboxes a consumer keeps between fetches: one per fetch running at once (a worker's
+/// waiting fetch and its fetch of what is there now).
+const KEPT_INBOXES: usize = 4;
+
+/// A subscription that answers to pull requests come back on, kept for the next request: a
+/// pull then costs the server one request, not a subscription made and ended around it. A
+/// fetch takes one for itself and puts it back only once its request has ended, so that a
+/// late answer to a request it gave up on (or a fetch dropped midway) reaches no other
+/// fetch; such an inbox is dropped, which ends its subscription.
+struct Inbox {
+    subject: Subject,
+    subscriber: Subscriber,
+}
 
 /// One queue or subscriber group, as seen by one process.
 pub(crate) struct NatsConsumer {
@@ -43,6 +58,8 @@ pub(crate) struct NatsConsumer {
     selector: Option<Selector>,
     /// A fetch failed: check the consumer still exists before the next one.
     recheck: AtomicBool,
+    /// Inboxes not in use by a fetch.
+    inboxes: std::sync::Mutex<Vec<Inbox>>,
     _advisories: Listener,
 }
 
@@ -78,6 +95,7 @@ impl NatsConsumer {
             target,
             selector,
             recheck: AtomicBool::new(false),
+            inboxes: std::sync::Mutex::new(Vec::new()),
             _advisories: listener,
         })
     }
@@ -110,48 +128,95 @@ impl NatsConsumer {
     /// Up to `max` messages: what is there now, or else the first to arrive within `wait`,
     /// returned at once (whatever arrived with it is there for the next fetch, which asks
     /// without waiting: asking for it here would hold the first message one round trip).
+    /// Both requests are answered on one kept inbox (see [`Inbox`]).
     async fn pull(&self, max: usize, wait: Duration) -> Result<Vec<jetstream::Message>, BusError> {
         let consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let now = consumer.fetch().max_messages(max).messages().await.map_err(|err| self.receive_error(err))?;
-        let mut got = self.drain(now, PULL_GRACE).await?;
-        if got.is_empty() && wait >= MIN_WAIT {
-            let first = consumer.batch().max_messages(1).expires(wait).messages().await;
-            got = self.drain(first.map_err(|err| self.receive_error(err))?, wait + PULL_GRACE).await?;
+        let mut inbox = self.take_inbox().await?;
+        let now = BatchConfig { batch: max, no_wait: true, ..BatchConfig::default() };
+        let (mut got, mut ended) = self.request(&consumer, &mut inbox, now, PULL_GRACE).await?;
+        if got.is_empty() && ended && wait >= MIN_WAIT {
+            let first = BatchConfig { batch: 1, expires: Some(wait), ..BatchConfig::default() };
+            (got, ended) = self.request(&consumer, &mut inbox, first, wait + PULL_GRACE).await?;
+        }
+        if ended {
+            let mut kept = self.inboxes.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.len() < KEPT_INBOXES {
+                kept.push(inbox);
+            }
         }
         Ok(got)
     }
 
-    /// The messages of one pull, giving up `limit` from now, or as soon as the connection is
-    /// seen down (the server's answer would never come).
-    async fn drain(
+    /// A kept inbox, or a new one.
+    async fn take_inbox(&self) -> Result<Inbox, BusError> {
+        let kept = self.inboxes.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        if let Some(inbox) = kept {
+            return Ok(inbox);
+        }
+        let subject = Subject::from(self.shared.client.new_inbox());
+        let subscriber = self.shared.client.subscribe(subject.clone()).await.map_err(|err| self.receive_error(err))?;
+        Ok(Inbox { subject, subscriber })
+    }
+
+    /// Sends one pull request answered on `inbox` and reads its messages until the server
+    /// ends it (its batch served, nothing more there, expired), giving up `limit` from now
+    /// or as soon as the connection is seen down or re-established (the server forgets the
+    /// requests of a lost connection). Returns the messages and whether the request ended:
+    /// only then may the inbox carry another, since a late answer to an abandoned one would
+    /// reach it.
+    async fn request(
         &self,
-        mut batch: jetstream::consumer::pull::Batch,
+        consumer: &PullConsumer,
+        inbox: &mut Inbox,
+        batch: BatchConfig,
         limit: Duration,
-    ) -> Result<Vec<jetstream::Message>, BusError> {
+    ) -> Result<(Vec<jetstream::Message>, bool), BusError> {
+        let statistics = self.shared.client.statistics();
+        let connects = statistics.connects.load(Ordering::Relaxed);
+        let want = batch.batch;
+        consumer.request_batch(batch, inbox.subject.clone()).await.map_err(|err| self.receive_error(err))?;
         let deadline = tokio::time::sleep(limit);
         tokio::pin!(deadline);
         let mut watch = tokio::time::interval(CONNECTION_CHECK);
         let mut got = Vec::new();
+        let lost = |got: Vec<jetstream::Message>, why: &str| {
+            if got.is_empty() { Err(self.receive_error(why.to_owned())) } else { Ok((got, false)) }
+        };
         loop {
             tokio::select! {
-                next = batch.next() => match next {
-                    Some(Ok(message)) => got.push(message),
-                    Some(Err(err)) if got.is_empty() => return Err(self.receive_error(err)),
-                    Some(Err(err)) => {
-                        tracing::debug!(source = %self.target.source, error = %err, "pull ended early");
-                        return Ok(got);
-                    }
-                    None => return Ok(got),
+                next = inbox.subscriber.next() => match next {
+                    None => return lost(got, "the inbox of a pull request was closed"),
+                    Some(message) => match message.status {
+                        None | Some(StatusCode::OK) => {
+                            got.push(jetstream::Message { message, context: self.shared.js.clone() });
+                            if got.len() == want {
+                                return Ok((got, true));
+                            }
+                        }
+                        Some(StatusCode::IDLE_HEARTBEAT) => {}
+                        Some(StatusCode::TIMEOUT | StatusCode::NOT_FOUND) => return Ok((got, true)),
+                        Some(status) => {
+                            let reason = format!(
+                                "the server ended the pull request: {status} {}",
+                                message.description.unwrap_or_default()
+                            );
+                            if got.is_empty() {
+                                return Err(self.receive_error(reason));
+                            }
+                            tracing::debug!(source = %self.target.source, error = %reason, "pull ended early");
+                            return Ok((got, true));
+                        }
+                    },
                 },
                 _ = watch.tick() => {
                     if !self.connected() {
-                        if got.is_empty() {
-                            return Err(self.receive_error("the connection to NATS is down"));
-                        }
-                        return Ok(got);
+                        return lost(got, "the connection to NATS is down");
+                    }
+                    if statistics.connects.load(Ordering::Relaxed) != connects {
+                        return lost(got, "the connection to NATS was re-established during a pull");
                     }
                 }
-                _ = &mut deadline => return Ok(got),
+                _ = &mut deadline => return Ok((got, false)),
             }
         }
     }

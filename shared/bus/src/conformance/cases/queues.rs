@@ -114,6 +114,28 @@ pub async fn fetch_returns_as_soon_as_a_message_arrives(h: &dyn Harness) {
     ack_all(got).await;
 }
 
+/// A fetch dropped while it waits (a caller's timeout, a worker stopping) loses nothing and
+/// leaves the consumer working: what is sent next reaches later fetches of the same consumer,
+/// each message once, at the latest after its ack deadline.
+pub async fn a_fetch_dropped_while_waiting_loses_nothing(h: &dyn Harness) {
+    let t = h.timing();
+    let bus = h.bus().await;
+    let consumer = bus.queues.consume(QUEUE, consumer_config(&t, 5)).await.expect("consume");
+    for _ in 0..2 {
+        let cut = tokio::time::timeout(t.settle, consumer.fetch(1, Duration::from_secs(30))).await;
+        assert!(cut.is_err(), "nothing was sent, yet the fetch returned {:?}", cut.map(|got| got.map(|d| bodies(&d))));
+    }
+    for i in 0..3 {
+        bus.queues.send(QUEUE, Message::new(format!("after {i}")).with_id(format!("after-{i}"))).await.expect("send");
+    }
+    let got = collect(&*consumer, 3, t.ack_wait + PATIENCE).await;
+    let expected: BTreeSet<String> = (0..3).map(|i| format!("after-{i}")).collect();
+    assert_eq!(ids(&got), expected, "every message sent after the dropped fetches: {:?}", bodies(&got));
+    assert_eq!(got.len(), 3, "each message once: {:?}", bodies(&got));
+    ack_all(got).await;
+    expect_none(&*consumer, t.settle, "after the messages were acked").await;
+}
+
 /// `fetch(max, ..)` never returns more than `max`; the rest stay for later fetches.
 pub async fn fetch_returns_at_most_max(h: &dyn Harness) {
     let t = h.timing();
