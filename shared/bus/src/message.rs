@@ -18,7 +18,9 @@ impl Headers {
 
     /// Sets `name` (lowercased) to `value`, replacing any earlier value.
     pub fn insert(&mut self, name: impl Into<String>, value: impl Into<String>) -> &mut Self {
-        self.0.insert(name.into().to_ascii_lowercase(), value.into());
+        let mut name = name.into();
+        name.make_ascii_lowercase();
+        self.0.insert(name, value.into());
         self
     }
 

@@ -79,13 +79,13 @@ pub(crate) fn decode(map: Option<&HeaderMap>, payload: bytes::Bytes) -> Message 
     let mut nats_id = None;
     let mut fields = Headers::new();
     for (name, values) in map.iter() {
-        let name = name.to_string().to_ascii_lowercase();
         let Some(value) = values.last() else { continue };
-        if name == NATS_MESSAGE_ID.to_ascii_lowercase() {
+        let name: &str = name.as_ref();
+        if name.eq_ignore_ascii_case(NATS_MESSAGE_ID) {
             nats_id = Some(value.as_str().to_owned());
-        } else if name.starts_with(headers::CE_PREFIX) {
+        } else if starts_with_ignore_case(name, headers::CE_PREFIX) {
             fields.insert(name, percent_decode(value.as_str()));
-        } else if !name.starts_with("nats-") {
+        } else if !starts_with_ignore_case(name, "nats-") {
             fields.insert(name, value.as_str());
         }
     }
@@ -98,6 +98,11 @@ pub(crate) fn decode(map: Option<&HeaderMap>, payload: bytes::Bytes) -> Message 
     message.id = fields.remove(headers::MESSAGE_ID).or(nats_id);
     message.headers = fields;
     message
+}
+
+/// Whether `name` starts with `prefix`, ignoring ASCII case (header names are case-insensitive).
+fn starts_with_ignore_case(name: &str, prefix: &str) -> bool {
+    name.len() >= prefix.len() && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
 }
 
 /// A CloudEvents attribute value as the NATS binding sends it: space, `"`, `%` and every
