@@ -3,6 +3,8 @@
 use imagepipe_contracts::shard::shard_of;
 use imagepipe_runtime::dedup::slot::{hash_slot, tag_of_slot};
 
+use std::sync::Arc;
+
 use super::RedisStore;
 use crate::task::TaskState;
 
@@ -14,14 +16,22 @@ impl RedisStore {
 
     /// The hash tag of shard `shard`'s lease, `{P:s<shard>}`: its slot is the shard's.
     fn shard_tag(&self, shard: u16) -> String {
-        format!("{{{p}:s{shard}}}", p = self.prefix)
+        shard_tag(&self.prefix, shard)
     }
 
-    /// The start of the keys of shard `shard`'s tasks: `P:{<tag>}`, `<tag>` the shortest hash tag
-    /// of the shard's slot ([`tag_of_slot`]), so that the prefix is in a task's keys once. Tags
-    /// of two shards in one slot are the same: a task's keys are told apart by its id.
-    fn shard_slot(&self, shard: u16) -> String {
-        format!("{}:{{{}}}", self.prefix, tag_of_slot(hash_slot(self.shard_tag(shard).as_bytes())))
+    /// The start of the keys of each of `shards` shards' tasks: `P:{<tag>}`, `<tag>` the
+    /// shortest hash tag of the shard's slot ([`tag_of_slot`]), so that the prefix is in a
+    /// task's keys once. Tags of two shards in one slot are the same: a task's keys are told
+    /// apart by its id.
+    pub(super) fn slot_prefixes(prefix: &str, shards: u16) -> Arc<[String]> {
+        (0..shards)
+            .map(|shard| format!("{prefix}:{{{}}}", tag_of_slot(hash_slot(shard_tag(prefix, shard).as_bytes()))))
+            .collect()
+    }
+
+    /// The start of the keys of shard `shard`'s tasks (see [`slot_prefixes`](Self::slot_prefixes)).
+    fn shard_slot(&self, shard: u16) -> &str {
+        &self.slot_prefixes[usize::from(shard)]
     }
 
     pub(super) fn task_key(&self, id: &str) -> String {
@@ -95,4 +105,9 @@ impl RedisStore {
     pub(super) fn cluster_key(&self, name: &str) -> String {
         format!("{p}:{{{p}:cluster}}:{name}", p = self.prefix)
     }
+}
+
+/// The hash tag of shard `shard`'s lease under `prefix`, `{P:s<shard>}`.
+fn shard_tag(prefix: &str, shard: u16) -> String {
+    format!("{{{prefix}:s{shard}}}")
 }

@@ -142,6 +142,9 @@ pub struct RedisStore {
     prefix: String,
     relay_grace: Duration,
     shards: u16,
+    /// Per shard, the start of its tasks' keys ([`slot_prefixes`](Self::slot_prefixes)),
+    /// worked out once: every key of a task write starts with one.
+    slot_prefixes: Arc<[String]>,
     /// `store.redis.min_replicas`: replicas `WAIT`ed for after each batch of transitions.
     min_replicas: u32,
     /// Set once the key layout is current and the indexes are built ([`RedisStore::ready`]).
@@ -186,6 +189,7 @@ impl RedisStore {
             prefix: prefix.to_owned(),
             relay_grace,
             shards: DEFAULT_SHARDS,
+            slot_prefixes: Self::slot_prefixes(prefix, DEFAULT_SHARDS),
             min_replicas: 0,
             ready: Arc::new(OnceCell::new()),
             transition: Script::new(&scripts::transition_script()),
@@ -210,7 +214,9 @@ impl RedisStore {
     /// with [`StoreError::ShardsChanged`].
     #[must_use]
     pub fn with_shards(self, shards: u16) -> Self {
-        Self { shards: shards.max(1), ready: Arc::new(OnceCell::new()), ..self }
+        let shards = shards.max(1);
+        let slot_prefixes = Self::slot_prefixes(&self.prefix, shards);
+        Self { shards, slot_prefixes, ready: Arc::new(OnceCell::new()), ..self }
     }
 
     /// The store waiting, after each batch of transitions ([`TaskStore::create`],
