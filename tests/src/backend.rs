@@ -201,8 +201,13 @@ pub enum Submitter {
     },
 }
 
+/// Publishes a [`Submitter`] sends before it waits for their acknowledgements.
+const PUBLISH_WINDOW: usize = 256;
+
 impl Submitter {
-    /// Publishes every body and flushes the connection.
+    /// Publishes every body and returns once the broker has stored each one: on NATS through
+    /// JetStream, each publish acknowledged by the stream (a core publish the server fails to
+    /// store would be lost without a word), at most [`PUBLISH_WINDOW`] awaiting at once.
     pub async fn publish_all(&self, bodies: Vec<Vec<u8>>) -> Result<(), BackendError> {
         match self {
             Self::Nats { client, subject } => {
@@ -210,10 +215,18 @@ impl Submitter {
                     subject: subject.clone(),
                     reason: e.to_string(),
                 };
-                for body in bodies {
-                    client.publish(subject.clone(), body.into()).await.map_err(|e| failed(&e))?;
+                let js = async_nats::jetstream::new(client.clone());
+                let mut waiting = Vec::with_capacity(PUBLISH_WINDOW);
+                let mut bodies = bodies.into_iter().peekable();
+                while bodies.peek().is_some() {
+                    for body in bodies.by_ref().take(PUBLISH_WINDOW) {
+                        waiting.push(js.publish(subject.clone(), body.into()).await.map_err(|e| failed(&e))?);
+                    }
+                    for ack in waiting.drain(..) {
+                        ack.await.map_err(|e| failed(&e))?;
+                    }
                 }
-                client.flush().await.map_err(|e| failed(&e))
+                Ok(())
             }
             Self::Kafka { producer, topic } => {
                 let failed =
