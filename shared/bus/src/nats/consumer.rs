@@ -10,7 +10,6 @@ use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::consumer::pull::BatchConfig;
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self, AckKind};
-use async_nats::{StatusCode, Subject, Subscriber};
 use async_trait::async_trait;
 use futures::StreamExt;
 use imagepipe_contracts::names::headers;
@@ -22,6 +21,7 @@ use super::codec;
 use super::consumers::{self, ConsumerSpec};
 use super::dead_letter::DeadLetterTarget;
 use super::handle::NatsAckHandle;
+use super::pull::{Answer, Inbox, answer};
 use crate::delivery::Delivery;
 use crate::error::BusError;
 use crate::selector::Selector;
@@ -34,18 +34,12 @@ const PULL_GRACE: Duration = Duration::from_secs(2);
 /// How often a waiting pull checks that the connection is still up.
 const CONNECTION_CHECK: Duration = Duration::from_millis(250);
 /// Inboxes a consumer keeps between fetches: one per fetch running at once (a worker's
-/// waiting fetch and its fetch of what is there now).
+/// waiting fetch and its fetch of what is there now). A kept inbox makes a pull cost the
+/// server one request, not a subscription made and ended around it. A fetch takes one for
+/// itself and puts it back only once its request has ended, so that a late answer to a
+/// request it gave up on (or a fetch dropped midway) reaches no other fetch; such an inbox is
+/// dropped, which ends its subscription.
 const KEPT_INBOXES: usize = 4;
-
-/// A subscription that answers to pull requests come back on, kept for the next request: a
-/// pull then costs the server one request, not a subscription made and ended around it. A
-/// fetch takes one for itself and puts it back only once its request has ended, so that a
-/// late answer to a request it gave up on (or a fetch dropped midway) reaches no other
-/// fetch; such an inbox is dropped, which ends its subscription.
-struct Inbox {
-    subject: Subject,
-    subscriber: Subscriber,
-}
 
 /// One queue or subscriber group, as seen by one process.
 pub(crate) struct NatsConsumer {
@@ -128,7 +122,7 @@ impl NatsConsumer {
     /// Up to `max` messages: what is there now, or else the first to arrive within `wait`,
     /// returned at once (whatever arrived with it is there for the next fetch, which asks
     /// without waiting: asking for it here would hold the first message one round trip).
-    /// Both requests are answered on one kept inbox (see [`Inbox`]).
+    /// Both requests are answered on one kept inbox (see [`KEPT_INBOXES`]).
     async fn pull(&self, max: usize, wait: Duration) -> Result<Vec<jetstream::Message>, BusError> {
         let consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut inbox = self.take_inbox().await?;
@@ -153,9 +147,7 @@ impl NatsConsumer {
         if let Some(inbox) = kept {
             return Ok(inbox);
         }
-        let subject = Subject::from(self.shared.client.new_inbox());
-        let subscriber = self.shared.client.subscribe(subject.clone()).await.map_err(|err| self.receive_error(err))?;
-        Ok(Inbox { subject, subscriber })
+        Inbox::open(&self.shared.client).await.map_err(|err| self.receive_error(err))
     }
 
     /// Sends one pull request answered on `inbox` and reads its messages until the server
@@ -184,29 +176,23 @@ impl NatsConsumer {
         };
         loop {
             tokio::select! {
-                next = inbox.subscriber.next() => match next {
+                next = inbox.subscriber.next() => match next.map(answer) {
                     None => return lost(got, "the inbox of a pull request was closed"),
-                    Some(message) => match message.status {
-                        None | Some(StatusCode::OK) => {
-                            got.push(jetstream::Message { message, context: self.shared.js.clone() });
-                            if got.len() == want {
-                                return Ok((got, true));
-                            }
-                        }
-                        Some(StatusCode::IDLE_HEARTBEAT) => {}
-                        Some(StatusCode::TIMEOUT | StatusCode::NOT_FOUND) => return Ok((got, true)),
-                        Some(status) => {
-                            let reason = format!(
-                                "the server ended the pull request: {status} {}",
-                                message.description.unwrap_or_default()
-                            );
-                            if got.is_empty() {
-                                return Err(self.receive_error(reason));
-                            }
-                            tracing::debug!(source = %self.target.source, error = %reason, "pull ended early");
+                    Some(Answer::Message(message)) => {
+                        got.push(jetstream::Message { message, context: self.shared.js.clone() });
+                        if got.len() == want {
                             return Ok((got, true));
                         }
-                    },
+                    }
+                    Some(Answer::Heartbeat) => {}
+                    Some(Answer::Ended) => return Ok((got, true)),
+                    Some(Answer::Refused(reason)) => {
+                        if got.is_empty() {
+                            return Err(self.receive_error(reason));
+                        }
+                        tracing::debug!(source = %self.target.source, error = %reason, "pull ended early");
+                        return Ok((got, true));
+                    }
                 },
                 _ = watch.tick() => {
                     if !self.connected() {

@@ -20,6 +20,7 @@ mod handle;
 mod inspect;
 mod names;
 mod partitions;
+mod pull;
 mod queue;
 mod streams;
 

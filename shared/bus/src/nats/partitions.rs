@@ -33,12 +33,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::Subscriber;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::consumer::pull::BatchConfig;
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self, AckKind};
-use async_nats::{StatusCode, Subject, Subscriber};
 use async_trait::async_trait;
 use futures::StreamExt;
 use imagepipe_contracts::names;
@@ -51,6 +51,7 @@ use super::consumer::admit;
 use super::consumers::{self, ConsumerSpec};
 use super::dead_letter::DeadLetterTarget;
 use super::names::{group_durable, partition_durable, partition_of_subject};
+use super::pull::{Answer, Inbox, answer};
 use crate::config::ConsumerConfig;
 use crate::delivery::Delivery;
 use crate::error::BusError;
@@ -360,31 +361,28 @@ impl Puller {
     /// Pulls until the consumer is dropped or the bus closed.
     async fn run(mut self) {
         let mut retry = RETRY_MIN;
-        let mut inbox: Option<(Subject, Subscriber)> = None;
+        let mut kept: Option<Inbox> = None;
         while self.shared.check_open().is_ok() {
             let Some(want) = self.wait_for_room().await else { break };
-            let (subject, mut subscriber) = match inbox.take() {
+            let mut inbox = match kept.take() {
                 Some(open) => open,
-                None => {
-                    let subject = Subject::from(self.shared.client.new_inbox());
-                    match self.shared.client.subscribe(subject.clone()).await {
-                        Ok(subscriber) => (subject, subscriber),
-                        Err(err) => {
-                            self.room.add_permits(want);
-                            if !self.pause(&mut retry, &format!("subscribing to {subject}: {err}")).await {
-                                break;
-                            }
-                            continue;
+                None => match Inbox::open(&self.shared.client).await {
+                    Ok(inbox) => inbox,
+                    Err(err) => {
+                        self.room.add_permits(want);
+                        if !self.pause(&mut retry, &format!("subscribing to an inbox: {err}")).await {
+                            break;
                         }
+                        continue;
                     }
-                }
+                },
             };
-            let (ended, received) = self.pull(want, &subject, &mut subscriber).await;
+            let (ended, received) = self.pull(want, &mut inbox).await;
             self.room.add_permits(want - received);
             match ended {
                 Ended::Done => {
                     retry = RETRY_MIN;
-                    inbox = Some((subject, subscriber));
+                    kept = Some(inbox);
                 }
                 Ended::Lost => {}
                 Ended::Failed(reason) => {
@@ -394,7 +392,7 @@ impl Puller {
                     self.recover().await;
                 }
                 Ended::Stopping => {
-                    self.hand_back(Some(subscriber)).await;
+                    self.hand_back(Some(inbox.subscriber)).await;
                     return;
                 }
             }
@@ -422,11 +420,11 @@ impl Puller {
 
     /// Asks for `want` messages on `inbox` and moves them into the buffer as they come; returns
     /// how the request ended and how many messages it brought.
-    async fn pull(&self, want: usize, inbox: &Subject, subscriber: &mut Subscriber) -> (Ended, usize) {
+    async fn pull(&self, want: usize, inbox: &mut Inbox) -> (Ended, usize) {
         let statistics = self.shared.client.statistics();
         let connects = statistics.connects.load(Ordering::Relaxed);
         let request = BatchConfig { batch: want, expires: Some(PULL_EXPIRY), ..BatchConfig::default() };
-        if let Err(err) = self.consumer.request_batch(request, inbox.clone()).await {
+        if let Err(err) = self.consumer.request_batch(request, inbox.subject.clone()).await {
             return (Ended::Failed(format!("asking for messages: {err}")), 0);
         }
         let deadline = tokio::time::sleep(PULL_EXPIRY + PULL_GRACE);
@@ -438,26 +436,18 @@ impl Puller {
             tokio::select! {
                 biased;
                 _ = stopping(&mut stopped) => return (Ended::Stopping, received),
-                next = subscriber.next() => match next {
+                next = inbox.subscriber.next() => match next.map(answer) {
                     None => return (Ended::Lost, received),
-                    Some(message) => match message.status {
-                        None | Some(StatusCode::OK) => {
-                            received += 1;
-                            self.keep(message);
-                            if received == want {
-                                return (Ended::Done, received);
-                            }
+                    Some(Answer::Message(message)) => {
+                        received += 1;
+                        self.keep(message);
+                        if received == want {
+                            return (Ended::Done, received);
                         }
-                        Some(StatusCode::IDLE_HEARTBEAT) => {}
-                        Some(StatusCode::TIMEOUT | StatusCode::NOT_FOUND) => return (Ended::Done, received),
-                        Some(status) => {
-                            let reason = format!(
-                                "the server ended the pull request: {status} {}",
-                                message.description.unwrap_or_default()
-                            );
-                            return (Ended::Failed(reason), received);
-                        }
-                    },
+                    }
+                    Some(Answer::Heartbeat) => {}
+                    Some(Answer::Ended) => return (Ended::Done, received),
+                    Some(Answer::Refused(reason)) => return (Ended::Failed(reason), received),
                 },
                 _ = check.tick() => {
                     if statistics.connects.load(Ordering::Relaxed) != connects {
@@ -507,8 +497,8 @@ impl Puller {
         }
         if let Some(mut subscriber) = draining {
             let until = Instant::now() + DRAIN_LIMIT;
-            while let Ok(Some(message)) = tokio::time::timeout_at(until, subscriber.next()).await {
-                if matches!(message.status, None | Some(StatusCode::OK)) {
+            while let Ok(Some(next)) = tokio::time::timeout_at(until, subscriber.next()).await {
+                if let Answer::Message(message) = answer(next) {
                     give_back(jetstream::Message { message, context: self.shared.js.clone() }, &self.target).await;
                 }
             }

@@ -1,9 +1,9 @@
 //! The Redis key of each record and index (the table in the module's docs).
 
+use std::sync::Arc;
+
 use imagepipe_contracts::shard::shard_of;
 use imagepipe_runtime::dedup::slot::{hash_slot, tag_of_slot};
-
-use std::sync::Arc;
 
 use super::RedisStore;
 use crate::task::TaskState;
