@@ -1,7 +1,10 @@
 //! CPU time of the metadata stage per image: `extract` (decode, EXIF, colours, hashes, every
 //! derivative) on every image of each directory, as the `imagepipe bench --photos` metadata probe
 //! runs it, without the rest of the pipeline. Process CPU time, every thread (libheif decodes on
-//! threads of its own), after one round not counted.
+//! threads of its own), after one round not counted. Each round also runs `extract_with` given
+//! a spare core (the largest derivative encoded on a second thread, as the worker does when a
+//! core is free), right after the one-thread run of the same image: wall and CPU time of both,
+//! side by side.
 //!
 //! ```text
 //! stage_cpu [--rounds N] DIR...   # per DIR: the median and the range of the files' medians
@@ -10,8 +13,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use std::time::Instant;
+
 use cpu_time::ProcessTime;
 use imagepipe_metadata_worker::extract;
+use imagepipe_metadata_worker::extract::extract_with;
 use imagepipe_runtime::config::MetadataConfig;
 
 fn main() {
@@ -46,21 +52,33 @@ fn measure(dir: &Path, settings: &MetadataConfig, rounds: usize) {
         .collect();
     let mut all = Vec::new();
     let mut per_file = Vec::new();
+    let (mut walls, mut spared_walls, mut spared_cpu) = (Vec::new(), Vec::new(), Vec::new());
     for (name, bytes) in &photos {
         let mut times = Vec::with_capacity(rounds);
         for round in 0..=rounds {
-            let started = ProcessTime::now();
+            let (started, wall) = (ProcessTime::now(), Instant::now());
             let extracted = extract(bytes, settings).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let spent = started.elapsed();
+            let (spent, took) = (started.elapsed(), wall.elapsed());
             std::hint::black_box(&extracted);
+            let (started, wall) = (ProcessTime::now(), Instant::now());
+            let spared = extract_with(bytes, settings, || Some(())).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (spared_spent, spared_took) = (started.elapsed(), wall.elapsed());
+            std::hint::black_box(&spared);
             if round > 0 {
                 times.push(spent);
+                walls.push(took);
+                spared_walls.push(spared_took);
+                spared_cpu.push(spared_spent);
             }
         }
         times.sort();
         all.extend_from_slice(&times);
         per_file.push((name.clone(), times[times.len() / 2]));
     }
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
     all.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let files: Vec<String> = per_file.iter().map(|(n, t)| format!("{n} {:.1}", ms(*t))).collect();
@@ -70,5 +88,11 @@ fn measure(dir: &Path, settings: &MetadataConfig, rounds: usize) {
         ms(all[all.len() / 2]),
         photos.len(),
         files.join(", ")
+    );
+    println!(
+        "  one thread: median wall {:.1} ms; given a spare core: median wall {:.1} ms, CPU {:.1} ms",
+        ms(median(walls)),
+        ms(median(spared_walls)),
+        ms(median(spared_cpu))
     );
 }

@@ -13,12 +13,12 @@ use imagepipe_contracts::command::MetadataCommand;
 use imagepipe_contracts::step::MetadataOutput;
 use imagepipe_runtime::budget::MemoryBudget;
 use imagepipe_runtime::config::MetadataConfig;
-use imagepipe_runtime::gate::{GateSlot, PriorityGate};
+use imagepipe_runtime::gate::{self, GateSlot, PriorityGate};
 use imagepipe_runtime::step::{StepFailure, StepHandler, with_blob};
 use tokio::task::JoinError;
 
 use crate::error::{ExtractError, codes};
-use crate::extract::{Extracted, extract, memory_needed};
+use crate::extract::{Extracted, extract_with, memory_needed};
 use crate::metrics;
 
 /// Handles `tasks.metadata` commands (see the module docs).
@@ -39,8 +39,8 @@ impl MetadataHandler {
         Self { blobs, settings: Arc::new(settings), decoders: PriorityGate::new(max_decoding.max(1)), budget }
     }
 
-    /// Runs [`extract`] on the blocking pool, holding a decoder slot and the image's share of the
-    /// memory budget.
+    /// Runs [`extract_with`] on the blocking pool (and on a spare core when one is free), holding
+    /// a decoder slot and the image's share of the memory budget.
     async fn extract(&self, bytes: Bytes) -> Result<Extracted, StepFailure> {
         let slot = self.decoders.acquire().await;
         let failed = match self.extract_within_budget(bytes, slot).await {
@@ -76,12 +76,13 @@ impl MetadataHandler {
             Err(error) => return Ok(Err(error)),
         };
         let memory = self.budget.acquire(needed).await;
-        let cpu = imagepipe_runtime::gate::cpu().acquire().await;
+        let cpu = gate::cpu().acquire().await;
+        let priority = gate::current_priority();
         let settings = self.settings.clone();
         let started = Instant::now();
         let extracted = tokio::task::spawn_blocking(move || {
             let decoding = Decoding::start();
-            let extracted = extract(&bytes, &settings);
+            let extracted = extract_with(&bytes, &settings, || gate::cpu().try_acquire_as(priority));
             drop(decoding);
             drop((slot, memory, cpu));
             extracted

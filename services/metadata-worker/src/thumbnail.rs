@@ -32,27 +32,33 @@ pub struct Thumbnail {
 }
 
 /// `image` scaled down so its long edge is at most `size`; the image itself when it already
+/// fits (see [`scaled`]).
+pub fn fit(image: DynamicImage, size: u32) -> DynamicImage {
+    scaled(&image, size).unwrap_or(image)
+}
+
+/// A copy of `image` scaled down so its long edge is at most `size`; `None` when it already
 /// fits. A convolution whose support widens with the reduction, so every source pixel counts
 /// (like an area filter): Catmull-Rom, sharp, for reductions of 2× and more; bilinear, half the
 /// taps, for the small last step a shrink-on-load decode leaves (1512 → 1440 px), where no
 /// detail can alias; SIMD through `fast_image_resize`. Images with alpha are area-averaged in
 /// place (see the body).
-pub fn fit(image: DynamicImage, size: u32) -> DynamicImage {
+pub fn scaled(image: &DynamicImage, size: u32) -> Option<DynamicImage> {
     let (width, height) = (image.width(), image.height());
     let (w, h) = fitted(width, height, size);
     if (w, h) == (width, height) {
-        return image;
+        return None;
     }
     // With alpha, the SIMD resizer premultiplies a copy of the whole source: for a 100 MP
     // 16-bit PNG that is 800 MB more than the memory budget counted. Area averaging needs none.
     if image.color().has_alpha() {
-        return image.thumbnail_exact(w, h);
+        return Some(image.thumbnail_exact(w, h));
     }
-    match resize(&image, (w, h), image.color()) {
+    Some(match resize(image, (w, h), image.color()) {
         Ok(resized) => resized,
         // Pixel types the SIMD resizer lacks (none of the decoders' today) take the slow road.
         Err(_) => image.thumbnail_exact(w, h),
-    }
+    })
 }
 
 /// Bytes [`fit`] holds beside the source and the result while it resizes a `height` pixels

@@ -219,3 +219,35 @@ fn extraction_is_deterministic() {
     assert_eq!(a.metadata, b.metadata);
     assert_eq!(a.derivatives, b.derivatives);
 }
+
+#[test]
+fn a_spare_core_changes_nothing_in_the_output() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use imagepipe_metadata_worker::extract::extract_with;
+
+    let settings = MetadataConfig::default();
+    for bytes in [jpeg(&scene(2000, 1500), Some(camera_exif(6)), None), png_with_alpha(900, 700)] {
+        let alone = run(&bytes);
+        // The "slot" counts while the second thread holds it: it is given back when it ends.
+        let (held, asked) = (Arc::new(AtomicUsize::new(0)), AtomicUsize::new(0));
+        struct Slot(Arc<AtomicUsize>);
+        impl Drop for Slot {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let spared = extract_with(&bytes, &settings, || {
+            asked.fetch_add(1, Ordering::SeqCst);
+            held.fetch_add(1, Ordering::SeqCst);
+            Some(Slot(held.clone()))
+        })
+        .unwrap();
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "a spare core is asked for once");
+        assert_eq!(held.load(Ordering::SeqCst), 0, "the spare slot is given back");
+        assert_eq!(spared.metadata, alone.metadata);
+        assert_eq!(spared.derivatives, alone.derivatives);
+        thumbnail_of(&spared);
+    }
+}

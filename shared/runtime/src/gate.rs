@@ -100,6 +100,19 @@ impl PriorityGate {
         self.acquire_as(current_priority()).await
     }
 
+    /// A slot for extra work of a step of `priority` (a second thread of a step already holding
+    /// one), only if one is free now and nobody waits for it; never waits. A step uses an idle
+    /// core this way without taking one from the steps behind it.
+    pub fn try_acquire_as(&self, priority: Priority) -> Option<GateSlot> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let nobody_waits = state.waiting.iter().all(VecDeque::is_empty);
+        if nobody_waits && state.may_take(priority, state.free, Instant::now()) {
+            state.free -= 1;
+            return Some(GateSlot { state: self.state.clone() });
+        }
+        None
+    }
+
     /// A slot for a step of `priority`: at once when one is free, else when every waiter of a
     /// higher priority, and every earlier one of the same, got one.
     pub async fn acquire_as(&self, priority: Priority) -> GateSlot {
@@ -263,6 +276,40 @@ mod tests {
         gate.note_high();
         let low = tokio::time::timeout(Duration::from_millis(1), gate.acquire_as(Priority::Low)).await;
         assert!(low.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spare_slot_is_taken_only_while_one_is_free() {
+        let gate = PriorityGate::new(2);
+        let _first = gate.acquire_as(Priority::Normal).await;
+        let spare = gate.try_acquire_as(Priority::Normal).expect("the second slot is free");
+        assert!(gate.try_acquire_as(Priority::High).is_none(), "no slot is left");
+        drop(spare);
+        assert!(gate.try_acquire_as(Priority::Normal).is_some(), "a spare goes back when dropped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spare_slot_never_goes_before_a_waiter() {
+        let gate = PriorityGate::new(2);
+        gate.note_high();
+        let _low = gate.acquire_as(Priority::Low).await;
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.acquire_as(Priority::Low).await }
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(!waiter.is_finished(), "the last slot is kept for high work");
+        assert!(gate.try_acquire_as(Priority::High).is_none(), "a step waits for the free slot");
+        waiter.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spare_slot_of_a_low_step_leaves_the_high_reserve() {
+        let gate = PriorityGate::new(2);
+        gate.note_high();
+        let _low = gate.acquire_as(Priority::Low).await;
+        assert!(gate.try_acquire_as(Priority::Low).is_none(), "the last slot is kept for high work");
+        assert!(gate.try_acquire_as(Priority::High).is_some());
     }
 
     #[tokio::test]
