@@ -316,6 +316,8 @@ async fn read_owned_shards(
                 match joined {
                     Ok(Err(e)) => tracing::warn!(error = %e, "a loop over owned shards failed; opening them again"),
                     Err(e) => tracing::error!(error = %e, "a loop over owned shards panicked; opening them again"),
+                    // The loops stop with the shutdown too, and may be seen ending first.
+                    Ok(Ok(())) if shutdown.is_triggered() => {}
                     Ok(Ok(())) => tracing::warn!("a loop over owned shards ended; opening them again"),
                 }
                 None
