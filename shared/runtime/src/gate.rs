@@ -102,7 +102,8 @@ impl PriorityGate {
 
     /// A slot for extra work of a step of `priority` (a second thread of a step already holding
     /// one), only if one is free now and nobody waits for it; never waits. A step uses an idle
-    /// core this way without taking one from the steps behind it.
+    /// core this way; a step that comes meanwhile waits for that extra work alone, so keep it
+    /// short (the metadata step holds it for one encode).
     pub fn try_acquire_as(&self, priority: Priority) -> Option<GateSlot> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let nobody_waits = state.waiting.iter().all(VecDeque::is_empty);
