@@ -309,6 +309,8 @@ async fn read_owned_shards(
         }
         let retry = if opened { None } else { Some(failures.next_delay()) };
         let failed = tokio::select! {
+            // The shutdown first: the loops stop with it too, and are not to be seen as ending.
+            biased;
             () = shutdown.wait() => None,
             changed = owned.changed() => changed.err().map(|_| ()),
             () = async { match retry { Some(delay) => tokio::time::sleep(delay).await, None => std::future::pending().await } } => None,
@@ -316,8 +318,6 @@ async fn read_owned_shards(
                 match joined {
                     Ok(Err(e)) => tracing::warn!(error = %e, "a loop over owned shards failed; opening them again"),
                     Err(e) => tracing::error!(error = %e, "a loop over owned shards panicked; opening them again"),
-                    // The loops stop with the shutdown too, and may be seen ending first.
-                    Ok(Ok(())) if shutdown.is_triggered() => {}
                     Ok(Ok(())) => tracing::warn!("a loop over owned shards ended; opening them again"),
                 }
                 None

@@ -11,13 +11,10 @@
 //! ```
 
 use std::path::Path;
-use std::time::Duration;
-
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cpu_time::ProcessTime;
-use imagepipe_metadata_worker::extract;
-use imagepipe_metadata_worker::extract::extract_with;
+use imagepipe_metadata_worker::{extract, extract_with};
 use imagepipe_runtime::config::MetadataConfig;
 
 fn main() {

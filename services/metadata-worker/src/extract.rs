@@ -83,14 +83,11 @@ pub fn extract_with<S: Send>(
         }),
         None => (derivative(&largest, first_spec), derive_rest(&largest, smaller)),
     };
-    let mut encoded: Vec<Option<Derived>> = vec![None; order.len()];
-    encoded[first] = Some(encoded_first?);
-    let (rest, analysed) = rest?;
-    for (index, derived) in rest {
-        encoded[index] = Some(derived);
-    }
+    let (mut encoded, analysed) = rest?;
+    encoded.push((first, encoded_first?));
+    encoded.sort_unstable_by_key(|(index, _)| *index);
     let (thumbnails, derivatives): (Vec<ThumbnailOutput>, Vec<Bytes>) =
-        encoded.into_iter().map(|e| e.expect("every derivative is encoded")).unzip();
+        encoded.into_iter().map(|(_, derived)| derived).unzip();
     let Analysis { dominant_colors, mean_brightness, phash, blurhash } = analysed;
 
     let smallest = thumbnails.iter().min_by_key(|t| t.width.max(t.height)).expect("at least one derivative");
@@ -193,7 +190,7 @@ pub fn memory_needed(bytes: &[u8], settings: &MetadataConfig) -> Result<u64, Ext
 
 /// Blurhash with 4×3 components (3×4 for portrait images) of a small copy of `image`.
 fn blurhash_of(image: &DynamicImage) -> String {
-    let small = thumbnail::scaled(image, BLURHASH_EDGE).map_or_else(|| image.to_rgba8(), |s| s.to_rgba8());
+    let small = thumbnail::scaled(image, BLURHASH_EDGE).as_ref().unwrap_or(image).to_rgba8();
     let (x, y) = if small.width() >= small.height() { (4, 3) } else { (3, 4) };
     blurhash::encode(x, y, small.width(), small.height(), small.as_raw())
         .expect("component counts are in 1..=9 and the buffer matches its dimensions")

@@ -32,7 +32,7 @@ use imagepipe_runtime::step::{StepRunError, run_step};
 use imagepipe_runtime::{Service, Settings, Shutdown};
 
 pub use error::ExtractError;
-pub use extract::{Extracted, extract};
+pub use extract::{Extracted, extract, extract_with};
 pub use handler::MetadataHandler;
 
 /// The service's name: the `source` of its events, and its name in logs and traces.

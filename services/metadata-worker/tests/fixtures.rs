@@ -225,7 +225,7 @@ fn a_spare_core_changes_nothing_in_the_output() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use imagepipe_metadata_worker::extract::extract_with;
+    use imagepipe_metadata_worker::extract_with;
 
     let settings = MetadataConfig::default();
     for bytes in [jpeg(&scene(2000, 1500), Some(camera_exif(6)), None), png_with_alpha(900, 700)] {
